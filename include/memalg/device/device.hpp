@@ -1,0 +1,124 @@
+// memalg/device/device.hpp — devices: capacity, a reserve for runtime overheads, a memory cap.
+//
+// capacity: the total memory the driver reports for the board (nvidia-smi "Total" in MiB, or
+//           rocm-smi "VRAM Total Memory (B)" for MI300X), i.e. what a process can see, not the
+//           marketing number (an "80 GB" H100 reports 81559 MiB = 79.65 GiB).
+// reserve:  what the process needs outside its tensors: the CUDA context (about 300–500 MB on
+//           recent GPUs with lazy module loading, CUDA ≥ 12.2, growing with the SM count) plus the
+//           cuBLAS/cuBLASLt workspace (32 MiB recommended on Hopper and later, 4 MiB before).
+//           memalg's default is an estimate — 512 MiB context on boards with ≥ 100 SMs (or CUs),
+//           384 MiB below — and is meant to be replaced by a measurement (bench/gpu/run.sh
+//           measures it; users override it with `with_reserve`).
+// cap:      a fraction of capacity the process may use (like
+//           torch.cuda.set_per_process_memory_fraction). The limit is floor(capacity·cap), and the
+//           reserve counts inside it: usable = floor(capacity·cap) − reserve (conservative: the
+//           context counts against the cap too).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "memalg/core/bytes.hpp"
+
+namespace memalg {
+
+struct device_desc {
+  std::string_view name{};
+  bytes capacity{};
+  bytes reserve{};
+  std::uint64_t cap_numerator = 1;    ///< memory cap as a fraction of capacity
+  std::uint64_t cap_denominator = 1;
+
+  /// floor(capacity × cap): the most this process may hold, reserve included.
+  constexpr bytes limit() const {
+    const auto scaled = static_cast<unsigned __int128>(capacity.value) * cap_numerator / cap_denominator;
+    return bytes{static_cast<std::uint64_t>(scaled)};
+  }
+  /// What tensors may use: limit − reserve (zero when the reserve alone exceeds the limit).
+  constexpr bytes usable() const { return limit() < reserve ? bytes{} : limit() - reserve; }
+};
+
+/// Why a device is invalid, or empty.
+constexpr std::string_view device_error(const device_desc& d) {
+  if (d.capacity.value == 0) return "a device needs a capacity above zero";
+  if (d.cap_denominator == 0 || d.cap_numerator == 0 || d.cap_numerator > d.cap_denominator)
+    return "the memory cap must be a fraction in (0, 1]";
+  return {};
+}
+
+namespace device {
+
+using namespace memalg::literals;
+
+/// Default reserve: context estimate + cuBLAS workspace (see the header comment).
+constexpr bytes default_reserve(bool large_chip, bool hopper_or_later) {
+  return (large_chip ? 512_MiB : 384_MiB) + (hopper_or_later ? 32_MiB : 4_MiB);
+}
+
+// nvidia-smi totals (MiB) as printed by the boards' drivers; MI300X from rocm-smi (bytes).
+struct v100_16gb { static constexpr device_desc value{"v100-16gb", 16160_MiB, default_reserve(false, false)}; };
+struct v100_32gb { static constexpr device_desc value{"v100-32gb", 32510_MiB, default_reserve(false, false)}; };
+struct a100_40gb { static constexpr device_desc value{"a100-40gb", 40960_MiB, default_reserve(true, false)}; };
+struct a100_80gb { static constexpr device_desc value{"a100-80gb", 81920_MiB, default_reserve(true, false)}; };
+struct h100_80gb { static constexpr device_desc value{"h100-80gb", 81559_MiB, default_reserve(true, true)}; };
+struct h200 { static constexpr device_desc value{"h200", 143771_MiB, default_reserve(true, true)}; };
+struct b200 { static constexpr device_desc value{"b200", 183359_MiB, default_reserve(true, true)}; };
+struct l4 { static constexpr device_desc value{"l4", 23034_MiB, default_reserve(false, false)}; };
+struct l40s { static constexpr device_desc value{"l40s", 46068_MiB, default_reserve(true, false)}; };
+struct rtx3090 { static constexpr device_desc value{"rtx3090", 24576_MiB, default_reserve(false, false)}; };
+struct rtx4090 { static constexpr device_desc value{"rtx4090", 24564_MiB, default_reserve(true, false)}; };
+struct mi300x { static constexpr device_desc value{"mi300x", bytes{205'822'885'888}, default_reserve(true, true)}; };
+
+inline constexpr std::array<device_desc, 12> catalog{
+    v100_16gb::value, v100_32gb::value, a100_40gb::value, a100_80gb::value, h100_80gb::value, h200::value,
+    b200::value,      l4::value,        l40s::value,      rtx3090::value,   rtx4090::value,   mi300x::value};
+
+/// Runtime lookup by name; returns false when unknown.
+constexpr bool from_name(std::string_view name, device_desc& out) {
+  for (const device_desc& d : catalog)
+    if (d.name == name) {
+      out = d;
+      return true;
+    }
+  return false;
+}
+
+/// A device of your own: any capacity, any reserve.
+template <std::uint64_t CapacityBytes, std::uint64_t ReserveBytes = 0>
+struct custom {
+  static_assert(CapacityBytes > 0, "device::custom: a device needs a capacity above zero");
+  static constexpr device_desc value{"custom", bytes{CapacityBytes}, bytes{ReserveBytes}};
+};
+
+/// `Device` with its reserve replaced (e.g. by a measured context + workspace).
+template <class Device, std::uint64_t ReserveBytes>
+struct with_reserve {
+  static constexpr device_desc value = [] {
+    device_desc d = Device::value;
+    d.reserve = bytes{ReserveBytes};
+    return d;
+  }();
+};
+
+/// `Device` limited to Numerator/Denominator of its capacity (a per-process memory fraction).
+template <class Device, std::uint64_t Numerator, std::uint64_t Denominator>
+struct capped {
+  static_assert(Denominator > 0 && Numerator > 0 && Numerator <= Denominator,
+                "device::capped: the memory cap must be a fraction in (0, 1]");
+  static constexpr device_desc value = [] {
+    device_desc d = Device::value;
+    d.cap_numerator = Numerator;
+    d.cap_denominator = Denominator;
+    return d;
+  }();
+};
+
+}  // namespace device
+
+template <class D>
+concept device_type = requires {
+  { D::value } -> std::convertible_to<device_desc>;
+};
+
+}  // namespace memalg

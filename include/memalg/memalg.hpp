@@ -1,0 +1,22 @@
+// memalg/memalg.hpp — everything host-side: the memory algebra, plans and their diagnostics.
+// CUDA headers (backend/cuda/*.cuh) are included separately, by CUDA translation units only.
+#pragma once
+
+#include "memalg/config.hpp"
+#include "memalg/core/bytes.hpp"
+#include "memalg/core/dtype.hpp"
+#include "memalg/device/device.hpp"
+#include "memalg/model/layer.hpp"
+#include "memalg/model/parameters.hpp"
+#include "memalg/parallel/mesh.hpp"
+#include "memalg/plan/breakdown.hpp"
+#include "memalg/plan/diagnostics.hpp"
+#include "memalg/plan/evaluate.hpp"
+#include "memalg/plan/issues.hpp"
+#include "memalg/plan/model_states.hpp"
+#include "memalg/plan/plan.hpp"
+#include "memalg/plan/report.hpp"
+#include "memalg/plan/timeline.hpp"
+#include "memalg/train/optimizer.hpp"
+#include "memalg/train/precision.hpp"
+#include "memalg/train/recipe.hpp"

@@ -1,0 +1,132 @@
+// memalg/model/layer.hpp — the literal description every model flattens to.
+//
+// A model is a short list of `layer_desc` entries with multiplicities: `repeat<96, block>` is one
+// entry with count 96, not 96 entries, so the arithmetic is O(entries) at compile time whatever
+// the depth. Parameter counts are of one instance. The memory algebra (plan/) reads only these
+// literals, so the command-line tool, which builds the same structs from flags, computes the same
+// numbers as the compile-time plan.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string_view>
+
+#include "memalg/core/dtype.hpp"
+#include "memalg/train/optimizer.hpp"
+
+namespace memalg {
+
+/// Which pipeline stages hold an entry.
+enum class placement : std::uint8_t {
+  spread,       ///< a parameter mass split evenly over the stages (parameter-count models)
+  repeated,     ///< `count` instances distributed over the stages, earlier stages take the remainder
+  first_stage,  ///< e.g. the token embedding
+  last_stage,   ///< e.g. the final norm and the output layer
+};
+
+/// What kind of layer an entry is; the activation algebra dispatches on it.
+enum class layer_kind : std::uint8_t {
+  parameters,  ///< parameters without layer structure (model given by count alone)
+  linear,
+  embedding,
+  position_embedding,
+  layernorm,
+  rmsnorm,
+  attention,
+  mlp,
+  gated_mlp,
+  dropout,
+  conv1d,
+  moe,
+  output,
+  transformer_block,
+  custom,
+};
+
+/// Shape of a layer, read by the activation algebra (zero where it does not apply).
+struct layer_shape {
+  std::uint64_t hidden = 0;     ///< h: model width
+  std::uint64_t heads = 0;      ///< a: query heads
+  std::uint64_t kv_heads = 0;   ///< key/value heads (GQA/MQA); == heads for multi-head
+  std::uint64_t head_dim = 0;   ///< width of one head (h / a by default)
+  std::uint64_t ffn = 0;        ///< f: MLP width
+  std::uint64_t vocab = 0;      ///< v: vocabulary
+  std::uint64_t in = 0;         ///< linear / conv input features
+  std::uint64_t out = 0;        ///< linear / conv output features
+  std::uint64_t kernel = 0;     ///< conv kernel width
+  std::uint64_t experts = 0;    ///< MoE experts
+  std::uint64_t top_k = 0;      ///< MoE experts per token
+  std::uint64_t capacity_factor_percent = 0;  ///< MoE capacity factor × 100
+  std::uint64_t chunk = 0;      ///< output layer: logits rows per chunk (0 = unchunked)
+  std::uint64_t dropout_permille = 0;  ///< dropout probability × 1000 (masks exist when > 0)
+  std::uint32_t flags = 0;      ///< layer-specific switches (see the layer headers)
+  dtype logits = dtypes::none;  ///< output layer: logits dtype (none: fp32)
+};
+
+struct layer_desc {
+  std::string_view name{};
+  layer_kind kind = layer_kind::parameters;
+  std::uint64_t count = 1;                  ///< instances
+  placement place = placement::repeated;
+  std::uint64_t params = 0;                 ///< parameters of one instance
+  std::uint64_t tp_replicated_params = 0;   ///< part not split by tensor parallelism (norms, some biases)
+  std::uint64_t expert_params = 0;          ///< part split over expert-parallel ranks
+  std::uint64_t matrix_params = 0;          ///< part stored as 2-D matrices (Adafactor factors these)
+  std::uint64_t matrix_rows_plus_cols = 0;  ///< Σ (rows + columns) over those matrices
+  std::uint64_t gather_params = 0;          ///< parameters ZeRO-3 gathers at once for one instance
+  bool trainable = true;                    ///< frozen layers have no gradients or optimizer states
+  dtype weight_storage = dtypes::none;      ///< overrides the policy's weight dtype (quantized base)
+  layer_shape shape{};
+  /// The training path of this entry is a different sub-model (teacher forward, adapters): 0 = none.
+  std::uint32_t group = 0;
+};
+
+/// At most this many entries per model (a transformer needs about six).
+inline constexpr std::size_t max_model_entries = 48;
+
+// Not constexpr: reaching it while building a model at compile time is an error naming the problem.
+[[noreturn]] inline void too_many_model_entries() {
+  throw std::length_error("memalg: a model has more layer entries than max_model_entries");
+}
+
+struct model_desc {
+  std::string_view name{};
+  std::array<layer_desc, max_model_entries> entries{};
+  std::size_t size = 0;
+
+  constexpr void push(const layer_desc& l) {
+    if (size >= max_model_entries) too_many_model_entries();
+    entries[size++] = l;
+  }
+  constexpr const layer_desc* begin() const { return entries.data(); }
+  constexpr const layer_desc* end() const { return entries.data() + size; }
+
+  /// Total parameters over every instance of every entry.
+  constexpr std::uint64_t parameters() const {
+    std::uint64_t n = 0;
+    for (const layer_desc& l : *this) n = detail::checked_add(n, detail::checked_mul(l.params, l.count));
+    return n;
+  }
+  constexpr std::uint64_t trainable_parameters() const {
+    std::uint64_t n = 0;
+    for (const layer_desc& l : *this)
+      if (l.trainable) n = detail::checked_add(n, detail::checked_mul(l.params, l.count));
+    return n;
+  }
+  /// Number of repeated instances (what pipeline parallelism splits).
+  constexpr std::uint64_t repeated_layers() const {
+    std::uint64_t n = 0;
+    for (const layer_desc& l : *this)
+      if (l.place == placement::repeated) n += l.count;
+    return n;
+  }
+};
+
+template <class M>
+concept model_type = requires {
+  { M::value } -> std::convertible_to<model_desc>;
+};
+
+}  // namespace memalg
