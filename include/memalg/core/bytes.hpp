@@ -102,11 +102,15 @@ enum class byte_unit { automatic_binary, B, KiB, MiB, GiB, GB };
 
 namespace detail {
 inline std::string fixed2(double v) {
-  // Two decimals without iostreams or locale: round half away from zero.
+  // Two decimals without iostreams or locale: round half away from zero. (Built with append rather
+  // than operator+ to stay clear of a g++ 12 -Wrestrict false positive.)
   const auto scaled = static_cast<std::uint64_t>(v * 100.0 + 0.5);
-  std::string frac = std::to_string(scaled % 100);
-  if (frac.size() < 2) frac.insert(0, "0");
-  return std::to_string(scaled / 100) + "." + frac;
+  std::string out = std::to_string(scaled / 100);
+  const std::uint64_t cents = scaled % 100;
+  out.push_back('.');
+  out.push_back(static_cast<char>('0' + cents / 10));
+  out.push_back(static_cast<char>('0' + cents % 10));
+  return out;
 }
 }  // namespace detail
 

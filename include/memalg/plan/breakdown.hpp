@@ -45,6 +45,12 @@ struct breakdown {
   bytes comm_buffers{};
   bytes reserve{};
 
+  friend constexpr bool operator==(const breakdown& a, const breakdown& b) {
+    for (std::size_t i = 0; i < category_count; ++i)
+      if (a[category(i)] != b[category(i)]) return false;
+    return true;
+  }
+
   constexpr bytes& operator[](category c) {
     switch (c) {
       case category::weights: return weights;

@@ -1,0 +1,8 @@
+// expect: (does not fit in device memory(.|\n)*need_bytes<120541065216|need_bytes<120541065216(.|\n)*does not fit in device memory)
+// Without ZeRO, a 7.5B-parameter model's states alone (120 GB) exceed an A100 80 GB.
+#include <memalg/memalg.hpp>
+using namespace memalg;
+using p = plan<model::parameters<7'500'000'000>, train::recipe<precision::amp_fp16, optim::adam<>>,
+               parallel::mesh<parallel::data<64>>, device::a100_80gb>;
+static_assert(require_fits<p>());
+int main() {}

@@ -1,0 +1,23 @@
+# Installs the build tree into a scratch prefix and builds a tiny consumer against it with
+# find_package(memalg CONFIG REQUIRED), then runs the consumer.
+file(REMOVE_RECURSE ${WORKDIR})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORKDIR}/prefix
+  RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "install failed (${rc})")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORKDIR}/build
+  -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORKDIR}/prefix
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer failed:\n${out}${err}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORKDIR}/build RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the consumer failed:\n${out}${err}")
+endif()
+execute_process(COMMAND ${WORKDIR}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the consumer failed (${rc}):\n${out}")
+endif()
+message(STATUS "consumer: ${out}")

@@ -1,0 +1,62 @@
+// tools/cli.hpp — shared pieces of the `memalg` command-line tool: strict parsing of numbers,
+// building the plan's literal descriptors from flags, and JSON output. Every sub-command calls the
+// same constexpr `memalg::evaluate` as the compile-time plan.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <memalg/memalg.hpp>
+
+namespace memalg::cli {
+
+/// A user error: printed as one line on stderr, exit status 2.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// "7.5e9", "7.5B", "175B", "124M", "70000000", "1.2T", "32K" → an exact positive integer.
+std::uint64_t parse_count(std::string_view text, std::string_view what);
+/// A positive integer (no suffixes, no sign).
+std::uint64_t parse_positive(std::string_view text, std::string_view what);
+/// A fraction in (0, 1].
+double parse_fraction(std::string_view text, std::string_view what);
+
+/// Flags shared by every planning sub-command (model, training, mesh, device).
+struct plan_flags {
+  std::string params;
+  std::string expert_params = "0";
+  std::string largest_layer = "0";
+  std::string precision = "amp-bf16";
+  std::string optimizer = "adamw";
+  std::string dp = "1", tp = "1", pp = "1", ep = "1", cp = "1";
+  std::string zero = "0";
+  std::string offload = "none";
+  std::string device = "a100-80gb";
+  std::string memory_cap;
+  std::string reserve_mib;
+
+  void add_to(CLI::App& app);
+};
+
+struct plan_inputs {
+  model_desc model{};
+  training_desc training{};
+  mesh_desc mesh{};
+  device_desc device{};
+};
+
+/// Builds and validates the descriptors; throws usage_error with one sentence.
+plan_inputs make_inputs(const plan_flags& f);
+
+nlohmann::json breakdown_json(const breakdown& b);
+nlohmann::json plan_json(const plan_inputs& in, const plan_result& r);
+
+int run_plan(const plan_flags& f, bool json);
+
+}  // namespace memalg::cli

@@ -1,0 +1,42 @@
+# Tests of the command-line tool: its functions through doctest, the binary through ctest.
+add_executable(test_cli test_cli.cpp)
+target_link_libraries(test_cli PRIVATE memalg_cli memalg_doctest_main doctest::doctest)
+add_test(NAME cli.unit COMMAND test_cli)
+set_tests_properties(cli.unit PROPERTIES LABELS "host;cli")
+
+# Bad input: non-zero exit, exactly one line on stderr, nothing on stdout.
+set(_bad_inputs
+  "plan --params 7B --frobnicate"
+  "plan --params 7B --dp 0"
+  "plan --params abc"
+  "plan --params -5"
+  "plan --params 1.5"
+  "plan --params 7B --zero 4"
+  "plan --params 7B --precision fp64"
+  "plan --params 7B --optimizer adagrad"
+  "plan --params 7B --device tpu"
+  "plan --params 7B --memory-cap 1.5"
+  "plan --params 7B --memory-cap nan"
+  "plan --params 7B --offload params"
+  "plan --params 7B --ep 3 --dp 4"
+  "plan --params 7B --tp 99999999999999999999"
+  "plan"
+  "frobnicate")
+set(_i 0)
+foreach(args IN LISTS _bad_inputs)
+  math(EXPR _i "${_i} + 1")
+  add_test(NAME cli.bad_input.${_i}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${args}" -DEXPECT=bad
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+  set_tests_properties(cli.bad_input.${_i} PROPERTIES LABELS "host;cli")
+endforeach()
+
+add_test(NAME cli.help COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=plan --help"
+         -DEXPECT=ok -DMATCH=--params -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+add_test(NAME cli.table COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
+         "-DARGS=plan --params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64 --zero 3"
+         -DEXPECT=ok "-DMATCH=fits: yes" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+add_test(NAME cli.json COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
+         "-DARGS=plan --params 175B --precision amp-fp16 --optimizer adam --dp 8 --json"
+         -DEXPECT=ok "-DMATCH=\"fits\": false" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+set_tests_properties(cli.help cli.table cli.json PROPERTIES LABELS "host;cli")
