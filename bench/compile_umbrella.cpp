@@ -1,0 +1,3 @@
+// Compile-time cost of including the umbrella header.
+#include <memalg/memalg.hpp>
+int main() { return 0; }
