@@ -1,0 +1,58 @@
+// memalg/backend/cpu/rmsnorm.hpp — root-mean-square normalisation (Zhang & Sennrich 2019), reference.
+//
+//   forward:  rstd = 1/sqrt(mean(x²) + 1e-6), out = x·rstd·w; saves rstd[N] in accum_t<T>
+//   backward: with g = w·dout,  din = rstd·(g − x·rstd²·mean(g·x))   (written)
+//             dw += Σ_n dout·x·rstd                                   (accumulated)
+// The din formula follows from ∂rstd/∂x_j = −rstd³·x_j / C.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "memalg/core/float16.hpp"
+
+namespace memalg::backend::cpu {
+
+inline constexpr double rmsnorm_eps = 1e-6;
+
+/// out[N, C]; rstd[N] may be null (inference); w[C].
+template <storage_type T>
+void rmsnorm_forward(T* out, accum_t<T>* rstd, const T* in, const T* w, std::size_t N,
+                     std::size_t C) {
+  using A = accum_t<T>;
+  for (std::size_t n = 0; n < N; ++n) {
+    const T* x = in + n * C;
+    A ss = 0;
+    for (std::size_t c = 0; c < C; ++c) ss += to_float(x[c]) * to_float(x[c]);
+    const A r = A(1) / std::sqrt(ss / static_cast<A>(C) + static_cast<A>(rmsnorm_eps));
+    for (std::size_t c = 0; c < C; ++c) out[n * C + c] = from_float<T>(to_float(x[c]) * r * to_float(w[c]));
+    if (rstd) rstd[n] = r;
+  }
+}
+
+/// din[N, C] written (may be null); dw[C] accumulated.
+template <storage_type T>
+void rmsnorm_backward(T* din, T* dw, const T* dout, const T* in, const T* w,
+                      const accum_t<T>* rstd, std::size_t N, std::size_t C) {
+  using A = accum_t<T>;
+  std::vector<A> dw_acc(C);
+  for (std::size_t c = 0; c < C; ++c) dw_acc[c] = dw ? to_float(dw[c]) : A(0);
+  for (std::size_t n = 0; n < N; ++n) {
+    const T* x = in + n * C;
+    const T* dy = dout + n * C;
+    const A r = rstd[n];
+    A gx_mean = 0;
+    for (std::size_t c = 0; c < C; ++c) gx_mean += to_float(w[c]) * to_float(dy[c]) * to_float(x[c]);
+    gx_mean /= static_cast<A>(C);
+    for (std::size_t c = 0; c < C; ++c) {
+      const A xv = to_float(x[c]), d = to_float(dy[c]);
+      dw_acc[c] += d * xv * r;
+      if (din) din[n * C + c] = from_float<T>(r * (to_float(w[c]) * d - xv * r * r * gx_mean));
+    }
+  }
+  if (dw)
+    for (std::size_t c = 0; c < C; ++c) dw[c] = from_float<T>(dw_acc[c]);
+}
+
+}  // namespace memalg::backend::cpu
