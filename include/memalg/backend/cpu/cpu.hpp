@@ -1,0 +1,25 @@
+// memalg/backend/cpu/cpu.hpp — the whole CPU reference backend.
+//
+// The MPI communicator is included only when <mpi.h> is reachable (build with MPI's include path,
+// e.g. link MPI::MPI_CXX) and MEMALG_NO_MPI is not defined, so that single-process users need no MPI.
+#pragma once
+
+#include "memalg/backend/cpu/activation.hpp"
+#include "memalg/backend/cpu/attention.hpp"
+#include "memalg/backend/cpu/cross_entropy.hpp"
+#include "memalg/backend/cpu/dropout.hpp"
+#include "memalg/backend/cpu/embedding.hpp"
+#include "memalg/backend/cpu/grad_norm.hpp"
+#include "memalg/backend/cpu/layernorm.hpp"
+#include "memalg/backend/cpu/linear.hpp"
+#include "memalg/backend/cpu/local_communicator.hpp"
+#include "memalg/backend/cpu/loss_scaler.hpp"
+#include "memalg/backend/cpu/optimizer.hpp"
+#include "memalg/backend/cpu/rmsnorm.hpp"
+
+#if !defined(MEMALG_NO_MPI) && __has_include(<mpi.h>)
+#include "memalg/backend/cpu/mpi_communicator.hpp"
+#define MEMALG_CPU_HAS_MPI 1
+#else
+#define MEMALG_CPU_HAS_MPI 0
+#endif
