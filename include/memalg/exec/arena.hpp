@@ -2,14 +2,17 @@
 //
 // The executor allocates a single arena of exactly the planned size and places every tensor in it:
 //
-//   [ persistent region: weights, gradients, master weights, optimizer states (offsets fixed) ]
-//   [ stack region: activations and transient buffers, pushed and popped last-in first-out    ]
+//   [ persistent: weights, gradients, master weights, optimizer states (offsets fixed) ]
+//   [ saved stack →                          free                     ← transient stack ]
 //
-// A training step is LIFO by nature — forward pushes what backward needs, backward pops it in
-// reverse — so a stack reaches exactly the peak of the live bytes, with no fragmentation. Every
-// push and pop is recorded: `high_water()` is the measured peak of everything the executor holds,
-// which the tests compare with the plan's prediction. A push beyond the arena throws (the plan
-// under-predicted); a pop out of order throws (the executor broke the LIFO discipline).
+// Two stacks, each last-in first-out: the *saved* stack grows upward with what forward keeps for
+// backward, which backward releases in reverse; the *transient* stack grows downward from the end
+// with buffers that live inside one operation or one pass (gradients flowing backward, logits,
+// gathered weights). A step is LIFO on each side, so the arena reaches exactly the peak of the
+// live bytes, with no fragmentation. Every push and pop is recorded: `high_water()` is the
+// measured peak of everything the executor holds, which the tests compare with the plan's
+// prediction. A push beyond the arena throws (the plan under-predicted); a pop out of order throws
+// (the executor broke the LIFO discipline).
 //
 // Tensors are aligned to `alignment` bytes; sizes that are multiples of it waste nothing, so the
 // measured figures equal the plan's exactly (the executor refuses shapes that would pad).
@@ -47,12 +50,15 @@ class arena {
  public:
   static constexpr std::size_t alignment = 16;
 
+  enum class side { saved, transient };
+
   /// `persistent` + `stack` bytes, allocated once.
   arena(std::size_t persistent, std::size_t stack)
       : persistent_capacity_(persistent),
         capacity_(persistent + stack),
         memory_(static_cast<std::byte*>(::operator new(capacity_ == 0 ? 1 : capacity_, std::align_val_t{alignment}))),
-        stack_top_(persistent) {}
+        saved_top_(persistent),
+        transient_bottom_(capacity_) {}
   ~arena() { ::operator delete(memory_, std::align_val_t{alignment}); }
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
@@ -61,7 +67,9 @@ class arena {
   std::size_t persistent_used() const { return persistent_top_; }
   /// Measured peak: persistent bytes + the highest the stack ever reached.
   std::size_t high_water() const { return high_water_; }
-  std::size_t live() const { return persistent_top_ + (stack_top_ - persistent_capacity_); }
+  std::size_t live() const {
+    return persistent_top_ + (saved_top_ - persistent_capacity_) + (capacity_ - transient_bottom_);
+  }
   const breakdown& by_category() const { return by_category_; }
   const breakdown& peak_by_category() const { return peak_by_category_; }
 
@@ -80,30 +88,48 @@ class arena {
     return t;
   }
 
-  /// A tensor with a LIFO lifetime (activations, transients); release with `pop` in reverse order.
+  /// A tensor with a LIFO lifetime on one side; release with `pop` in reverse order of that side.
   template <class T>
-  tensor_ref<T> push(std::string_view name, std::size_t count, category c) {
+  tensor_ref<T> push(std::string_view name, std::size_t count, category c, side where = side::saved) {
     const std::size_t size = checked_size<T>(name, count);
-    if (size > capacity_ - stack_top_)
+    if (size > transient_bottom_ - saved_top_)
       throw arena_error("arena: '" + std::string(name) + "' (" + std::to_string(size) +
                         " bytes) exceeds the planned arena of " + std::to_string(capacity_) +
                         " bytes: the plan under-predicts this step");
-    tensor_ref<T> t{reinterpret_cast<T*>(memory_ + stack_top_), count, stack_top_};
-    stack_.push_back({stack_top_, size, c});
-    stack_top_ += size;
+    std::size_t offset = 0;
+    if (where == side::saved) {
+      offset = saved_top_;
+      saved_top_ += size;
+      saved_.push_back({offset, size, c});
+    } else {
+      transient_bottom_ -= size;
+      offset = transient_bottom_;
+      transient_.push_back({offset, size, c});
+    }
     by_category_[c] += bytes{size};
     note_peak();
-    return t;
+    return tensor_ref<T>{reinterpret_cast<T*>(memory_ + offset), count, offset};
+  }
+  template <class T>
+  tensor_ref<T> transient(std::string_view name, std::size_t count, category c) {
+    return push<T>(name, count, c, side::transient);
   }
   template <class T>
   void pop(const tensor_ref<T>& t) {
-    if (stack_.empty() || stack_.back().offset != t.offset)
+    std::vector<entry>& stack = t.offset >= transient_bottom_ && t.offset < capacity_ && !transient_.empty() &&
+                                        t.offset == transient_.back().offset
+                                    ? transient_
+                                    : saved_;
+    if (stack.empty() || stack.back().offset != t.offset)
       throw arena_error("arena: tensors must be released in reverse order of allocation");
-    by_category_[stack_.back().cat] -= bytes{stack_.back().size};
-    stack_top_ = stack_.back().offset;
-    stack_.pop_back();
+    by_category_[stack.back().cat] -= bytes{stack.back().size};
+    if (&stack == &saved_)
+      saved_top_ = stack.back().offset;
+    else
+      transient_bottom_ = stack.back().offset + stack.back().size;
+    stack.pop_back();
   }
-  std::size_t stack_depth() const { return stack_.size(); }
+  std::size_t stack_depth() const { return saved_.size() + transient_.size(); }
 
   /// Forget the recorded peaks (e.g. after a warm-up step).
   void reset_peak() {
@@ -136,9 +162,11 @@ class arena {
   std::size_t capacity_;
   std::byte* memory_;
   std::size_t persistent_top_ = 0;
-  std::size_t stack_top_;
+  std::size_t saved_top_;
+  std::size_t transient_bottom_;
   std::size_t high_water_ = 0;
-  std::vector<entry> stack_;
+  std::vector<entry> saved_;
+  std::vector<entry> transient_;
   breakdown by_category_{};
   breakdown peak_by_category_{};
 };
