@@ -61,9 +61,36 @@ struct layer_shape {
   std::uint64_t capacity_factor_percent = 0;  ///< MoE capacity factor × 100
   std::uint64_t chunk = 0;      ///< output layer: logits rows per chunk (0 = unchunked)
   std::uint64_t dropout_permille = 0;  ///< dropout probability × 1000 (masks exist when > 0)
-  std::uint32_t flags = 0;      ///< layer-specific switches (see the layer headers)
+  std::uint32_t flags = 0;      ///< layer-specific switches (layer_flags below)
   dtype logits = dtypes::none;  ///< output layer: logits dtype (none: fp32)
+  std::uint64_t sequence = 0;   ///< tokens per sequence of this entry (0: the recipe's sequence)
+  std::uint64_t kv_sequence = 0;  ///< cross-attention: key/value tokens (0: the entry's own sequence)
+  std::uint64_t positions = 0;  ///< learned position embedding: positions it holds
+  std::uint64_t rank = 0;       ///< low-rank adapters: rank r
+  std::uint64_t saved_per_token = 0;  ///< custom entries: activation elements saved per token
 };
+
+/// Bits of `layer_shape::flags`. Which ones a kind reads is documented with its builder
+/// (model/layers.hpp, model/transformer.hpp).
+namespace layer_flags {
+inline constexpr std::uint32_t bias = 1u << 0;             ///< linear layers carry biases
+inline constexpr std::uint32_t gated = 1u << 1;            ///< block / MoE: SwiGLU MLP instead of GeLU
+inline constexpr std::uint32_t rms_norm = 1u << 2;         ///< block: RMSNorm instead of LayerNorm
+inline constexpr std::uint32_t flash = 1u << 3;            ///< attention saves output + log-sum-exp (else naive)
+inline constexpr std::uint32_t causal = 1u << 4;           ///< attention is causal (changes no saved bytes)
+inline constexpr std::uint32_t tied = 1u << 5;             ///< output layer shares the token embedding
+inline constexpr std::uint32_t cross_attention = 1u << 6;  ///< block: decoder block with cross-attention
+inline constexpr std::uint32_t adapted = 1u << 7;          ///< frozen base whose inputs trainable adapters need
+inline constexpr std::uint32_t activation = 1u << 8;       ///< linear / conv followed by a nonlinearity
+inline constexpr std::uint32_t batchnorm = 1u << 9;        ///< conv followed by batch normalisation
+inline constexpr std::uint32_t moe = 1u << 10;             ///< block: the MLP is a mixture of experts
+}  // namespace layer_flags
+
+/// Values of `layer_desc::group`.
+namespace layer_group {
+inline constexpr std::uint32_t trained = 0;  ///< the model being trained
+inline constexpr std::uint32_t teacher = 1;  ///< a frozen teacher: forward only (knowledge distillation)
+}  // namespace layer_group
 
 struct layer_desc {
   std::string_view name{};
@@ -79,7 +106,8 @@ struct layer_desc {
   bool trainable = true;                    ///< frozen layers have no gradients or optimizer states
   dtype weight_storage = dtypes::none;      ///< overrides the policy's weight dtype (quantized base)
   layer_shape shape{};
-  /// The training path of this entry is a different sub-model (teacher forward, adapters): 0 = none.
+  /// Which sub-model the entry belongs to (layer_group): the trained model, or a distillation
+  /// teacher that only runs forward.
   std::uint32_t group = 0;
 };
 

@@ -1,0 +1,176 @@
+// memalg/model/transformer.hpp — the pre-norm transformer block and decoder-only language models.
+//
+// A block is ONE `layer_desc` (kind transformer_block) whose shape carries everything the
+// activation algebra needs, so `repeat<96, block>` is one entry with count 96:
+//
+//   x = x + dropout(attention(norm(x)))                    (self-attention, causal or not)
+//   x = x + dropout(cross_attention(norm(x), encoder))     (decoder blocks of encoder-decoders)
+//   x = x + dropout(mlp(norm(x)))                          (GeLU MLP, SwiGLU, or mixture of experts)
+//
+// as in GPT-2 (Radford et al. 2019), Megatron-LM (Shoeybi et al. 2019), Llama (Touvron et al.
+// 2023) and Mixtral (Jiang et al. 2024). Parameters are the sum of its parts (model/layers.hpp).
+//
+// `transformer_lm(lm_config)` builds a decoder-only language model: token embedding, optional
+// learned position embedding, embedding dropout, L blocks, final norm and output layer — the
+// structure of GPT-2/GPT-3 and of Llama/Mistral/Mixtral (rotary positions: no parameters).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "memalg/model/layer.hpp"
+#include "memalg/model/layers.hpp"
+
+namespace memalg {
+
+/// Parameters of one block with `s`'s shape (hidden, heads, kv_heads, head_dim, ffn, flags,
+/// experts, top_k): two norms (three with cross-attention), the attention projections (twice with
+/// cross-attention), and the MLP or the experts.
+constexpr param_tally transformer_block_params(const layer_shape& s) {
+  const bool rms = (s.flags & layer_flags::rms_norm) != 0;
+  const bool bias = (s.flags & layer_flags::bias) != 0;
+  const bool cross = (s.flags & layer_flags::cross_attention) != 0;
+  param_tally p{};
+  const param_tally norm = norm_params(s.hidden, rms, bias);
+  p += norm;
+  p += norm;
+  p += attention_params(s);
+  if (cross) {
+    p += norm;
+    p += attention_params(s);
+  }
+  if ((s.flags & layer_flags::moe) != 0)
+    p += moe_params(s);
+  else
+    p += mlp_params(s.hidden, s.ffn, (s.flags & layer_flags::gated) != 0, bias);
+  return p;
+}
+
+/// A pre-norm block. Flags: bias, gated, rms_norm, flash, causal, cross_attention, moe; dropout
+/// applies to the attention probabilities and after each sub-layer (GPT-2's attn_pdrop and
+/// resid_pdrop; Megatron's attention_dropout and hidden_dropout, taken equal here).
+constexpr layer_desc transformer_block_layer(layer_shape s) {
+  s = normalized_attention(s);
+  return make_layer("block", layer_kind::transformer_block, transformer_block_params(s), s);
+}
+
+/// The same block with other dimensions, keeping its name, count, placement and training state
+/// (structured pruning: fewer heads, a narrower MLP).
+constexpr layer_desc reshaped_block(const layer_desc& l, layer_shape s) {
+  layer_desc r = transformer_block_layer(s);
+  r.name = l.name;
+  r.count = l.count;
+  r.place = l.place;
+  r.trainable = l.trainable;
+  r.weight_storage = l.weight_storage;
+  r.group = l.group;
+  return r;
+}
+
+/// A decoder-only language model.
+struct lm_config {
+  std::string_view name = "transformer";
+  std::uint64_t layers = 0;
+  std::uint64_t hidden = 0;
+  std::uint64_t heads = 0;
+  std::uint64_t kv_heads = 0;   ///< 0: = heads
+  std::uint64_t head_dim = 0;   ///< 0: hidden / heads
+  std::uint64_t ffn = 0;        ///< 0: 4·hidden
+  std::uint64_t vocab = 0;
+  std::uint64_t positions = 0;  ///< learned position embedding of this many positions (0: rotary, none)
+  bool rms_norm = false;
+  bool gated = false;           ///< SwiGLU
+  bool tied = true;             ///< output layer shares the token embedding
+  bool bias = true;
+  bool flash = false;
+  bool causal = true;
+  std::uint64_t dropout_permille = 0;
+  std::uint64_t experts = 0;    ///< > 0: the MLP is a mixture of experts
+  std::uint64_t top_k = 0;
+  std::uint64_t capacity_factor_percent = 0;
+  dtype logits = dtypes::none;  ///< none: fp32
+  std::uint64_t loss_chunk = 0; ///< chunked loss: logits rows at a time (0: unchunked)
+};
+
+constexpr layer_shape block_shape(const lm_config& c) {
+  layer_shape s{};
+  s.hidden = c.hidden;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.ffn = c.ffn != 0 ? c.ffn : 4 * c.hidden;
+  s.dropout_permille = c.dropout_permille;
+  s.flags = (c.bias ? layer_flags::bias : 0u) | (c.gated ? layer_flags::gated : 0u) |
+            (c.rms_norm ? layer_flags::rms_norm : 0u) | (c.flash ? layer_flags::flash : 0u) |
+            (c.causal ? layer_flags::causal : 0u);
+  if (c.experts != 0) {
+    s.flags |= layer_flags::moe;
+    s.experts = c.experts;
+    s.top_k = c.top_k;
+    s.capacity_factor_percent = c.capacity_factor_percent;
+  }
+  return s;
+}
+
+/// embedding [+ position embedding] [+ dropout] + L × block + final norm + output.
+constexpr model_desc transformer_lm(const lm_config& c) {
+  model_desc m{};
+  m.name = c.name;
+  m.push(embedding_layer(c.vocab, c.hidden));
+  if (c.positions != 0) m.push(position_embedding_layer(c.positions, c.hidden));
+  if (c.dropout_permille != 0) {
+    layer_desc d = dropout_layer(c.hidden, c.dropout_permille);
+    d.name = "embedding_dropout";
+    m.push(d);
+  }
+  layer_desc block = transformer_block_layer(block_shape(c));
+  block.count = c.layers;
+  block.place = placement::repeated;
+  m.push(block);
+  layer_desc norm = c.rms_norm ? rmsnorm_layer(c.hidden) : layernorm_layer(c.hidden, c.bias);
+  norm.name = "final_norm";
+  norm.place = placement::last_stage;
+  m.push(norm);
+  layer_desc out = output_layer(c.hidden, c.vocab, c.tied ? layer_flags::tied : 0u, c.logits, c.loss_chunk);
+  out.place = placement::last_stage;
+  m.push(out);
+  return m;
+}
+
+namespace model {
+
+/// A pre-norm transformer block as a type: `transformer_block<4096, 32, 11008, opt::rmsnorm,
+/// opt::swiglu, opt::no_bias, opt::flash>`. Defaults: LayerNorm, GeLU MLP, biases, causal naive
+/// attention, no dropout.
+template <std::uint64_t Hidden, std::uint64_t Heads, std::uint64_t Ffn, layer_option... Options>
+struct transformer_block {
+  static_assert(Hidden > 0 && Heads > 0 && Ffn > 0, "model::transformer_block<H, A, F>: dimensions must be at least 1");
+  static constexpr layer_options options =
+      memalg::model::detail::fold_options<Options...>(layer_flags::bias | layer_flags::causal);
+  static constexpr layer_desc descriptor = [] {
+    layer_shape s{};
+    s.hidden = Hidden;
+    s.heads = Heads;
+    s.kv_heads = options.kv_heads;
+    s.head_dim = options.head_dim;
+    s.ffn = Ffn;
+    s.flags = options.flags;
+    s.dropout_permille = options.dropout_permille;
+    s.experts = options.experts;
+    s.top_k = options.top_k;
+    s.capacity_factor_percent = options.capacity_factor_percent;
+    return transformer_block_layer(s);
+  }();
+  static_assert(descriptor.shape.heads % descriptor.shape.kv_heads == 0,
+                "model::transformer_block: the key/value heads must divide the attention heads");
+};
+
+/// A decoder-only language model from a type holding `static constexpr lm_config value`.
+template <class Config>
+struct transformer_lm {
+  static constexpr lm_config config = Config::value;
+  static constexpr model_desc value = memalg::transformer_lm(config);
+};
+
+}  // namespace model
+}  // namespace memalg
