@@ -4,7 +4,9 @@
 // command-line tool computes at run time: the same function, so the two can never disagree.
 // It validates the configuration (`plan_error`), evaluates the timeline of every *distinct*
 // pipeline stage (the first, the last, and the middle stages with and without an extra layer of
-// an uneven split — all other stages equal one of these) and reports the most loaded one.
+// an uneven split — all other stages equal one of these or hold less: later stages hold fewer
+// micro-batches in flight) and reports the most loaded one. Per-entry activations are computed
+// once per plan; each distinct stage is evaluated once.
 #pragma once
 
 #include <array>
@@ -34,6 +36,72 @@ struct plan_result {
   constexpr bytes shortfall() const { return fits ? bytes{} : per_rank.total() - limit; }
 };
 
+namespace detail {
+constexpr bool has_attention(const layer_desc& l) {
+  return l.kind == layer_kind::attention || l.kind == layer_kind::transformer_block;
+}
+constexpr bool has_ffn(const layer_desc& l) {
+  return l.kind == layer_kind::mlp || l.kind == layer_kind::gated_mlp || l.kind == layer_kind::moe ||
+         l.kind == layer_kind::transformer_block;
+}
+constexpr bool has_experts(const layer_desc& l) {
+  return l.kind == layer_kind::moe ||
+         (l.kind == layer_kind::transformer_block && (l.shape.flags & layer_flags::moe) != 0);
+}
+constexpr bool zero_dimension(const layer_desc& l) {
+  const layer_shape& s = l.shape;
+  switch (l.kind) {
+    case layer_kind::linear: return s.in == 0 || s.out == 0;
+    case layer_kind::conv1d: return s.in == 0 || s.out == 0 || s.kernel == 0;
+    case layer_kind::embedding:
+    case layer_kind::output: return s.vocab == 0 || s.hidden == 0;
+    case layer_kind::position_embedding: return s.positions == 0 || s.hidden == 0;
+    case layer_kind::layernorm:
+    case layer_kind::rmsnorm:
+    case layer_kind::dropout: return s.hidden == 0;
+    case layer_kind::attention: return s.hidden == 0 || s.heads == 0 || s.kv_heads == 0 || s.head_dim == 0;
+    case layer_kind::mlp:
+    case layer_kind::gated_mlp: return s.hidden == 0 || s.ffn == 0;
+    case layer_kind::moe: return s.hidden == 0 || s.ffn == 0 || s.experts == 0 || s.top_k == 0;
+    case layer_kind::transformer_block:
+      return s.hidden == 0 || s.heads == 0 || s.kv_heads == 0 || s.head_dim == 0 || s.ffn == 0 ||
+             (has_experts(l) && (s.experts == 0 || s.top_k == 0));
+    default: return false;
+  }
+}
+/// Shape checks, in order of importance: a zero dimension, then what tensor, expert and context
+/// parallelism need to divide (Megatron-LM asserts the same divisibility), then the sequence.
+constexpr plan_issue layer_issue(const model_desc& model, const training_desc& t, const mesh_desc& m) {
+  for (const layer_desc& l : model)
+    if (zero_dimension(l)) return plan_issue::zero_dimension;
+  for (const layer_desc& l : model) {
+    if (has_attention(l) && l.shape.heads % l.shape.kv_heads != 0) return plan_issue::kv_heads_do_not_divide_heads;
+    if (has_experts(l) && l.shape.top_k > l.shape.experts) return plan_issue::top_k_exceeds_experts;
+  }
+  for (const layer_desc& l : model)
+    if (has_attention(l) && l.shape.heads % m.tp != 0) return plan_issue::tp_does_not_divide_heads;
+  for (const layer_desc& l : model)
+    if (has_attention(l) && l.shape.kv_heads % m.tp != 0) return plan_issue::tp_does_not_divide_kv_heads;
+  for (const layer_desc& l : model)
+    if (has_ffn(l) && l.shape.ffn % m.tp != 0) return plan_issue::tp_does_not_divide_ffn;
+  for (const layer_desc& l : model)
+    if ((l.kind == layer_kind::embedding || l.kind == layer_kind::output) && l.shape.vocab % m.tp != 0)
+      return plan_issue::tp_does_not_divide_vocab;
+  for (const layer_desc& l : model)
+    if (has_experts(l) && l.shape.experts % m.ep != 0) return plan_issue::ep_does_not_divide_experts;
+  if (t.sequence != 0)
+    for (const layer_desc& l : model) {
+      if (l.kind == layer_kind::parameters) continue;
+      const std::uint64_t s = l.shape.sequence != 0 ? l.shape.sequence : t.sequence;
+      if (l.kind == layer_kind::position_embedding && s > l.shape.positions)
+        return plan_issue::sequence_exceeds_positions;
+      if (s % m.cp != 0) return plan_issue::cp_does_not_divide_sequence;
+      if (m.sequence_parallel && (s / m.cp) % m.tp != 0) return plan_issue::sp_does_not_divide_sequence;
+    }
+  return plan_issue::none;
+}
+}  // namespace detail
+
 /// The first reason a configuration cannot be planned (plan_issue::none when it can). Type-level
 /// plans turn it into a compile error with the same sentence (detail::plan_check).
 constexpr plan_issue find_plan_issue(const model_desc& model, const training_desc& t, const mesh_desc& m,
@@ -50,6 +118,7 @@ constexpr plan_issue find_plan_issue(const model_desc& model, const training_des
   if (p.weights.is_none() || p.gradients.is_none()) return plan_issue::missing_dtype;
   for (const layer_desc& l : model)
     if (l.expert_params + l.tp_replicated_params > l.params) return plan_issue::inconsistent_layer;
+  if (const plan_issue i = detail::layer_issue(model, t, m); i != plan_issue::none) return i;
   const std::uint64_t repeated = model.repeated_layers();
   if (m.pp > 1 && repeated != 0 && m.pp * m.virtual_stages > repeated) return plan_issue::pipeline_deeper_than_layers;
   return plan_issue::none;
@@ -63,8 +132,9 @@ constexpr std::string_view plan_error(const model_desc& model, const training_de
   return describe(find_plan_issue(model, t, m, d));
 }
 
-constexpr plan_result evaluate(const model_desc& model, const training_desc& t, const mesh_desc& m,
-                               const device_desc& d) {
+namespace detail {
+constexpr plan_result evaluate_stages(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                      const device_desc& d, const activation_table* acts) {
   plan_result r{};
   r.parameters = model.parameters();
   r.limit = d.limit();
@@ -83,7 +153,10 @@ constexpr plan_result evaluate(const model_desc& model, const training_desc& t, 
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t stage = candidates[i];
     if (stage >= m.pp) continue;
-    const timeline tl = stage_timeline(model, t, m, d, stage);
+    bool seen = false;
+    for (std::size_t j = 0; j < i; ++j) seen = seen || candidates[j] == stage;
+    if (seen) continue;
+    const timeline tl = stage_timeline(model, t, m, d, stage, acts);
     if (first || tl.peak().total() > r.per_rank.total()) {
       r.most_loaded_stage = stage;
       r.most_loaded = tl;
@@ -95,6 +168,16 @@ constexpr plan_result evaluate(const model_desc& model, const training_desc& t, 
   }
   r.fits = r.per_rank.total() <= r.limit;
   return r;
+}
+}  // namespace detail
+
+constexpr plan_result evaluate(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                               const device_desc& d) {
+  // Activations exist only with layer structure and a sequence length; a parameter-count model
+  // skips their algebra entirely (which keeps compile-time searches over such models cheap).
+  if (t.sequence == 0 || !has_layer_structure(model)) return detail::evaluate_stages(model, t, m, d, nullptr);
+  const activation_table acts = activation_table_of(model, t, m);
+  return detail::evaluate_stages(model, t, m, d, &acts);
 }
 
 }  // namespace memalg

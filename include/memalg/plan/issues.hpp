@@ -30,6 +30,9 @@ enum class plan_issue : int {
   zero_dimension,
   invalid_recompute,
   ep_does_not_divide_experts,
+  kv_heads_do_not_divide_heads,
+  top_k_exceeds_experts,
+  sequence_exceeds_positions,
 };
 
 constexpr std::string_view describe(plan_issue i) {
@@ -56,6 +59,10 @@ constexpr std::string_view describe(plan_issue i) {
     case plan_issue::zero_dimension: return "a layer has a zero dimension";
     case plan_issue::invalid_recompute: return "recompute every:K needs K of at least one layer";
     case plan_issue::ep_does_not_divide_experts: return "the expert-parallel degree does not divide the experts";
+    case plan_issue::kv_heads_do_not_divide_heads: return "the key/value heads do not divide the attention heads";
+    case plan_issue::top_k_exceeds_experts: return "a mixture of experts routes each token to more experts than it has";
+    case plan_issue::sequence_exceeds_positions:
+      return "the sequence is longer than the learned position embedding";
   }
   return "unknown issue";
 }
@@ -82,6 +89,9 @@ struct plan_check {
   static_assert(I != plan_issue::zero_dimension, "plan: a layer has a zero dimension");
   static_assert(I != plan_issue::invalid_recompute, "plan: recompute every:K needs K of at least one layer");
   static_assert(I != plan_issue::ep_does_not_divide_experts, "plan: the expert-parallel degree does not divide the experts");
+  static_assert(I != plan_issue::kv_heads_do_not_divide_heads, "plan: the key/value heads do not divide the attention heads");
+  static_assert(I != plan_issue::top_k_exceeds_experts, "plan: a mixture of experts routes each token to more experts than it has");
+  static_assert(I != plan_issue::sequence_exceeds_positions, "plan: the sequence is longer than the learned position embedding");
   static constexpr bool value = I == plan_issue::none;
 };
 }  // namespace detail

@@ -56,4 +56,66 @@ inline std::string phase_table(const plan_result& r) {
   return out;
 }
 
+/// Per-layer table of the most loaded rank: for each entry, the instances the rank holds and the
+/// bytes of ONE instance (device weights; saved activations of one micro-batch with the recipe's
+/// recomputation), then the instances' total. A transformer block is followed by its §4.1
+/// sub-layers (Korthikanti et al. 2022) when no recomputation hides them. The last line says how
+/// many micro-batches the rank holds in flight.
+inline std::string layer_table(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                               const plan_result& r) {
+  using detail::pad_left;
+  using detail::pad_right;
+  const layer_rows rows = memalg::layer_table(model, t, m, r.most_loaded_stage);
+  const activation_context ctx = activation_context_of(t, m);
+  std::string out = pad_right("layer", 26) + pad_left("count", 7) + pad_left("weights (1)", 14) +
+                    pad_left("activations (1)", 17) + pad_left("count x (w + a)", 17) + "\n";
+  for (std::size_t i = 0; i < rows.size; ++i) {
+    const layer_row& row = rows.rows[i];
+    const bytes all = (row.weights + row.activations) * row.count;
+    out += pad_right(row.name, 26) + pad_left(std::to_string(row.count), 7) + pad_left(to_string(row.weights), 14) +
+           pad_left(to_string(row.activations), 17) + pad_left(to_string(all), 17) + "\n";
+    const layer_desc& l = model.entries[i];
+    const bool shows_parts = l.kind == layer_kind::transformer_block && l.trainable && row.activations.value != 0 &&
+                             (t.recompute == recompute_kind::none || t.recompute == recompute_kind::selective);
+    if (!shows_parts) continue;
+    const block_parts parts = sublayer_activations(l, ctx);
+    const auto part = [&](std::string_view name, const saved_bytes& b) {
+      if (b.total().value == 0) return;
+      const bytes kept = t.recompute == recompute_kind::selective ? b.weight_grad + b.input_grad : b.total();
+      out += pad_right(std::string("  ") + std::string(name), 26) + pad_left("", 7) + pad_left("", 14) +
+             pad_left(to_string(kept), 17) + "\n";
+    };
+    part("attention", parts.attention);
+    part("cross_attention", parts.cross_attention);
+    part("mlp", parts.mlp);
+    part("norms", parts.norms);
+  }
+  out += "micro-batches in flight on pipeline stage " + std::to_string(r.most_loaded_stage) + ": " +
+         std::to_string(r.most_loaded.chunks_in_flight) +
+         (m.schedule == pipeline_schedule::interleaved && m.pp > 1
+              ? " model-chunk micro-batches of " + std::to_string(m.virtual_stages) + " chunks"
+              : std::string{}) +
+         "\n";
+  return out;
+}
+
+/// Everything: the breakdown at the peak, the phases of the step and the per-layer table.
+inline std::string report(const model_desc& model, const training_desc& t, const mesh_desc& m, const device_desc& d,
+                          const plan_result& r) {
+  std::string out = breakdown_table(r, d);
+  out += "\n";
+  out += phase_table(r);
+  if (has_layer_structure(model)) {
+    out += "\n";
+    out += layer_table(model, t, m, r);
+  }
+  return out;
+}
+
+/// The report of a compile-time plan.
+template <class Plan>
+std::string report() {
+  return report(Plan::model, Plan::training, Plan::mesh, Plan::device, Plan::result);
+}
+
 }  // namespace memalg

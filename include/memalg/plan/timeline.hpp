@@ -1,13 +1,26 @@
 // memalg/plan/timeline.hpp — the phases of one training step on one rank, and their peak.
 //
-//   steady state    model states + reserve (between steps)
-//   forward         + ZeRO-3 gathered weights: (1 + prefetch) copies of the largest layer
-//   backward        + ZeRO-3 gathered weights and the layer's unsharded gradient
-//   optimizer step  model states + reserve
+//   steady state    model states + reserve (between steps; the gradient buffer is persistent,
+//                   as Megatron's and DeepSpeed's contiguous buffers are, so gradient
+//                   accumulation costs nothing extra)
+//   forward         + saved activations of the micro-batches in flight, growing layer by layer,
+//                   with each layer's transients on top: raw attention scores (naive), the logits
+//                   at the loss, sequence-parallel all-gathers, context-parallel key/value rings,
+//                   pipeline send/receive buffers, ZeRO-3's gathered weights ((1 + prefetch) × the
+//                   largest layer)
+//   backward        + the saved activations still alive, the loss's logits and their gradient,
+//                   score gradients, the recomputed layer(s), ZeRO-3's gathered weights and the
+//                   layer's unsharded gradient, ZeRO-2's gradient bucket (one layer's unsharded
+//                   gradient before its reduce-scatter, as FSDP's SHARD_GRAD_OP per wrapped unit)
+//   optimizer step  model states + the fp32 copy of the gradient shard when gradients are
+//                   narrower than the master weights (DeepSpeed stage_1_and_2.py `step`, which
+//                   upcasts each partition's fp16 gradient before the update); a fused optimizer
+//                   (Apex / DeepSpeed FusedAdam, torch fused=True) needs no other temporaries
 //
 // The rank's peak is the maximum over these moments, not a sum of each category's maximum; the
-// phase where it occurs is reported. Activations and the other transients join the forward and
-// backward phases in plan/activations.hpp.
+// phase where it occurs is reported. A model given by its parameter count alone has no layer
+// structure: it keeps the model-state numbers of the ZeRO paper (no activations, no transients
+// other than ZeRO-3's gathered layer).
 #pragma once
 
 #include <array>
@@ -15,6 +28,7 @@
 #include <string_view>
 
 #include "memalg/device/device.hpp"
+#include "memalg/plan/activations.hpp"
 #include "memalg/plan/model_states.hpp"
 
 namespace memalg {
@@ -29,8 +43,10 @@ constexpr std::string_view phase_name(phase p) {
 
 struct timeline {
   std::array<breakdown, phase_count> at{};  ///< device bytes at each phase's high-water mark
-  breakdown host{};                         ///< host bytes (offloaded states), constant over the step
+  breakdown host{};                         ///< host bytes (offloaded states and activations)
   std::uint64_t parameters = 0;             ///< parameters on the rank before ZeRO sharding
+  std::uint64_t chunks_in_flight = 1;       ///< micro-batches (model chunks × micro-batches when interleaved) held
+  bytes activations_per_micro_batch{};      ///< saved activations of one micro-batch on the rank
 
   constexpr phase peak_phase() const {
     std::size_t best = 0;
@@ -41,19 +57,83 @@ struct timeline {
   constexpr const breakdown& peak() const { return at[static_cast<std::size_t>(peak_phase())]; }
 };
 
+namespace detail {
+/// ZeRO-2's gradient bucket and the optimizer step's gradient upcast on `stage`.
+struct step_transients {
+  bytes gradient_bucket{};
+  bytes optimizer_temporaries{};
+};
+constexpr step_transients stage_step_transients(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                                std::uint64_t stage) {
+  step_transients s{};
+  const precision_policy& p = t.precision;
+  const std::uint64_t dense_group = m.dp * m.cp;
+  const std::uint64_t expert_group = dense_group / m.ep;
+  const bool bucket = m.zero_stage == 2 && dense_group > 1;
+  const bool upcast = !p.master_weights.is_none() && p.gradients.bits < p.master_weights.bits &&
+                      m.offload == offload_kind::none;
+  if (!bucket && !upcast) return s;
+  for (const layer_desc& l : model) {
+    if (l.kind == layer_kind::parameters || !l.trainable) continue;
+    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    if (n == 0) continue;
+    const rank_elements e = elements_per_rank(l, m);
+    if (bucket) s.gradient_bucket = max(s.gradient_bucket, storage_bytes(p.gradients, e.total()));
+    if (upcast) {
+      const std::uint64_t shard =
+          m.zero_stage >= 1 ? ceil_div(e.dense, dense_group) + ceil_div(e.expert, expert_group) : e.total();
+      s.optimizer_temporaries += storage_bytes(p.master_weights, shard) * n;
+    }
+  }
+  return s;
+}
+}  // namespace detail
+
+/// Does any entry have layer structure (a kind other than `parameters`)?
+constexpr bool has_layer_structure(const model_desc& model) {
+  for (const layer_desc& l : model)
+    if (l.kind != layer_kind::parameters) return true;
+  return false;
+}
+
+/// The timeline of one rank of `stage`, with the per-entry activations computed once per plan
+/// (`acts` null: no activations — a parameter-count model, or no sequence length).
 constexpr timeline stage_timeline(const model_desc& model, const training_desc& t, const mesh_desc& m,
-                                  const device_desc& d, std::uint64_t stage) {
+                                  const device_desc& d, std::uint64_t stage, const activation_table* acts) {
   const stage_model_states s = model_states(model, t, m, stage);
   timeline tl{};
   breakdown base = s.device;
   base.reserve = d.reserve;
   for (breakdown& b : tl.at) b = base;
   const bytes gathered = s.gathered_weights * (1 + m.zero3_prefetch);
-  tl.at[static_cast<std::size_t>(phase::forward)].temporaries += gathered;
-  tl.at[static_cast<std::size_t>(phase::backward)].temporaries += gathered + s.gathered_gradient;
+  breakdown& fwd = tl.at[static_cast<std::size_t>(phase::forward)];
+  breakdown& bwd = tl.at[static_cast<std::size_t>(phase::backward)];
+  fwd.temporaries += gathered;
+  bwd.temporaries += gathered + s.gathered_gradient;
+
   tl.host = s.host;
   tl.parameters = s.parameters;
+  if (acts != nullptr) {
+    const stage_activations a = activations_on_stage(model, *acts, t, m, stage);
+    fwd += a.forward;
+    bwd += a.backward;
+    tl.host.activations = a.host;
+    tl.chunks_in_flight = a.chunks_in_flight;
+    tl.activations_per_micro_batch = a.per_micro_batch;
+  }
+  if (has_layer_structure(model)) {
+    const detail::step_transients st = detail::stage_step_transients(model, t, m, stage);
+    bwd.comm_buffers += st.gradient_bucket;
+    tl.at[static_cast<std::size_t>(phase::optimizer_step)].temporaries += st.optimizer_temporaries;
+  }
   return tl;
+}
+
+constexpr timeline stage_timeline(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                  const device_desc& d, std::uint64_t stage) {
+  if (t.sequence == 0 || !has_layer_structure(model)) return stage_timeline(model, t, m, d, stage, nullptr);
+  const activation_table acts = activation_table_of(model, t, m);
+  return stage_timeline(model, t, m, d, stage, &acts);
 }
 
 }  // namespace memalg

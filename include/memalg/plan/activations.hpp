@@ -1,0 +1,637 @@
+// memalg/plan/activations.hpp — saved activations and transient buffers of every layer, and what a
+// pipeline stage holds of them over a step.
+//
+// Notation: s tokens per sequence (of the entry), b micro-batch, h hidden, a heads, d head width,
+// kv key/value heads, f MLP width, v vocabulary, t tensor-parallel degree, c context-parallel
+// degree, e bytes of one activation element (the policy's activation dtype). Masks are 1 byte per
+// element. T = b·s/c is the tokens one rank processes.
+//
+// Per sub-layer, one instance and one micro-batch (Korthikanti et al. 2022, arXiv 2205.05198,
+// §4.1 — with e = 2, p > 0, a·d = h, kv = a, f = 4h these are its numbers exactly):
+//
+//   norm                        norm input                                   2sbh   (each)
+//   attention (self)            QKV input 2sbh · Q, K 4sbh · V 2sbh · out-proj input 2sbh
+//                               · residual-dropout mask sbh                  11sbh
+//                               naive: softmax 2as²b · its dropout mask as²b · dropout output 2as²b
+//                                                                            + 5as²b
+//                               flash: log-sum-exp, fp32 per head and token  + 4asb
+//   MLP (GeLU)                  fc1 input 2sbh · GeLU input 2sbf · fc2 input 2sbf · mask sbh
+//                                                                            19sbh at f = 4h
+//   gated MLP (SwiGLU)          input 2sbh · gate and up outputs 4sbf · down input 2sbf · mask sbh
+//   mixture of experts          router input 2sbh · router probabilities 4sbE (fp32) · per routed
+//                               token (R = k·T dropless, E·⌈C·k·T/E⌉ with capacity factor C):
+//                               expert input 2h, its MLP's tensors, expert output 2h · mask sbh
+//   cross-attention             as attention with s_kv key/value tokens; the encoder output that
+//                               feeds every key/value projection is one entry, saved once
+//
+// Transients (alive only while one instance runs; `temporaries` / `comm_buffers` of the phase):
+// naive attention's raw scores (forward) and the gradients of scores and probabilities (backward,
+// 2·as²b/t); FlashAttention-2's fp32 dQ accumulator; the MLP's inner gradients; the logits, their
+// upcast and their gradient at the loss; in every backward the gradient arriving at the output and
+// the one written for the input; a block's sub-layer output before its residual add; the
+// sequence-parallel all-gather of a layer's input (sbh), context parallelism's double-buffered
+// key/value ring, expert parallelism's all-to-all receive buffer, a pipeline stage's send/receive
+// buffer.
+//
+// so a block holds sbh(34 + 5as/h) — Table 2, "no parallelism". Tensor parallelism splits what
+// lies between the column- and row-parallel projections (Q, K, V, the attention core, out-proj
+// input, MLP inner tensors) by t; the rest (10sbh: norm inputs, QKV and fc1 inputs, masks) is
+// replicated unless sequence parallelism splits it too: sbh(10 + 24/t + 5as/(ht)) and
+// sbh(34/t + 5as/(ht)) (Table 2). GQA: flash saves K and V at kv heads; naive attention saves them
+// expanded to a heads (Megatron's and Hugging Face's unfused paths repeat them before the matmul).
+// Context parallelism splits the sequence: every term by c, naive scores are (s/c)·s per head.
+//
+// Recomputation (Table 2 and §5): selective drops the attention core (5as²b naive; the
+// log-sum-exp with flash) — sbh(10 + 24/t) and sbh·34/t. Full keeps each layer's input, 2sbh
+// (2sbh/t under sequence parallelism, where the input is sequence-split), and rebuilds one layer's
+// saved set in backward (a transient). every:K keeps the input of every K-th layer and rebuilds K
+// layers at a time (Megatron's uniform method with recompute_num_layers = K; every:1 = full).
+// Recomputation applies to repeated entries (the transformer layers), as in Megatron.
+//
+// Frozen layers: backward needs a frozen layer's tensors only to carry the gradient to trainable
+// layers before it. So a frozen entry keeps nothing when no trainable entry precedes it, and
+// otherwise drops the inputs of its matrix products (they serve only weight gradients) and keeps
+// the rest. QLoRA's frozen base keeps them (its adapters need the same inputs).
+//
+// A stage holds the saved activations of the micro-batches in flight (Narayanan et al. 2021,
+// Korthikanti et al. §4.2.3): 1F1B min(m, p − i) on stage i; GPipe all m; the interleaved
+// schedule with v model chunks min(m·v, v·p + p − 2i − 1) chunk-micro-batches of 1/v of the stage
+// (Megatron's warm-up count + 1), which on the first stage is p·(1 + (p−1)/(p·v)) — the paper's
+// factor. m = gradient-accumulation micro-batches; with p = 1 one micro-batch is in flight
+// whatever m is: accumulation adds no activations (its gradient buffer is the persistent one).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "memalg/core/bytes.hpp"
+#include "memalg/core/dtype.hpp"
+#include "memalg/model/layer.hpp"
+#include "memalg/parallel/mesh.hpp"
+#include "memalg/plan/breakdown.hpp"
+#include "memalg/plan/model_states.hpp"
+#include "memalg/train/recipe.hpp"
+
+namespace memalg {
+
+/// What the activation algebra reads of the recipe and the mesh.
+struct activation_context {
+  std::uint64_t micro_batch = 1;
+  std::uint64_t sequence = 0;
+  dtype act = dtypes::bf16;
+  std::uint64_t tp = 1;
+  std::uint64_t cp = 1;
+  std::uint64_t ep = 1;
+  bool sp = false;
+};
+
+constexpr activation_context activation_context_of(const training_desc& t, const mesh_desc& m) {
+  activation_context c{};
+  c.micro_batch = t.micro_batch;
+  c.sequence = t.sequence;
+  c.act = t.precision.activations.is_none() ? t.precision.weights : t.precision.activations;
+  c.tp = m.tp;
+  c.cp = m.cp;
+  c.ep = m.ep;
+  c.sp = m.sequence_parallel;
+  return c;
+}
+
+/// Saved bytes of one instance, by why backward keeps them.
+struct saved_bytes {
+  bytes weight_grad{};  ///< inputs of matrix products: needed only for their weight gradients
+  bytes input_grad{};   ///< needed to carry the gradient: norm and nonlinearity inputs, masks, Q/K/V
+  bytes core{};         ///< attention core that selective recomputation rebuilds
+  constexpr bytes total() const { return weight_grad + input_grad + core; }
+  friend constexpr saved_bytes operator+(saved_bytes a, const saved_bytes& b) {
+    a.weight_grad += b.weight_grad;
+    a.input_grad += b.input_grad;
+    a.core += b.core;
+    return a;
+  }
+};
+
+/// A block's saved bytes grouped as Korthikanti et al. §4.1 (residual-dropout masks with their
+/// sub-layer): attention 11sbh + 5as²b, MLP 19sbh, norms 4sbh.
+struct block_parts {
+  saved_bytes norms{};
+  saved_bytes attention{};
+  saved_bytes cross_attention{};
+  saved_bytes mlp{};
+  constexpr saved_bytes total() const { return norms + attention + cross_attention + mlp; }
+};
+
+/// One instance of an entry for one micro-batch.
+struct layer_activations {
+  bytes saved{};               ///< kept from forward to backward without recomputation
+  bytes selective{};           ///< kept under selective recomputation
+  bytes input{};               ///< the instance's input: the checkpoint of full / every-K recomputation
+  bool input_in_saved = false; ///< the input is itself one of the saved tensors
+  bool backward = false;       ///< backward runs through the instance
+  bytes forward_temporary{};   ///< alive only inside its forward: raw attention scores, logits
+  bytes backward_temporary{};  ///< alive only inside its backward: score gradients, logits and their gradient
+  bytes recompute_core{};      ///< the attention core (rebuilt in backward under selective recomputation)
+  bytes comm{};                ///< communication buffers while it runs: SP all-gather, CP key/value ring, EP all-to-all
+  bytes held_until_loss{};     ///< a teacher's logits, kept until the distillation loss
+};
+
+namespace detail {
+
+/// Bytes of the tensors of one entry under one context.
+struct act_terms {
+  activation_context c{};
+  std::uint64_t seq = 0;     ///< the entry's tokens per sequence
+  std::uint64_t tokens = 0;  ///< T = b·s/c
+  constexpr act_terms(const activation_context& ctx, const layer_shape& s)
+      : c(ctx), seq(s.sequence != 0 ? s.sequence : ctx.sequence), tokens(0) {
+    tokens = detail::checked_mul(c.micro_batch, ceil_div(seq, c.cp));
+  }
+  constexpr bytes values(std::uint64_t n) const { return storage_bytes(c.act, n); }
+  constexpr bytes values_per_token(std::uint64_t width) const { return values(checked_mul(tokens, width)); }
+  /// Outside the tensor-parallel region: replicated, sequence-split under sequence parallelism.
+  constexpr bytes rep(bytes b) const { return c.sp ? b.shard(c.tp) : b; }
+  /// Inside it: split by the tensor-parallel degree.
+  constexpr bytes split(bytes b) const { return b.shard(c.tp); }
+};
+
+struct attention_bytes {
+  saved_bytes saved{};
+  bytes forward_temporary{};
+  bytes backward_temporary{};
+  bytes comm{};
+};
+
+/// One attention sub-layer. `kv_seq`: key/value tokens per sequence; `cross`: its key/value
+/// projection input is the encoder output (an entry of its own, not counted here).
+constexpr attention_bytes attention_sublayer(const act_terms& a, const layer_shape& s, std::uint64_t kv_seq,
+                                             bool cross, bool residual_dropout) {
+  attention_bytes r{};
+  const bool flash = (s.flags & layer_flags::flash) != 0;
+  const std::uint64_t b = a.c.micro_batch, T = a.tokens;
+  const std::uint64_t q_width = checked_mul(s.heads, s.head_dim);
+  const std::uint64_t kv_width = checked_mul(flash ? s.kv_heads : s.heads, s.head_dim);
+  const std::uint64_t kv_tokens = checked_mul(b, ceil_div(kv_seq, a.c.cp));
+  // Scores per rank: b · a · (s/c) query rows · s_kv keys.
+  const std::uint64_t scores = checked_mul(checked_mul(b, s.heads), checked_mul(ceil_div(a.seq, a.c.cp), kv_seq));
+  const bool drop = s.dropout_permille != 0;
+
+  r.saved.weight_grad += a.rep(a.values_per_token(s.hidden));  // QKV (cross: Q) projection input
+  r.saved.input_grad += a.split(a.values_per_token(q_width));  // Q
+  r.saved.input_grad += a.split(a.values(checked_mul(kv_tokens, kv_width))) * 2;  // K, V
+  if (flash) {
+    r.saved.core += a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});  // log-sum-exp, fp32
+    // FlashAttention-2 accumulates dQ in fp32 during backward (flash_attn `dq_accum`).
+    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(T, q_width), 4)});
+  } else {
+    r.saved.core += a.split(a.values(scores));  // softmax output
+    if (drop) {
+      r.saved.core += a.split(bytes{scores});      // its dropout mask
+      r.saved.core += a.split(a.values(scores));   // dropout output (input of the product with V)
+    }
+    r.forward_temporary = a.split(a.values(scores));           // raw scores before the softmax
+    r.backward_temporary = a.split(a.values(scores)) * 2;      // gradients of probabilities and scores
+  }
+  r.saved.weight_grad += a.split(a.values_per_token(q_width));  // out-projection input
+  if (residual_dropout && drop) r.saved.input_grad += a.rep(bytes{checked_mul(T, s.hidden)});
+  (void)cross;
+  if (a.c.sp) r.comm += a.values_per_token(s.hidden);  // all-gathered input
+  if (a.c.cp > 1)  // ring attention: K and V chunks, double-buffered
+    r.comm += a.split(a.values(checked_mul(kv_tokens, checked_mul(s.kv_heads, s.head_dim)))) * 4;
+  return r;
+}
+
+struct mlp_bytes {
+  saved_bytes saved{};
+  bytes backward_temporary{};
+  bytes comm{};
+};
+
+/// A GeLU or gated MLP over `rows` token rows (T, or the routed tokens of an expert layer).
+constexpr mlp_bytes mlp_sublayer(const act_terms& a, std::uint64_t rows, std::uint64_t hidden, std::uint64_t ffn,
+                                 bool gated) {
+  mlp_bytes r{};
+  const std::uint64_t inner = checked_mul(rows, ffn);
+  r.saved.weight_grad += a.rep(a.values(checked_mul(rows, hidden)));  // fc1 (gate/up) input
+  r.saved.input_grad += a.split(a.values(checked_mul(inner, gated ? 2 : 1)));  // GeLU input / gate and up outputs
+  r.saved.weight_grad += a.split(a.values(inner));                     // fc2 (down) input
+  r.backward_temporary = a.split(a.values(inner)) * (gated ? 2 : 1);   // gradients of the inner tensors
+  if (a.c.sp) r.comm += a.values(checked_mul(rows, hidden));
+  return r;
+}
+
+/// Tokens routed to experts: k·T dropless, E·⌈C·k·T/E⌉ with a capacity factor C (GShard,
+/// Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021).
+constexpr std::uint64_t routed_tokens(const layer_shape& s, std::uint64_t tokens) {
+  const std::uint64_t routed = checked_mul(tokens, s.top_k);
+  if (s.capacity_factor_percent == 0 || s.experts == 0) return routed;
+  return checked_mul(s.experts, ceil_div(checked_mul(routed, s.capacity_factor_percent), checked_mul(100, s.experts)));
+}
+
+constexpr mlp_bytes moe_sublayer(const act_terms& a, const layer_shape& s) {
+  const std::uint64_t T = a.tokens, R = routed_tokens(s, T);
+  mlp_bytes r = mlp_sublayer(a, R, s.hidden, s.ffn, (s.flags & layer_flags::gated) != 0);
+  r.saved.weight_grad += a.rep(a.values_per_token(s.hidden));                    // router input
+  r.saved.input_grad += a.rep(bytes{checked_mul(checked_mul(T, s.experts), 4)});  // router probabilities (fp32)
+  r.saved.input_grad += a.rep(a.values(checked_mul(R, s.hidden)));               // expert outputs, for the combine
+  if (a.c.ep > 1) r.comm += a.rep(a.values(checked_mul(R, s.hidden)));           // all-to-all receive buffer
+  return r;
+}
+
+constexpr bytes residual_mask(const act_terms& a, const layer_shape& s) {
+  return s.dropout_permille != 0 ? a.rep(bytes{checked_mul(a.tokens, s.hidden)}) : bytes{};
+}
+
+constexpr bytes max_b(bytes x, bytes y) { return x < y ? y : x; }
+
+/// Everything about one instance before the trainable / frozen rule is applied.
+struct raw_activations {
+  saved_bytes saved{};
+  block_parts parts{};
+  bytes input{};
+  bool input_in_saved = false;
+  bool input_serves_weight_grad = false;  ///< the input is saved only for a weight gradient
+  bytes forward_temporary{};
+  bytes backward_temporary{};
+  bytes comm{};
+  bytes logits{};  ///< output layer: the logits of a whole micro-batch (a teacher keeps them)
+};
+
+constexpr raw_activations raw_layer_activations(const layer_desc& l, const activation_context& c) {
+  raw_activations r{};
+  const layer_shape& s = l.shape;
+  const act_terms a(c, s);
+  if (a.tokens == 0) return r;
+  const bytes hidden_input = a.rep(a.values_per_token(s.hidden));
+  // Every backward holds the gradient arriving at the entry's output and the one it writes for its input.
+  const bytes gradients = hidden_input * 2;
+  switch (l.kind) {
+    case layer_kind::parameters:
+      break;
+    case layer_kind::embedding:
+    case layer_kind::position_embedding:
+      // Backward needs only the token ids (ignored: 4–8 bytes per token) and the arriving gradient.
+      r.backward_temporary = hidden_input;
+      break;
+    case layer_kind::layernorm:
+    case layer_kind::rmsnorm:
+      r.saved.input_grad = hidden_input;  // per-token mean / rstd (4–8 bytes) ignored, as in §4.1
+      r.input = hidden_input;
+      r.input_in_saved = true;
+      r.backward_temporary = gradients;
+      break;
+    case layer_kind::dropout:
+      r.saved.input_grad = s.dropout_permille != 0 ? a.rep(bytes{checked_mul(a.tokens, s.hidden)}) : bytes{};
+      r.input = hidden_input;
+      r.backward_temporary = gradients;
+      break;
+    case layer_kind::linear:
+    case layer_kind::conv1d: {
+      r.saved.weight_grad = a.rep(a.values_per_token(s.in));
+      if ((s.flags & layer_flags::batchnorm) != 0) r.saved.input_grad += a.rep(a.values_per_token(s.out));
+      if ((s.flags & layer_flags::activation) != 0) r.saved.input_grad += a.rep(a.values_per_token(s.out));
+      if (s.dropout_permille != 0) r.saved.input_grad += a.rep(bytes{checked_mul(a.tokens, s.out)});
+      r.input = r.saved.weight_grad;
+      r.input_in_saved = true;
+      r.input_serves_weight_grad = true;
+      r.backward_temporary = a.rep(a.values_per_token(s.in)) + a.rep(a.values_per_token(s.out));
+      break;
+    }
+    case layer_kind::attention: {
+      const attention_bytes at = attention_sublayer(a, s, s.kv_sequence != 0 ? s.kv_sequence : a.seq, false, false);
+      r.saved = at.saved;
+      r.parts.attention = at.saved;
+      r.forward_temporary = at.forward_temporary;
+      r.backward_temporary = at.backward_temporary + gradients;
+      r.comm = at.comm;
+      r.input = hidden_input;
+      r.input_in_saved = true;
+      r.input_serves_weight_grad = true;
+      break;
+    }
+    case layer_kind::mlp:
+    case layer_kind::gated_mlp: {
+      const mlp_bytes m = mlp_sublayer(a, a.tokens, s.hidden, s.ffn, l.kind == layer_kind::gated_mlp);
+      r.saved = m.saved;
+      r.parts.mlp = m.saved;
+      r.backward_temporary = m.backward_temporary + gradients;
+      r.comm = m.comm;
+      r.input = hidden_input;
+      r.input_in_saved = true;
+      r.input_serves_weight_grad = true;
+      break;
+    }
+    case layer_kind::moe: {
+      const mlp_bytes m = moe_sublayer(a, s);
+      r.saved = m.saved;
+      r.parts.mlp = m.saved;
+      r.backward_temporary = m.backward_temporary + gradients;
+      r.comm = m.comm;
+      r.input = hidden_input;
+      r.input_in_saved = true;
+      r.input_serves_weight_grad = true;
+      break;
+    }
+    case layer_kind::transformer_block: {
+      const bool cross = (s.flags & layer_flags::cross_attention) != 0;
+      r.parts.norms.input_grad = hidden_input * (cross ? 3 : 2);
+      const attention_bytes self = attention_sublayer(a, s, a.seq, false, true);
+      r.parts.attention = self.saved;
+      bytes fwd = self.forward_temporary, bwd = self.backward_temporary, comm = self.comm;
+      if (cross) {
+        const attention_bytes x =
+            attention_sublayer(a, s, s.kv_sequence != 0 ? s.kv_sequence : a.seq, true, true);
+        r.parts.cross_attention = x.saved;
+        fwd = max_b(fwd, x.forward_temporary);
+        bwd = max_b(bwd, x.backward_temporary);
+        comm = max_b(comm, x.comm);
+      }
+      mlp_bytes m = (s.flags & layer_flags::moe) != 0 ? moe_sublayer(a, s)
+                                                     : mlp_sublayer(a, a.tokens, s.hidden, s.ffn,
+                                                                    (s.flags & layer_flags::gated) != 0);
+      m.saved.input_grad += residual_mask(a, s);
+      r.parts.mlp = m.saved;
+      r.saved = r.parts.total();
+      r.forward_temporary = max_b(fwd, hidden_input);  // a sub-layer's output before the residual add
+      r.backward_temporary = max_b(bwd, m.backward_temporary) + gradients;
+      r.comm = max_b(comm, m.comm);
+      r.input = hidden_input;
+      r.input_in_saved = true;
+      break;
+    }
+    case layer_kind::output: {
+      const dtype logits = s.logits.is_none() ? dtypes::fp32 : s.logits;
+      const std::uint64_t vocab = ceil_div(s.vocab, c.tp);  // vocabulary-parallel
+      r.saved.weight_grad = hidden_input;  // output-projection input (chunked: the hidden gradient)
+      r.input = hidden_input;
+      r.input_in_saved = true;
+      r.input_serves_weight_grad = true;
+      r.logits = storage_bytes(logits, checked_mul(a.tokens, vocab));
+      if (s.chunk != 0 && s.chunk < a.tokens) {
+        // Chunked loss: one chunk's logits and their gradient at a time, during forward.
+        r.forward_temporary = storage_bytes(logits, checked_mul(s.chunk, vocab)) * 2;
+      } else {
+        // The projection writes activation-dtype logits, upcast to the logits dtype; the loss
+        // keeps them, and backward allocates their gradient (PyTorch cross_entropy; Megatron's
+        // fused vocab-parallel kernel works in place and needs one copy less).
+        r.forward_temporary = r.logits;
+        if (logits.bits != c.act.bits) r.forward_temporary += a.values(checked_mul(a.tokens, vocab));
+        r.backward_temporary = r.logits * 2;
+      }
+      r.backward_temporary += hidden_input;  // the gradient it sends back
+      if (c.sp) r.comm = a.values_per_token(s.hidden);
+      break;
+    }
+    case layer_kind::custom:
+      r.saved.input_grad = a.rep(a.values_per_token(s.saved_per_token));
+      r.input = r.saved.input_grad;
+      r.input_in_saved = true;
+      break;
+  }
+  return r;
+}
+
+}  // namespace detail
+
+/// The §4.1 breakdown of a transformer block (or the one part of an attention / MLP entry), for
+/// one instance and one micro-batch, before any recomputation.
+constexpr block_parts sublayer_activations(const layer_desc& l, const activation_context& c) {
+  return detail::raw_layer_activations(l, c).parts;
+}
+
+/// Saved and transient bytes of one instance of `l`, one micro-batch. `gradient_flows_in`: some
+/// entry before it (in forward order) is trainable, so backward must pass through it.
+constexpr layer_activations layer_activation_bytes(const layer_desc& l, const activation_context& c,
+                                                   bool gradient_flows_in) {
+  const detail::raw_activations r = detail::raw_layer_activations(l, c);
+  layer_activations a{};
+  a.forward_temporary = r.forward_temporary;
+  a.comm = r.comm;
+  if (l.group == layer_group::teacher) {
+    // Forward only, without autograd: its tensors live one layer at a time; its logits stay
+    // until the distillation loss.
+    a.forward_temporary = r.saved.total() + r.forward_temporary;
+    a.held_until_loss = r.logits;
+    return a;
+  }
+  const bool trains = l.trainable || (l.shape.flags & layer_flags::adapted) != 0;
+  if (!trains && !gradient_flows_in) return a;  // no backward through it
+  saved_bytes kept = r.saved;
+  if (!trains) kept.weight_grad = bytes{};
+  a.saved = kept.total();
+  a.selective = kept.weight_grad + kept.input_grad;
+  a.recompute_core = kept.core;
+  a.input = r.input;
+  a.input_in_saved = r.input_in_saved && (trains || !r.input_serves_weight_grad);
+  a.backward = true;
+  a.backward_temporary = r.backward_temporary;
+  return a;
+}
+
+/// Per-instance activations of every entry, in model order (computed once per plan; stages only
+/// multiply them).
+struct activation_table {
+  std::array<layer_activations, max_model_entries> entries{};
+  std::size_t size = 0;
+  bytes stage_boundary{};  ///< a pipeline send/receive buffer: one hidden-state tensor
+};
+
+constexpr activation_table activation_table_of(const model_desc& model, const training_desc& t, const mesh_desc& m) {
+  activation_table table{};
+  const activation_context c = activation_context_of(t, m);
+  bool gradient_flows = false;
+  for (std::size_t i = 0; i < model.size; ++i) {
+    const layer_desc& l = model.entries[i];
+    table.entries[i] = layer_activation_bytes(l, c, gradient_flows);
+    if (l.group != layer_group::teacher && (l.trainable && l.params != 0)) gradient_flows = true;
+    if ((l.shape.flags & layer_flags::adapted) != 0) gradient_flows = true;
+    if (l.kind != layer_kind::parameters && l.shape.hidden != 0 && l.group != layer_group::teacher) {
+      const detail::act_terms a(c, l.shape);
+      table.stage_boundary = detail::max_b(table.stage_boundary, a.rep(a.values_per_token(l.shape.hidden)));
+    }
+  }
+  table.size = model.size;
+  return table;
+}
+
+/// Chunk-micro-batches whose activations stage `stage` holds at its peak (see the header): with
+/// v = 1 this is micro-batches.
+constexpr std::uint64_t chunks_in_flight(const mesh_desc& m, std::uint64_t micro_batches, std::uint64_t stage) {
+  if (m.pp <= 1) return 1;
+  const std::uint64_t mb = micro_batches == 0 ? 1 : micro_batches;
+  switch (m.schedule) {
+    case pipeline_schedule::gpipe: return mb;
+    case pipeline_schedule::one_f_one_b: {
+      const std::uint64_t ahead = m.pp - stage;
+      return ahead < mb ? ahead : mb;
+    }
+    case pipeline_schedule::interleaved: {
+      const std::uint64_t v = m.virtual_stages;
+      const std::uint64_t warmup = 2 * (m.pp - stage - 1) + (v - 1) * m.pp;
+      const std::uint64_t total = detail::checked_mul(mb, v);
+      return warmup + 1 < total ? warmup + 1 : total;
+    }
+  }
+  return 1;
+}
+
+/// Device activation bytes of one stage at its forward and backward high-water marks.
+struct stage_activations {
+  breakdown forward{};    ///< activations, temporaries and comm_buffers at the forward peak
+  breakdown backward{};   ///< the same at the backward peak
+  bytes host{};           ///< saved activations offloaded to host memory
+  bytes per_micro_batch{};  ///< saved activations of one micro-batch on the stage
+  std::uint64_t chunks_in_flight = 1;
+};
+
+namespace detail {
+constexpr breakdown moment(bytes activations, bytes temporaries, bytes comm) {
+  breakdown b{};
+  b.activations = activations;
+  b.temporaries = temporaries;
+  b.comm_buffers = comm;
+  return b;
+}
+constexpr void keep_larger(breakdown& best, const breakdown& candidate) {
+  if (candidate.total() > best.total()) best = candidate;
+}
+}  // namespace detail
+
+/// The forward sweep (saved tensors accumulate entry by entry, each entry's transients on top)
+/// and the backward sweep (the loss's buffers first, then entries in reverse, each freeing its
+/// saved tensors after its backward) of the newest micro-batch, on top of the earlier micro-batches
+/// in flight. Recomputation and offload as in the header.
+constexpr stage_activations activations_on_stage(const model_desc& model, const activation_table& table,
+                                                 const training_desc& t, const mesh_desc& m, std::uint64_t stage) {
+  stage_activations out{};
+  std::array<bytes, max_model_entries> kept{};      // per entry on this stage, one micro-batch
+  std::array<bytes, max_model_entries> rebuilt{};   // recomputed in backward (transient)
+  bytes total{}, largest_instance{}, teacher_logits{};
+  const recompute_kind rk = t.recompute;
+  for (std::size_t i = 0; i < model.size; ++i) {
+    const layer_desc& l = model.entries[i];
+    const layer_activations& a = table.entries[i];
+    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    if (n == 0 || l.place == placement::spread) continue;
+    if (l.group == layer_group::teacher) {
+      teacher_logits += a.held_until_loss;
+      continue;
+    }
+    if (!a.backward) continue;
+    bytes one = a.saved;
+    const bool layer = l.place == placement::repeated;
+    const bytes reuse = a.input_in_saved ? a.input : bytes{};
+    if (rk == recompute_kind::selective) {
+      one = a.selective;
+      rebuilt[i] = a.recompute_core;
+    }
+    if (layer && rk == recompute_kind::full) {
+      one = a.input;
+      rebuilt[i] = a.saved - reuse;
+    }
+    if (layer && rk == recompute_kind::every_k) {
+      const std::uint64_t k = t.recompute_every == 0 ? 1 : t.recompute_every;
+      kept[i] = a.input * detail::ceil_div(n, k);
+      rebuilt[i] = a.saved * (k < n ? k : n) - reuse;
+      one = a.input;
+    } else {
+      kept[i] = one * n;
+    }
+    largest_instance = detail::max_b(largest_instance, one);
+    total += kept[i];
+  }
+  out.per_micro_batch = total;
+  const std::uint64_t v = m.schedule == pipeline_schedule::interleaved ? m.virtual_stages : 1;
+  const std::uint64_t chunks = chunks_in_flight(m, t.grad_accum, stage);
+  out.chunks_in_flight = chunks;
+  // The stage's saved bytes times chunks/v, rounded up; the newest micro-batch's own share is
+  // what the sweeps below add entry by entry.
+  const bytes at_end{detail::ceil_div(detail::checked_mul(total.value, chunks), v)};
+  const bytes prior = at_end - total;
+  const bytes boundary = m.pp > 1 ? table.stage_boundary : bytes{};
+  // Offload: the host holds every saved tensor; the device a window of two instances (the one
+  // being written and the one in transfer).
+  const bool offload = t.offload_activations;
+  const bytes window = largest_instance * 2;
+  const auto on_device = [&](bytes saved) { return offload && window < saved ? window : saved; };
+  if (offload) out.host = at_end;
+
+  // Teachers run first, between earlier micro-batches' saved tensors and the student's forward.
+  for (std::size_t i = 0; i < model.size; ++i) {
+    const layer_desc& l = model.entries[i];
+    if (l.group != layer_group::teacher || instances_on_stage(l, stage, m.pp) == 0) continue;
+    const layer_activations& a = table.entries[i];
+    detail::keep_larger(out.forward, detail::moment(on_device(prior), a.forward_temporary, a.comm + boundary));
+  }
+  bytes cumulative{};
+  for (std::size_t i = 0; i < model.size; ++i) {
+    const layer_desc& l = model.entries[i];
+    if (l.group == layer_group::teacher || l.place == placement::spread || instances_on_stage(l, stage, m.pp) == 0)
+      continue;
+    const layer_activations& a = table.entries[i];
+    cumulative += kept[i];
+    bytes temporary = a.forward_temporary + teacher_logits;
+    if (rk == recompute_kind::selective) temporary += a.recompute_core;  // computed, then dropped
+    detail::keep_larger(out.forward, detail::moment(on_device(prior + cumulative), temporary, a.comm + boundary));
+  }
+  for (std::size_t j = model.size; j-- > 0;) {
+    const layer_desc& l = model.entries[j];
+    if (l.group == layer_group::teacher || l.place == placement::spread || instances_on_stage(l, stage, m.pp) == 0)
+      continue;
+    const layer_activations& a = table.entries[j];
+    if (a.backward) {
+      const bytes temporary = a.backward_temporary + rebuilt[j] + (l.kind == layer_kind::output ? teacher_logits : bytes{});
+      detail::keep_larger(out.backward,
+                          detail::moment(on_device(prior + cumulative), temporary, a.comm + boundary));
+    }
+    cumulative -= kept[j];
+  }
+  return out;
+}
+
+/// One row of the per-layer table: bytes of ONE instance on the most loaded rank.
+struct layer_row {
+  std::string_view name{};
+  layer_kind kind = layer_kind::parameters;
+  std::uint64_t count = 0;  ///< instances the rank holds
+  bytes weights{};          ///< device weight bytes of one instance
+  bytes activations{};      ///< saved bytes of one instance for one micro-batch, recomputation applied
+};
+
+struct layer_rows {
+  std::array<layer_row, max_model_entries> rows{};
+  std::size_t size = 0;
+  constexpr const layer_row* begin() const { return rows.data(); }
+  constexpr const layer_row* end() const { return rows.data() + size; }
+};
+
+/// The per-layer table of `stage` (entries the stage does not hold have count 0).
+constexpr layer_rows layer_table(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                 std::uint64_t stage) {
+  layer_rows out{};
+  const activation_table table = activation_table_of(model, t, m);
+  for (std::size_t i = 0; i < model.size; ++i) {
+    const layer_desc& l = model.entries[i];
+    layer_row& r = out.rows[out.size++];
+    r.name = l.name;
+    r.kind = l.kind;
+    r.count = instances_on_stage(l, stage, m.pp);
+    model_desc one{};
+    layer_desc single = l;
+    single.count = 1;
+    if (single.place != placement::spread) single.place = placement::first_stage;
+    one.push(single);
+    r.weights = model_states(one, t, m, 0).device.weights;
+    const layer_activations& a = table.entries[i];
+    if (!a.backward) continue;
+    const bool layer = l.place == placement::repeated;
+    switch (t.recompute) {
+      case recompute_kind::none: r.activations = a.saved; break;
+      case recompute_kind::selective: r.activations = a.selective; break;
+      case recompute_kind::full:
+      case recompute_kind::every_k: r.activations = layer ? a.input : a.saved; break;
+    }
+  }
+  return out;
+}
+
+}  // namespace memalg
