@@ -2,11 +2,10 @@
 //
 // `evaluate(model, training, mesh, device)` is what `plan<>` computes at compile time and what the
 // command-line tool computes at run time: the same function, so the two can never disagree.
-// It validates the configuration (`plan_error`), evaluates the timeline of every *distinct*
-// pipeline stage (the first, the last, and the middle stages with and without an extra layer of
-// an uneven split — all other stages equal one of these or hold less: later stages hold fewer
-// micro-batches in flight) and reports the most loaded one. Per-entry activations are computed
-// once per plan; each distinct stage is evaluated once.
+// It validates the configuration (`plan_error`), evaluates the timeline of the pipeline stages
+// that can be the most loaded — the first and the last; every stage in between holds at most what
+// the first holds (see evaluate_stages) — and reports the most loaded one. Per-entry activations
+// are computed once per plan.
 #pragma once
 
 #include <array>
@@ -140,30 +139,21 @@ constexpr plan_result evaluate_stages(const model_desc& model, const training_de
   r.limit = d.limit();
   r.usable = d.usable();
 
-  // Distinct stages: first, last, and around the remainder boundary of each repeated entry.
-  std::array<std::uint64_t, 6> candidates{0, m.pp - 1, 1, m.pp >= 2 ? m.pp - 2 : 0, 0, 0};
-  std::size_t n = 4;
-  for (const layer_desc& l : model)
-    if (l.place == placement::repeated && n + 2 <= candidates.size()) {
-      const std::uint64_t rem = l.count % m.pp;
-      candidates[n++] = rem == 0 ? 0 : rem - 1;
-      candidates[n++] = rem < m.pp ? rem : 0;
-    }
-  bool first = true;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t stage = candidates[i];
-    if (stage >= m.pp) continue;
-    bool seen = false;
-    for (std::size_t j = 0; j < i; ++j) seen = seen || candidates[j] == stage;
-    if (seen) continue;
+  // Only the first and the last stage can be the most loaded. Every stage i in between holds at
+  // most what stage 0 holds, in every phase: no more instances of any repeated entry (earlier
+  // stages take the remainder of an uneven split), no more micro-batches in flight (1F1B p − i,
+  // interleaved decreasing in i, GPipe equal), and a subset of stage 0's entries (stage 0 adds the
+  // first-stage ones). Ties keep stage 0.
+  const std::uint64_t stages[2] = {0, m.pp - 1};
+  for (std::size_t i = 0; i < (m.pp > 1 ? 2u : 1u); ++i) {
+    const std::uint64_t stage = stages[i];
     const timeline tl = stage_timeline(model, t, m, d, stage, acts);
-    if (first || tl.peak().total() > r.per_rank.total()) {
+    if (i == 0 || tl.peak().total() > r.per_rank.total()) {
       r.most_loaded_stage = stage;
       r.most_loaded = tl;
       r.per_rank = tl.peak();
       r.host_per_rank = tl.host;
       r.peak_phase = tl.peak_phase();
-      first = false;
     }
   }
   r.fits = r.per_rank.total() <= r.limit;
