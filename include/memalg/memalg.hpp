@@ -1,5 +1,6 @@
 // memalg/memalg.hpp — everything host-side: the memory algebra, plans and their diagnostics.
-// CUDA headers (backend/cuda/*.cuh) are included separately, by CUDA translation units only.
+// CUDA headers (backend/cuda/*.cuh) are included separately, by CUDA translation units only, and
+// so is the Boost.Hana type-level search (plan/search_hana.hpp), which is host only.
 #pragma once
 
 #include "memalg/config.hpp"
@@ -15,12 +16,14 @@
 #include "memalg/parallel/mesh.hpp"
 #include "memalg/plan/activations.hpp"
 #include "memalg/plan/breakdown.hpp"
+#include "memalg/plan/comm.hpp"
 #include "memalg/plan/diagnostics.hpp"
 #include "memalg/plan/evaluate.hpp"
 #include "memalg/plan/issues.hpp"
 #include "memalg/plan/model_states.hpp"
 #include "memalg/plan/plan.hpp"
 #include "memalg/plan/report.hpp"
+#include "memalg/plan/search.hpp"
 #include "memalg/plan/timeline.hpp"
 #include "memalg/train/optimizer.hpp"
 #include "memalg/train/precision.hpp"
