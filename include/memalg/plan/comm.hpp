@@ -150,60 +150,80 @@ constexpr std::uint64_t boundary_width(const model_desc& model) {
 }
 }  // namespace detail
 
-/// Bytes one rank of pipeline stage `stage` sends per optimizer step (see the header comment).
-constexpr comm_volume stage_communication(const model_desc& model, const training_desc& t, const mesh_desc& m,
-                                          std::uint64_t stage) {
-  using detail::ceil_div;
-  using detail::checked_mul;
+namespace detail {
+/// What one instance of an entry sends or reduces, independent of the stage it sits on.
+struct entry_traffic {
+  bytes grad_dense{}, grad_expert{};          ///< gradients (trainable entries)
+  bytes weight_dense{}, weight_expert{};      ///< weights ZeRO-1/2 all-gather after the step (trainable)
+  bytes gathered_dense{}, gathered_expert{};  ///< weights ZeRO-3 gathers (all of them)
+  bytes tensor{}, context{}, expert{};        ///< activation traffic per optimizer step
+  bool shaped = false;                        ///< activation traffic could be counted
+};
+
+constexpr entry_traffic traffic_of(const layer_desc& l, const training_desc& t, const mesh_desc& m) {
   const precision_policy& p = t.precision;
+  entry_traffic e{};
+  const rank_elements r = elements_per_rank(l, m);
+  const dtype wdt = l.weight_storage.is_none() ? p.weights : l.weight_storage;
+  e.gathered_dense = storage_bytes(wdt, r.dense);
+  e.gathered_expert = storage_bytes(wdt, r.expert);
+  if (l.trainable) {
+    e.grad_dense = storage_bytes(p.gradients, r.dense);
+    e.grad_expert = storage_bytes(p.gradients, r.expert);
+    e.weight_dense = e.gathered_dense;
+    e.weight_expert = e.gathered_expert;
+  }
+  if (l.shape.hidden == 0 || t.sequence == 0) return e;
+  e.shaped = true;
+  const dtype act = activation_dtype(t);
+  const bool recompute = full_recompute(t);
+  const std::uint64_t tokens = local_tokens(l, t, m);
+  const std::uint64_t micro_batches = t.grad_accum;
+  const bytes boundary = storage_bytes(act, checked_mul(tokens, l.shape.hidden));
+  e.tensor = ring_all_reduce_sent(boundary, m.tp) * checked_mul(tp_all_reduces(l, recompute), micro_batches);
+  if (has_self_attention(l) && m.cp > 1) {
+    const std::uint64_t kv_heads = ceil_div(l.shape.kv_heads != 0 ? l.shape.kv_heads : l.shape.heads, m.tp);
+    const std::uint64_t head_dim = l.shape.head_dim != 0 ? l.shape.head_dim
+                                   : l.shape.heads != 0  ? l.shape.hidden / l.shape.heads
+                                                         : 0;
+    const bytes kv_chunk = storage_bytes(act, checked_mul(checked_mul(2 * tokens, kv_heads), head_dim));
+    const std::uint64_t passes = (recompute ? 4 : 3) * ((l.shape.flags & layer_flags::cross_attention) != 0 ? 2 : 1);
+    e.context = kv_chunk * checked_mul(checked_mul(m.cp - 1, passes), micro_batches);
+  }
+  if (is_moe(l) && m.ep > 1) {
+    const std::uint64_t top_k = l.shape.top_k != 0 ? l.shape.top_k : 1;
+    bytes routed = storage_bytes(act, checked_mul(checked_mul(tokens, top_k), l.shape.hidden));
+    if (m.sequence_parallel) routed = routed.shard(m.tp);
+    e.expert = all_to_all_sent(routed, m.ep) * checked_mul(recompute ? 6 : 4, micro_batches);
+  }
+  return e;
+}
+
+/// Adds `n` instances of `e` to a stage's running sums.
+constexpr void accumulate(entry_traffic& sum, const entry_traffic& e, std::uint64_t n) {
+  if (n == 0) return;
+  sum.grad_dense += e.grad_dense * n;
+  sum.grad_expert += e.grad_expert * n;
+  sum.weight_dense += e.weight_dense * n;
+  sum.weight_expert += e.weight_expert * n;
+  sum.gathered_dense += e.gathered_dense * n;
+  sum.gathered_expert += e.gathered_expert * n;
+  sum.tensor += e.tensor * n;
+  sum.context += e.context * n;
+  sum.expert += e.expert * n;
+  sum.shaped = sum.shaped || e.shaped;
+}
+
+/// The volume of `stage` from the sums of its entries' traffic.
+constexpr comm_volume stage_volume(const model_desc& model, const entry_traffic& sum, const training_desc& t,
+                                   const mesh_desc& m, std::uint64_t stage) {
   const std::uint64_t micro_batches = t.grad_accum;
   const std::uint64_t dense_group = m.dp * m.cp;
   const std::uint64_t expert_group = dense_group / (m.ep == 0 ? 1 : m.ep);
-  const dtype act = detail::activation_dtype(t);
-  const bool recompute = detail::full_recompute(t);
-  const bool activation_parallelism = m.tp > 1 || m.pp > 1 || m.cp > 1 || m.ep > 1;
-
   comm_volume v{};
-  bytes grad_dense{}, grad_expert{}, weight_dense{}, weight_expert{}, gathered_dense{}, gathered_expert{};
-  bool shapes = false;
-  for (const layer_desc& l : model) {
-    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
-    if (n == 0) continue;
-    const rank_elements e = elements_per_rank(l, m);
-    const dtype wdt = l.weight_storage.is_none() ? p.weights : l.weight_storage;
-    // ZeRO-3 gathers every weight it sharded, frozen or not; the other stages move trainable ones.
-    gathered_dense += storage_bytes(wdt, e.dense) * n;
-    gathered_expert += storage_bytes(wdt, e.expert) * n;
-    if (l.trainable) {
-      grad_dense += storage_bytes(p.gradients, e.dense) * n;
-      grad_expert += storage_bytes(p.gradients, e.expert) * n;
-      weight_dense += storage_bytes(wdt, e.dense) * n;
-      weight_expert += storage_bytes(wdt, e.expert) * n;
-    }
-
-    if (l.shape.hidden == 0 || t.sequence == 0) continue;
-    shapes = true;
-    const std::uint64_t tokens = detail::local_tokens(l, t, m);
-    const bytes boundary = storage_bytes(act, checked_mul(tokens, l.shape.hidden));
-    const std::uint64_t per_step = checked_mul(n, micro_batches);
-    v.tensor_parallel += ring_all_reduce_sent(boundary, m.tp) * checked_mul(detail::tp_all_reduces(l, recompute), per_step);
-    if (detail::has_self_attention(l) && m.cp > 1) {
-      const std::uint64_t kv_heads = ceil_div(l.shape.kv_heads != 0 ? l.shape.kv_heads : l.shape.heads, m.tp);
-      const std::uint64_t head_dim = l.shape.head_dim != 0 ? l.shape.head_dim
-                                     : l.shape.heads != 0  ? l.shape.hidden / l.shape.heads
-                                                           : 0;
-      const bytes kv_chunk = storage_bytes(act, checked_mul(checked_mul(2 * tokens, kv_heads), head_dim));
-      const std::uint64_t passes = (recompute ? 4 : 3) * ((l.shape.flags & layer_flags::cross_attention) != 0 ? 2 : 1);
-      v.context_parallel += kv_chunk * checked_mul(checked_mul(m.cp - 1, passes), per_step);
-    }
-    if (detail::is_moe(l) && m.ep > 1) {
-      const std::uint64_t top_k = l.shape.top_k != 0 ? l.shape.top_k : 1;
-      bytes routed = storage_bytes(act, checked_mul(checked_mul(tokens, top_k), l.shape.hidden));
-      if (m.sequence_parallel) routed = routed.shard(m.tp);
-      v.expert_parallel += all_to_all_sent(routed, m.ep) * checked_mul(recompute ? 6 : 4, per_step);
-    }
-  }
-
+  v.tensor_parallel = sum.tensor;
+  v.context_parallel = sum.context;
+  v.expert_parallel = sum.expert;
   // Data parallelism and ZeRO (dense over dp·cp, expert parameters over dp·cp/ep).
   const auto reduce = [&](bytes grads, bytes weights, bytes gathered, std::uint64_t group) {
     switch (m.zero_stage) {
@@ -214,45 +234,52 @@ constexpr comm_volume stage_communication(const model_desc& model, const trainin
         return (ring_all_gather_sent(gathered, group) * 2 + ring_reduce_scatter_sent(grads, group)) * micro_batches;
     }
   };
-  v.data_parallel = reduce(grad_dense, weight_dense, gathered_dense, dense_group) +
-                    reduce(grad_expert, weight_expert, gathered_expert, expert_group);
+  v.data_parallel = reduce(sum.grad_dense, sum.weight_dense, sum.gathered_dense, dense_group) +
+                    reduce(sum.grad_expert, sum.weight_expert, sum.gathered_expert, expert_group);
 
   // Pipeline boundaries: forward to the next stage, backward to the previous one.
-  const std::uint64_t width = detail::boundary_width(model);
+  const std::uint64_t width = boundary_width(model);
   if (m.pp > 1 && width != 0 && t.sequence != 0) {
-    bytes boundary = storage_bytes(act, checked_mul(checked_mul(ceil_div(t.sequence, m.cp), t.micro_batch), width));
+    bytes boundary = storage_bytes(activation_dtype(t),
+                                   checked_mul(checked_mul(ceil_div(t.sequence, m.cp), t.micro_batch), width));
     if (m.sequence_parallel) boundary = boundary.shard(m.tp);
-    const std::uint64_t v_chunks = m.schedule == pipeline_schedule::interleaved ? m.virtual_stages : 1;
-    const std::uint64_t forward = stage + 1 < m.pp ? v_chunks : v_chunks - 1;
-    const std::uint64_t backward = stage > 0 ? v_chunks : v_chunks - 1;
+    const std::uint64_t chunks = m.schedule == pipeline_schedule::interleaved ? m.virtual_stages : 1;
+    const std::uint64_t forward = stage + 1 < m.pp ? chunks : chunks - 1;
+    const std::uint64_t backward = stage > 0 ? chunks : chunks - 1;
     v.pipeline = boundary * checked_mul(forward + backward, micro_batches);
   }
-  v.activations_counted = !activation_parallelism || (shapes && (m.pp == 1 || width != 0));
+  const bool activation_parallelism = m.tp > 1 || m.pp > 1 || m.cp > 1 || m.ep > 1;
+  v.activations_counted = !activation_parallelism || (sum.shaped && (m.pp == 1 || width != 0));
   return v;
 }
+}  // namespace detail
 
-/// Bytes the most communicating rank sends per optimizer step: the maximum over the distinct
-/// pipeline stages (first, last, and either side of an uneven split of each repeated entry).
+/// Bytes one rank of pipeline stage `stage` sends per optimizer step (see the header comment).
+constexpr comm_volume stage_communication(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                          std::uint64_t stage) {
+  detail::entry_traffic sum{};
+  for (const layer_desc& l : model) detail::accumulate(sum, detail::traffic_of(l, t, m), instances_on_stage(l, stage, m.pp));
+  return detail::stage_volume(model, sum, t, m, stage);
+}
+
+/// Bytes the most communicating rank sends per optimizer step. Only stages 0, 1 and p−1 can be
+/// it: a middle stage holds no more instances of any entry than stage 1 (earlier stages take the
+/// remainder of an uneven split; first- and last-stage entries are elsewhere) and sends what
+/// every middle stage sends across its two boundaries; stage 0 and p−1 hold their own entries.
+/// One pass over the entries serves the three stages.
 constexpr comm_volume communication(const model_desc& model, const training_desc& t, const mesh_desc& m) {
   const std::uint64_t pp = m.pp == 0 ? 1 : m.pp;
-  std::array<std::uint64_t, 4 + 2 * max_model_entries> stages{0, pp - 1, 1, pp >= 2 ? pp - 2 : 0};
-  std::size_t n = 4;
-  for (const layer_desc& l : model)
-    if (l.place == placement::repeated) {
-      const std::uint64_t rem = l.count % pp;
-      stages[n++] = rem == 0 ? 0 : rem - 1;
-      stages[n++] = rem;
-    }
-  comm_volume best{};
-  bool first = true;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (stages[i] >= pp) continue;
-    bool seen = false;
-    for (std::size_t j = 0; j < i; ++j) seen = seen || stages[j] == stages[i];
-    if (seen) continue;
-    const comm_volume c = stage_communication(model, t, m, stages[i]);
-    if (first || c.total() > best.total()) best = c;
-    first = false;
+  const std::uint64_t stages[3] = {0, pp - 1, 1};
+  const std::size_t distinct = pp > 2 ? 3 : pp > 1 ? 2 : 1;
+  detail::entry_traffic sums[3] = {detail::entry_traffic{}, detail::entry_traffic{}, detail::entry_traffic{}};
+  for (const layer_desc& l : model) {
+    const detail::entry_traffic e = detail::traffic_of(l, t, m);
+    for (std::size_t i = 0; i < distinct; ++i) detail::accumulate(sums[i], e, instances_on_stage(l, stages[i], pp));
+  }
+  comm_volume best = detail::stage_volume(model, sums[0], t, m, 0);
+  for (std::size_t i = 1; i < distinct; ++i) {
+    const comm_volume c = detail::stage_volume(model, sums[i], t, m, stages[i]);
+    if (c.total() > best.total()) best = c;
   }
   return best;
 }

@@ -343,6 +343,27 @@ constexpr search_result find_strategies_exhaustive(const search_problem& p, std:
 }
 
 namespace detail {
+/// What the pruned search keeps of a plan: its ranking key and whether it fits. (Cheaper than a
+/// `candidate` in a constant expression: no plan_result is default-constructed and copied.)
+struct verdict {
+  ranking_key key{};
+  bool fits = false;
+};
+/// Plans configuration `index`, known to be valid.
+constexpr verdict judge(const search_problem& p, std::uint64_t index) {
+  const strategy c = strategy_at(p.space, index);
+  const mesh_desc m = apply_strategy(c, p.mesh);
+  const training_desc t = apply_strategy(c, p.training);
+  const plan_result r = evaluate(p.model, t, m, p.device);
+  verdict v{};
+  v.key.index = index;
+  v.key.peak = r.peak().value;
+  v.key.micro_batch = t.micro_batch;
+  v.fits = r.fits;
+  if (r.fits) v.key.comm = communication(p.model, t, m).total().value;
+  return v;
+}
+
 /// Positions of the micro-batch choices in ascending order of value (stable).
 constexpr std::array<std::size_t, max_choices> micro_batch_order(const search_space& s) {
   std::array<std::size_t, max_choices> order{};
@@ -357,7 +378,8 @@ constexpr std::array<std::size_t, max_choices> micro_batch_order(const search_sp
 }
 
 /// One group of configurations that differ only in the micro-batch (consecutive indices, the
-/// micro-batch being the fastest digit), decided with as few plans as monotonicity allows:
+/// micro-batch being the fastest digit), decided with one validity check and as few plans as
+/// monotonicity allows:
 /// the peak and the traffic never decrease with the micro-batch, so the fitting ones are a prefix
 /// of the valid ones in ascending micro-batch order. Plans: the smallest (it answers least memory,
 /// least communication and closest for the group), the largest, and a binary search between
@@ -367,43 +389,44 @@ template <class OnFeasible>
 constexpr void search_group(const search_problem& p, const std::array<std::size_t, max_choices>& order,
                             std::uint64_t first_index, search_result& r, OnFeasible&& on_feasible) {
   const std::size_t k = p.space.micro_batch.size;
+  r.evaluated += k;
+  // Validity does not depend on a micro-batch of at least one (find_plan_issue reads it only to
+  // refuse zero), so one check decides the group; the tests compare the counts with brute force.
+  const strategy first = strategy_at(p.space, first_index + order[0]);
+  std::size_t zero_batches = 0;
+  while (zero_batches < k && p.space.micro_batch[order[zero_batches]] == 0) ++zero_batches;
+  if (first.dp == 0 || zero_batches == k) return;
+  training_desc t = apply_strategy(first, p.training);
+  t.micro_batch = p.space.micro_batch[order[zero_batches]];
+  if (find_plan_issue(p.model, t, apply_strategy(first, p.mesh), p.device) != plan_issue::none) return;
   std::array<std::uint64_t, max_choices> valid{};  // indices of the valid ones, ascending micro-batch
   std::size_t n = 0;
-  for (std::size_t i = 0; i < k; ++i) {
-    const std::uint64_t index = first_index + order[i];
-    const strategy c = strategy_at(p.space, index);
-    ++r.evaluated;
-    if (c.dp == 0) continue;
-    if (find_plan_issue(p.model, apply_strategy(c, p.training), apply_strategy(c, p.mesh), p.device) != plan_issue::none)
-      continue;
-    ++r.valid;
-    valid[n++] = index;
-  }
+  for (std::size_t i = zero_batches; i < k; ++i) valid[n++] = first_index + order[i];
+  r.valid += n;
   if (n == 0) return;
-  const candidate smallest = evaluate_candidate(p, valid[0]);
+  const verdict smallest = judge(p, valid[0]);
   ++r.planned;
-  const ranking_key small_key = key_of(smallest);
-  r.closest.offer(small_key, search_order::memory);
-  if (!smallest.plan.fits) return;  // nothing larger fits either
-  r.least_memory.offer(small_key, search_order::memory);
-  r.least_communication.offer(small_key, search_order::communication);
+  r.closest.offer(smallest.key, search_order::memory);
+  if (!smallest.fits) return;  // nothing larger fits either
+  r.least_memory.offer(smallest.key, search_order::memory);
+  r.least_communication.offer(smallest.key, search_order::communication);
   std::size_t last_fit = 0;  // position in `valid` of the largest that fits
-  candidate largest = smallest;
+  verdict largest = smallest;
   if (n > 1) {
-    const candidate top = evaluate_candidate(p, valid[n - 1]);
+    const verdict top = judge(p, valid[n - 1]);
     ++r.planned;
-    if (top.plan.fits) {
+    if (top.fits) {
       last_fit = n - 1;
       largest = top;
     } else {
       std::size_t lo = 0, hi = n - 1;  // fits(lo), !fits(hi)
       while (hi - lo > 1) {
         const std::size_t mid = lo + (hi - lo) / 2;
-        const candidate c = evaluate_candidate(p, valid[mid]);
+        const verdict v = judge(p, valid[mid]);
         ++r.planned;
-        if (c.plan.fits) {
+        if (v.fits) {
           lo = mid;
-          largest = c;
+          largest = v;
         } else {
           hi = mid;
         }
@@ -411,7 +434,7 @@ constexpr void search_group(const search_problem& p, const std::array<std::size_
       last_fit = lo;
     }
   }
-  ranking_key large_key = key_of(largest);
+  ranking_key large_key = largest.key;
   // A micro-batch listed twice gives identical configurations: the lower index ranks first.
   for (std::size_t i = last_fit; i > 0 && p.space.micro_batch[valid[i - 1] - first_index] ==
                                               p.space.micro_batch[valid[last_fit] - first_index]; --i)
