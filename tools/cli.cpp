@@ -78,17 +78,138 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--device", device, "device name (see `memalg devices`; default a100-80gb)");
   app.add_option("--memory-cap", memory_cap, "fraction of device memory the process may use, in (0, 1]");
   app.add_option("--reserve-mib", reserve_mib, "override the device's runtime reserve, in MiB");
+  app.add_option("--preset", preset, "a model by name (gpt2-124m, llama2-7b, speech-tts-500m, ...)");
+  app.add_option("--layers", layers, "transformer blocks");
+  app.add_option("--hidden", hidden, "model width h");
+  app.add_option("--heads", heads, "attention heads");
+  app.add_option("--kv-heads", kv_heads, "key/value heads (grouped-query / multi-query; default = heads)");
+  app.add_option("--ffn", ffn, "MLP width (default 4 x hidden)");
+  app.add_option("--vocab", vocab, "vocabulary size");
+  app.add_flag("--swiglu", swiglu, "SwiGLU (gated) MLP instead of GeLU");
+  app.add_flag("--untied", untied, "output layer not tied to the token embedding");
+  app.add_flag("--no-bias", no_bias, "linear layers and norms without biases");
+  app.add_option("--norm", norm, "layernorm|rmsnorm");
+  app.add_option("--attention", attention, "naive (scores saved) | flash (output and log-sum-exp saved)");
+  app.add_option("--dropout", dropout, "dropout probability in [0, 1) (default 0, presets their own)");
+  app.add_option("--micro-batch", micro_batch, "sequences per micro-batch per data-parallel rank (default 1)");
+  app.add_option("--seq", seq, "tokens per sequence (activations need it)");
+  app.add_option("--grad-accum", grad_accum, "micro-batches accumulated per optimizer step (default 1)");
+  app.add_option("--recompute", recompute, "none|selective|full|every:K (default none)");
+  app.add_flag("--sp", sp, "sequence parallelism (needs --tp above 1)");
+  app.add_option("--cp", cp, "context-parallel degree: the sequence split over N ranks (default 1)");
+  app.add_option("--pp-schedule", pp_schedule, "1f1b|interleaved:V|gpipe (default 1f1b)");
 }
+
+namespace {
+/// "every:8" → 8 after the prefix; throws with `what` otherwise.
+std::uint64_t suffix_count(std::string_view text, std::string_view prefix, std::string_view what) {
+  return parse_positive(text.substr(prefix.size()), what);
+}
+
+bool layer_shape_given(const plan_flags& f) {
+  return !f.layers.empty() || !f.hidden.empty() || !f.heads.empty() || !f.kv_heads.empty() || !f.ffn.empty() ||
+         !f.vocab.empty() || f.swiglu || f.untied || f.no_bias || !f.norm.empty() || !f.attention.empty() ||
+         !f.dropout.empty();
+}
+
+std::uint64_t parse_dropout_permille(std::string_view text) {
+  const std::string s(text);
+  errno = 0;
+  char* end = nullptr;
+  const double p = std::strtod(s.c_str(), &end);
+  const auto bad = [&] { return usage_error("--dropout must be a probability in [0, 1) in steps of 0.001, not '" + s + "'"); };
+  if (s.empty() || errno != 0 || end != s.c_str() + s.size() || !std::isfinite(p) || p < 0 || p >= 1) throw bad();
+  const double permille = p * 1000.0;
+  const double rounded = std::nearbyint(permille);
+  if (std::fabs(permille - rounded) > 1e-6) throw bad();
+  return static_cast<std::uint64_t>(rounded);
+}
+
+std::string preset_names() {
+  std::string names;
+  for (const presets::named_preset& p : presets::catalog) {
+    if (!names.empty()) names += '|';
+    names += p.name;
+  }
+  return names;
+}
+
+/// The model from --preset and the layer-shape flags.
+model_desc layer_model(const plan_flags& f) {
+  lm_config c{};
+  if (!f.preset.empty()) {
+    const presets::named_preset* p = presets::find(f.preset);
+    if (p == nullptr) throw usage_error("unknown --preset '" + f.preset + "' (" + preset_names() + ")");
+    if (p->config == nullptr) {
+      if (layer_shape_given(f))
+        throw usage_error("--preset " + f.preset + " is not a decoder-only transformer: layer-shape flags do not apply to it");
+      return *p->model;
+    }
+    c = *p->config;
+  } else {
+    if (f.layers.empty() || f.hidden.empty() || f.heads.empty() || f.vocab.empty())
+      throw usage_error("a transformer needs --layers, --hidden, --heads and --vocab (or use --preset NAME)");
+    c.name = "transformer";
+  }
+  if (!f.layers.empty()) c.layers = parse_positive(f.layers, "--layers");
+  if (!f.hidden.empty()) c.hidden = parse_positive(f.hidden, "--hidden");
+  if (!f.heads.empty()) c.heads = parse_positive(f.heads, "--heads");
+  if (!f.kv_heads.empty()) c.kv_heads = parse_positive(f.kv_heads, "--kv-heads");
+  if (!f.ffn.empty()) c.ffn = parse_positive(f.ffn, "--ffn");
+  if (!f.vocab.empty()) c.vocab = parse_positive(f.vocab, "--vocab");
+  if (f.swiglu) c.gated = true;
+  if (f.untied) c.tied = false;
+  if (f.no_bias) c.bias = false;
+  if (!f.norm.empty()) {
+    if (f.norm == "layernorm") c.rms_norm = false;
+    else if (f.norm == "rmsnorm") c.rms_norm = true;
+    else throw usage_error("unknown --norm '" + f.norm + "' (layernorm|rmsnorm)");
+  }
+  if (!f.attention.empty()) {
+    if (f.attention == "naive") c.flash = false;
+    else if (f.attention == "flash") c.flash = true;
+    else throw usage_error("unknown --attention '" + f.attention + "' (naive|flash)");
+  }
+  if (!f.dropout.empty()) c.dropout_permille = parse_dropout_permille(f.dropout);
+  if (c.hidden % c.heads != 0) throw usage_error("--heads must divide --hidden (the head width is hidden / heads)");
+  if (c.hidden > (1ULL << 24) || c.ffn > (1ULL << 28) || c.vocab > (1ULL << 32) || c.layers > (1ULL << 24))
+    throw usage_error("a layer dimension is larger than any model");
+  return transformer_lm(c);
+}
+}  // namespace
 
 plan_inputs make_inputs(const plan_flags& f) {
   plan_inputs in{};
-  if (f.params.empty()) throw usage_error("--params is required (e.g. --params 7B)");
-  const std::uint64_t params = parse_count(f.params, "--params");
-  const std::uint64_t expert = f.expert_params == "0" ? 0 : parse_count(f.expert_params, "--expert-params");
-  const std::uint64_t largest = f.largest_layer == "0" ? 0 : parse_count(f.largest_layer, "--largest-layer");
-  if (expert > params) throw usage_error("--expert-params cannot exceed --params");
-  if (largest > params) throw usage_error("--largest-layer cannot exceed --params");
-  in.model = parameter_count_model(params, expert, largest);
+  if (!f.preset.empty() || layer_shape_given(f)) {
+    if (!f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
+      throw usage_error("--params describes a model by its parameter count alone; use it without --preset and layer-shape flags");
+    in.model = layer_model(f);
+  } else {
+    if (f.params.empty())
+      throw usage_error("a model is required: --params N, --preset NAME, or --layers/--hidden/--heads/--vocab");
+    const std::uint64_t params = parse_count(f.params, "--params");
+    const std::uint64_t expert = f.expert_params == "0" ? 0 : parse_count(f.expert_params, "--expert-params");
+    const std::uint64_t largest = f.largest_layer == "0" ? 0 : parse_count(f.largest_layer, "--largest-layer");
+    if (expert > params) throw usage_error("--expert-params cannot exceed --params");
+    if (largest > params) throw usage_error("--largest-layer cannot exceed --params");
+    in.model = parameter_count_model(params, expert, largest);
+  }
+
+  training_desc& t = in.training;
+  t.micro_batch = parse_positive(f.micro_batch, "--micro-batch");
+  t.sequence = f.seq.empty() ? 0 : parse_positive(f.seq, "--seq");
+  t.grad_accum = parse_positive(f.grad_accum, "--grad-accum");
+  if (t.micro_batch > (1ULL << 32) || t.sequence > (1ULL << 32) || t.grad_accum > (1ULL << 32))
+    throw usage_error("a batch dimension is larger than any run");
+  if (f.recompute == "none") t.recompute = recompute_kind::none;
+  else if (f.recompute == "selective") t.recompute = recompute_kind::selective;
+  else if (f.recompute == "full") t.recompute = recompute_kind::full;
+  else if (f.recompute.rfind("every:", 0) == 0) {
+    t.recompute = recompute_kind::every_k;
+    t.recompute_every = suffix_count(f.recompute, "every:", "--recompute every:K");
+  } else {
+    throw usage_error("unknown --recompute '" + f.recompute + "' (none|selective|full|every:K)");
+  }
 
   if (!precision::from_name(f.precision, in.training.precision))
     throw usage_error("unknown --precision '" + f.precision + "' (fp32|amp-fp16|amp-bf16|autocast-bf16|bf16|fp8)");
@@ -108,6 +229,18 @@ plan_inputs make_inputs(const plan_flags& f) {
   else if (f.offload == "optimizer") m.offload = offload_kind::optimizer;
   else if (f.offload == "params") m.offload = offload_kind::params;
   else throw usage_error("unknown --offload '" + f.offload + "' (none|optimizer|params)");
+  m.sequence_parallel = f.sp;
+  if (f.pp_schedule == "1f1b") {
+    m.schedule = pipeline_schedule::one_f_one_b;
+  } else if (f.pp_schedule == "gpipe") {
+    m.schedule = pipeline_schedule::gpipe;
+  } else if (f.pp_schedule.rfind("interleaved:", 0) == 0) {
+    m.schedule = pipeline_schedule::interleaved;
+    m.virtual_stages = suffix_count(f.pp_schedule, "interleaved:", "--pp-schedule interleaved:V");
+    if (m.virtual_stages > (1ULL << 16)) throw usage_error("--pp-schedule interleaved:V has more chunks than any model has layers");
+  } else {
+    throw usage_error("unknown --pp-schedule '" + f.pp_schedule + "' (1f1b|interleaved:V|gpipe)");
+  }
   // A product of degrees that overflows is no mesh at all.
   for (std::uint64_t d : {m.tp, m.pp, m.cp})
     if (d > (1ULL << 32) || m.dp > (1ULL << 32)) throw usage_error("a parallel degree is larger than any cluster");
@@ -154,6 +287,17 @@ nlohmann::json plan_json(const plan_inputs& in, const plan_result& r) {
   j["host_per_rank"] = breakdown_json(r.host_per_rank);
   j["peak_phase"] = std::string(phase_name(r.peak_phase));
   j["most_loaded_stage"] = r.most_loaded_stage;
+  nlohmann::json phases = nlohmann::json::array();
+  for (std::size_t i = 0; i < phase_count; ++i)
+    phases.push_back({{"name", std::string(phase_name(phase(i)))}, {"bytes", r.most_loaded.at[i].total().value}});
+  j["phases"] = phases;
+  nlohmann::json layers = nlohmann::json::array();
+  for (const layer_row& row : memalg::layer_table(in.model, in.training, in.mesh, r.most_loaded_stage))
+    layers.push_back({{"name", std::string(row.name)},
+                      {"count", row.count},
+                      {"weights", row.weights.value},
+                      {"activations", row.activations.value}});
+  j["per_layer"] = layers;
   return j;
 }
 

@@ -40,6 +40,23 @@ struct plan_flags {
   std::string device = "a100-80gb";
   std::string memory_cap;
   std::string reserve_mib;
+  // A layer-level model: a preset, or a decoder-only transformer from its shape (flags override
+  // the preset's values).
+  std::string preset;
+  std::string layers, hidden, heads, kv_heads, ffn, vocab;
+  bool swiglu = false;
+  bool untied = false;
+  bool no_bias = false;
+  std::string norm;       ///< layernorm|rmsnorm
+  std::string attention;  ///< naive|flash
+  std::string dropout;    ///< probability in [0, 1)
+  // The batch shape and recomputation (activations exist only with a sequence length).
+  std::string micro_batch = "1";
+  std::string seq;
+  std::string grad_accum = "1";
+  std::string recompute = "none";  ///< none|selective|full|every:K
+  bool sp = false;
+  std::string pp_schedule = "1f1b";  ///< 1f1b|interleaved:V|gpipe
 
   void add_to(CLI::App& app);
 };
@@ -55,6 +72,8 @@ struct plan_inputs {
 plan_inputs make_inputs(const plan_flags& f);
 
 nlohmann::json breakdown_json(const breakdown& b);
+/// The plan's JSON: per rank and host bytes at the peak, its phase and stage, the bytes of every
+/// phase (`phases`) and of one instance of every layer entry on the most loaded rank (`per_layer`).
 nlohmann::json plan_json(const plan_inputs& in, const plan_result& r);
 
 int run_plan(const plan_flags& f, bool json);

@@ -40,3 +40,34 @@ add_test(NAME cli.json COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
          "-DARGS=plan --params 175B --precision amp-fp16 --optimizer adam --dp 8 --json"
          -DEXPECT=ok "-DMATCH=\"fits\": false" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
 set_tests_properties(cli.help cli.table cli.json PROPERTIES LABELS "host;cli")
+
+# Layer-level models, recipes and schedules (--preset, the transformer shape, --seq, ...).
+set(_layer_bad_inputs
+  "plan --preset llama2-7b --tp 3 --seq 4096"
+  "plan --preset gpt2-124m --pp 16"
+  "plan --preset gpt2-124m --seq 4096"
+  "plan --preset gpt-5"
+  "plan --params 7B --preset llama2-7b"
+  "plan --preset llama2-7b --recompute sometimes"
+  "plan --preset llama2-7b --recompute every:0"
+  "plan --preset llama2-7b --pp 2 --pp-schedule zigzag"
+  "plan --preset llama2-7b --sp"
+  "plan --preset llama2-7b --cp 3 --seq 4096"
+  "plan --preset gpt2-124m --dropout 1.5"
+  "plan --layers 12 --hidden 768"
+  "plan --preset speech-tts-500m --layers 2")
+set(_i 0)
+foreach(args IN LISTS _layer_bad_inputs)
+  math(EXPR _i "${_i} + 1")
+  add_test(NAME cli.layer_bad_input.${_i}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${args}" -DEXPECT=bad
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+  set_tests_properties(cli.layer_bad_input.${_i} PROPERTIES LABELS "host;cli")
+endforeach()
+add_test(NAME cli.preset_table COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
+         "-DARGS=plan --preset speech-tts-500m --precision fp32 --optimizer adam --dp 4 --micro-batch 16 --seq 1024"
+         -DEXPECT=ok "-DMATCH=decoder.block +16" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+add_test(NAME cli.shape_json COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
+         "-DARGS=plan --layers 24 --hidden 1024 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000 --swiglu --untied --norm rmsnorm --attention flash --dropout 0.1 --micro-batch 4 --seq 2048 --grad-accum 8 --recompute every:2 --tp 2 --sp --pp 2 --pp-schedule interleaved:3 --cp 2 --json"
+         -DEXPECT=ok "-DMATCH=\"per_layer\"" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+set_tests_properties(cli.preset_table cli.shape_json PROPERTIES LABELS "host;cli")

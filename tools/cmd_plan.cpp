@@ -17,6 +17,8 @@ int run_plan(const plan_flags& f, bool json) {
               << " pp=" << in.mesh.pp << " ep=" << in.mesh.ep << " world=" << in.mesh.world << "\n\n"
               << breakdown_table(r, in.device) << "\n"
               << phase_table(r);
+    if (has_layer_structure(in.model))
+      std::cout << "\n" << memalg::layer_table(in.model, in.training, in.mesh, r);
   }
   return 0;  // a plan was computed; whether it fits is in the output ("fits")
 }

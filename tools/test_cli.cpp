@@ -78,3 +78,163 @@ TEST_CASE("invalid meshes are refused with a sentence") {
   f.device = "nope";
   CHECK_THROWS_AS(make_inputs(f), usage_error);
 }
+
+namespace {
+plan_flags layer_flags_for(const char* preset) {
+  plan_flags f;
+  f.preset = preset;
+  return f;
+}
+}  // namespace
+
+TEST_CASE("--preset with a recipe computes what the compile-time plan with that preset computes") {
+  plan_flags f = layer_flags_for("llama2-7b");
+  f.seq = "4096";
+  f.micro_batch = "2";
+  f.recompute = "selective";
+  f.dp = "8";
+  f.zero = "1";
+  const plan_inputs in = make_inputs(f);
+  const plan_result r = evaluate(in.model, in.training, in.mesh, in.device);
+  using compile_time =
+      plan<presets::llama2_7b, train::recipe<precision::amp_bf16, optim::adamw<>, train::batch<2, 4096>, train::recompute::selective>,
+           parallel::mesh<parallel::data<8, parallel::zero<1>>>, device::a100_80gb>;
+  CHECK(r.per_rank.total() == compile_time::peak);
+  CHECK(r.per_rank.activations == compile_time::per_rank.activations);
+  CHECK(r.per_rank.activations.value > 0);
+}
+
+TEST_CASE("layer-shape flags describe the same transformer as the preset; flags override a preset") {
+  plan_flags f;
+  f.layers = "32";
+  f.hidden = "4096";
+  f.heads = "32";
+  f.ffn = "11008";
+  f.vocab = "32000";
+  f.swiglu = f.untied = f.no_bias = true;
+  f.norm = "rmsnorm";
+  f.attention = "flash";
+  CHECK(make_inputs(f).model.parameters() == presets::llama2_7b::value.parameters());
+  f.kv_heads = "8";
+  CHECK(make_inputs(f).model.parameters() < presets::llama2_7b::value.parameters());
+
+  plan_flags gpt = layer_flags_for("gpt2-124m");
+  gpt.seq = "1024";
+  gpt.micro_batch = "8";
+  const plan_inputs naive = make_inputs(gpt);
+  gpt.attention = "flash";
+  gpt.dropout = "0";
+  const plan_inputs flash = make_inputs(gpt);
+  CHECK(flash.model.parameters() == naive.model.parameters());
+  CHECK(evaluate(flash.model, flash.training, flash.mesh, flash.device).per_rank.activations <
+        evaluate(naive.model, naive.training, naive.mesh, naive.device).per_rank.activations);
+}
+
+TEST_CASE("recipe and mesh flags: micro-batch, sequence, accumulation, recomputation, sp, cp, schedules") {
+  plan_flags f = layer_flags_for("gpt3-175b");
+  f.vocab = "51200";
+  f.seq = "2048";
+  f.grad_accum = "64";
+  f.recompute = "every:2";
+  f.tp = "8";
+  f.sp = true;
+  f.pp = "16";
+  f.cp = "2";
+  f.pp_schedule = "interleaved:3";
+  const plan_inputs in = make_inputs(f);
+  CHECK(in.training.grad_accum == 64);
+  CHECK(in.training.recompute == recompute_kind::every_k);
+  CHECK(in.training.recompute_every == 2);
+  CHECK(in.mesh.sequence_parallel);
+  CHECK(in.mesh.cp == 2);
+  CHECK(in.mesh.world == 8 * 16 * 2);
+  CHECK(in.mesh.schedule == pipeline_schedule::interleaved);
+  CHECK(in.mesh.virtual_stages == 3);
+  f.pp_schedule = "gpipe";
+  CHECK(make_inputs(f).mesh.schedule == pipeline_schedule::gpipe);
+  f.recompute = "full";
+  CHECK(make_inputs(f).training.recompute == recompute_kind::full);
+}
+
+TEST_CASE("JSON: per_layer rows of one instance and the phases of the step") {
+  plan_flags f = layer_flags_for("gpt2-350m");
+  f.seq = "1024";
+  f.micro_batch = "4";
+  f.pp = "4";
+  f.grad_accum = "8";
+  const plan_inputs in = make_inputs(f);
+  const plan_result r = evaluate(in.model, in.training, in.mesh, in.device);
+  const nlohmann::json j = plan_json(in, r);
+  REQUIRE(j["phases"].size() == 4);
+  CHECK(j["phases"][0]["name"] == "steady");
+  CHECK(j["phases"][3]["name"] == "optimizer_step");
+  std::uint64_t highest = 0;
+  for (const auto& p : j["phases"]) highest = std::max(highest, p["bytes"].get<std::uint64_t>());
+  CHECK(highest == j["per_rank"]["total"].get<std::uint64_t>());
+  REQUIRE(j["per_layer"].size() == 6);
+  const auto& block = j["per_layer"][3];
+  CHECK(block["name"] == "block");
+  CHECK(block["count"] == 6);  // 24 blocks over 4 stages, on the most loaded (first) stage
+  CHECK(block["weights"].get<std::uint64_t>() == 2 * (12ULL * 1024 * 1024 + 13 * 1024));
+  CHECK(block["activations"].get<std::uint64_t>() > 0);
+  CHECK(j["per_layer"][5]["count"] == 0);  // the output layer lives on the last stage
+  // per_rank.activations are the saved activations at the peak: 4 micro-batches of 6 blocks and the embedding dropout.
+  const std::uint64_t block_bytes = block["activations"].get<std::uint64_t>();
+  CHECK(j["per_rank"]["activations"].get<std::uint64_t>() == 4 * (6 * block_bytes + 4ULL * 1024 * 1024));
+  for (const char* k : {"parameters", "fits", "device", "per_rank", "host_per_rank", "peak_phase", "most_loaded_stage"})
+    CHECK(j.contains(k));
+}
+
+TEST_CASE("configurations that cannot be planned are one sentence") {
+  plan_flags f = layer_flags_for("llama2-7b");
+  f.seq = "4096";
+  f.tp = "3";
+  CHECK_THROWS_WITH_AS(make_inputs(f), "the tensor-parallel degree does not divide the attention heads", usage_error);
+  f = layer_flags_for("gpt2-124m");
+  f.pp = "16";
+  CHECK_THROWS_WITH_AS(make_inputs(f), "the pipeline has more stages than the model has layers", usage_error);
+  f = layer_flags_for("gpt2-124m");
+  f.seq = "2048";
+  CHECK_THROWS_WITH_AS(make_inputs(f), "the sequence is longer than the learned position embedding", usage_error);
+  f = layer_flags_for("llama2-7b");
+  f.sp = true;
+  CHECK_THROWS_WITH_AS(make_inputs(f), "sequence parallelism needs a tensor-parallel degree above 1", usage_error);
+  const auto refused = [](plan_flags g) { CHECK_THROWS_AS(make_inputs(g), usage_error); };
+  f = layer_flags_for("gpt-5");
+  refused(f);
+  f = layer_flags_for("llama2-7b");
+  f.params = "7B";
+  refused(f);
+  for (const char* r : {"sometimes", "every:0", "every:", "every:x"}) {
+    f = layer_flags_for("llama2-7b");
+    f.recompute = r;
+    refused(f);
+  }
+  for (const char* s : {"zigzag", "interleaved:0", "interleaved:"}) {
+    f = layer_flags_for("llama2-7b");
+    f.pp = "2";
+    f.pp_schedule = s;
+    refused(f);
+  }
+  for (const char* d : {"1", "1.5", "-0.1", "0.0001", "x"}) {
+    f = layer_flags_for("gpt2-124m");
+    f.dropout = d;
+    refused(f);
+  }
+  f = layer_flags_for("speech-tts-500m");
+  f.layers = "2";
+  refused(f);
+  plan_flags shape;
+  shape.layers = "12";
+  shape.hidden = "768";
+  refused(shape);  // heads and vocab missing
+  shape.heads = "7";
+  shape.vocab = "1000";
+  refused(shape);  // 7 heads do not divide 768
+  f = layer_flags_for("llama2-7b");
+  f.norm = "batchnorm";
+  refused(f);
+  f = layer_flags_for("llama2-7b");
+  f.kv_heads = "5";
+  CHECK_THROWS_WITH_AS(make_inputs(f), "the key/value heads do not divide the attention heads", usage_error);
+}
