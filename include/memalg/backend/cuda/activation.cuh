@@ -1,0 +1,158 @@
+// memalg/backend/cuda/activation.cuh — GeLU (tanh approximation) and SwiGLU, forward and backward.
+//
+//   gelu:    out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))          din = dout·gelu'(x)  (=)
+//   swiglu:  in[N,2F] = [gate ‖ up], out[N,F] = silu(gate)·up            din[N,2F]          (=)
+// Element-wise; out may alias in (forward) and din may alias dout (gelu backward).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "memalg/backend/cuda/check.cuh"
+#include "memalg/backend/cuda/dtype.cuh"
+#include "memalg/backend/cuda/launch.cuh"
+#include "memalg/backend/cuda/pointwise.cuh"
+
+namespace memalg::backend::cuda {
+
+inline constexpr float gelu_k = 0.7978845608028654f;  // √(2/π)
+inline constexpr float gelu_c = 0.044715f;
+
+__device__ __forceinline__ float gelu_value(float x) {
+  const float u = gelu_k * (x + gelu_c * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float u = gelu_k * (x + gelu_c * x * x * x);
+  const float t = tanhf(u);
+  const float du = gelu_k * (1.0f + 3.0f * gelu_c * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+__device__ __forceinline__ float sigmoid_value(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+namespace detail {
+
+template <class T>
+struct gelu_forward_op {
+  T* out;
+  const T* in;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const packed<T, W> x = load_packed<W>(in, i);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(gelu_value(to_float(x.v[k])));
+    store_packed<W>(out, i, y);
+  }
+};
+
+template <class T>
+struct gelu_backward_op {
+  T* din;
+  const T* in;
+  const T* dout;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const packed<T, W> x = load_packed<W>(in, i);
+    const packed<T, W> g = load_packed<W>(dout, i);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(to_float(g.v[k]) * gelu_grad(to_float(x.v[k])));
+    store_packed<W>(din, i, y);
+  }
+};
+
+// Vector i covers elements [i·W, i·W + W) of the [N,F] output; F % W == 0 keeps them in one row.
+template <class T>
+struct swiglu_forward_op {
+  T* out;
+  const T* in;
+  std::int64_t f;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t e = i * W;
+    const std::int64_t n = e / f;
+    const std::int64_t c = e - n * f;
+    const T* gate = in + n * 2 * f + c;
+    const packed<T, W> g = load_packed<W>(gate, 0);
+    const packed<T, W> u = load_packed<W>(gate + f, 0);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float gv = to_float(g.v[k]);
+      y.v[k] = from_float<T>(gv * sigmoid_value(gv) * to_float(u.v[k]));
+    }
+    store_packed<W>(out, i, y);
+  }
+};
+
+template <class T>
+struct swiglu_backward_op {
+  T* din;
+  const T* in;
+  const T* dout;
+  std::int64_t f;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t e = i * W;
+    const std::int64_t n = e / f;
+    const std::int64_t c = e - n * f;
+    const std::int64_t base = n * 2 * f + c;
+    const packed<T, W> g = load_packed<W>(in + base, 0);
+    const packed<T, W> u = load_packed<W>(in + base + f, 0);
+    const packed<T, W> d = load_packed<W>(dout, i);
+    packed<T, W> dg;
+    packed<T, W> du;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float gv = to_float(g.v[k]);
+      const float uv = to_float(u.v[k]);
+      const float dv = to_float(d.v[k]);
+      const float s = sigmoid_value(gv);
+      dg.v[k] = from_float<T>(dv * uv * s * (1.0f + gv * (1.0f - s)));
+      du.v[k] = from_float<T>(dv * gv * s);
+    }
+    store_packed<W>(din + base, 0, dg);
+    store_packed<W>(din + base + f, 0, du);
+  }
+};
+
+}  // namespace detail
+
+/// out[i] = gelu(in[i]) for n elements.
+template <storage_type T>
+void gelu_forward(T* out, const T* in, std::int64_t n, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, out, in), detail::gelu_forward_op<T>{out, in}, stream,
+                      "gelu_forward");
+}
+
+/// din[i] = dout[i]·gelu'(in[i]) for n elements (in: the forward input).
+template <storage_type T>
+void gelu_backward(T* din, const T* dout, const T* in, std::int64_t n, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, din, in, dout), detail::gelu_backward_op<T>{din, in, dout}, stream,
+                      "gelu_backward");
+}
+
+/// out[N,F] = silu(in[:, :F])·in[:, F:] for in[N,2F].
+template <storage_type T>
+void swiglu_forward(T* out, const T* in, std::int64_t rows, std::int64_t f, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(rows * f, common_vec_width(w, f, out, in), detail::swiglu_forward_op<T>{out, in, f}, stream,
+                      "swiglu_forward");
+}
+
+/// din[N,2F] from dout[N,F] and the forward input in[N,2F]; din must not alias in.
+template <storage_type T>
+void swiglu_backward(T* din, const T* dout, const T* in, std::int64_t rows, std::int64_t f,
+                     cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(rows * f, common_vec_width(w, f, din, in, dout), detail::swiglu_backward_op<T>{din, in, dout, f},
+                      stream, "swiglu_backward");
+}
+
+}  // namespace memalg::backend::cuda

@@ -1,0 +1,94 @@
+// memalg/backend/cuda/dropout.cuh — inverted dropout with a counter-based mask.
+//
+//   forward:  keep = memalg::dropout_keep(seed, offset + i, p); out = keep ? in/(1−p) : 0;
+//             mask[i] = keep (one byte, 0/1)
+//   backward: din = mask ? dout/(1−p) : 0                                              (=)
+// The mask of element i depends only on (seed, offset + i, p), exactly as on the CPU backend, so
+// both backends drop the same elements. out may alias in, din may alias dout.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+
+#include "memalg/backend/cuda/check.cuh"
+#include "memalg/backend/cuda/dtype.cuh"
+#include "memalg/backend/cuda/launch.cuh"
+#include "memalg/backend/cuda/pointwise.cuh"
+#include "memalg/core/random.hpp"
+
+namespace memalg::backend::cuda {
+
+namespace detail {
+
+template <class T>
+struct dropout_forward_op {
+  T* out;
+  std::uint8_t* mask;
+  const T* in;
+  float p;
+  std::uint64_t seed;
+  std::uint64_t offset;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const packed<T, W> x = load_packed<W>(in, i);
+    packed<T, W> y;
+    packed<std::uint8_t, W> m;
+    const float keep_prob = 1.0f - p;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const std::uint64_t index = offset + static_cast<std::uint64_t>(i) * W + k;
+      const bool keep = memalg::dropout_keep(seed, index, p);
+      m.v[k] = keep ? 1 : 0;
+      y.v[k] = from_float<T>(keep ? to_float(x.v[k]) / keep_prob : 0.0f);
+    }
+    store_packed<W>(out, i, y);
+    store_packed<W>(mask, i, m);
+  }
+};
+
+template <class T>
+struct dropout_backward_op {
+  T* din;
+  const std::uint8_t* mask;
+  const T* dout;
+  float p;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const packed<T, W> g = load_packed<W>(dout, i);
+    const packed<std::uint8_t, W> m = load_packed<W>(mask, i);
+    packed<T, W> y;
+    const float keep_prob = 1.0f - p;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(m.v[k] != 0 ? to_float(g.v[k]) / keep_prob : 0.0f);
+    store_packed<W>(din, i, y);
+  }
+};
+
+inline void check_dropout_p(float p) {
+  if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("dropout: probability must be in [0, 1)");
+}
+
+}  // namespace detail
+
+/// Dropout over n elements; element i draws memalg::dropout_keep(seed, index_offset + i, p).
+template <storage_type T>
+void dropout_forward(T* out, std::uint8_t* mask, const T* in, std::int64_t n, float p, std::uint64_t seed,
+                     std::uint64_t index_offset = 0, cudaStream_t stream = nullptr) {
+  detail::check_dropout_p(p);
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, out, in, mask),
+                      detail::dropout_forward_op<T>{out, mask, in, p, seed, index_offset}, stream, "dropout_forward");
+}
+
+template <storage_type T>
+void dropout_backward(T* din, const T* dout, const std::uint8_t* mask, std::int64_t n, float p,
+                      cudaStream_t stream = nullptr) {
+  detail::check_dropout_p(p);
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, din, mask, dout), detail::dropout_backward_op<T>{din, mask, dout, p},
+                      stream, "dropout_backward");
+}
+
+}  // namespace memalg::backend::cuda
