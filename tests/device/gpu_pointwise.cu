@@ -1,0 +1,139 @@
+// GPU tests of activation.cuh, dropout.cuh, softmax.cuh and cross_entropy.cuh against the CPU
+// reference (in double; softmax, which the CPU backend has no kernel for, against a loop here).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "memalg/backend/cpu/activation.hpp"
+#include "memalg/backend/cpu/cross_entropy.hpp"
+#include "memalg/backend/cpu/dropout.hpp"
+#include "memalg/backend/cuda/activation.cuh"
+#include "memalg/backend/cuda/cross_entropy.cuh"
+#include "memalg/backend/cuda/dropout.cuh"
+#include "memalg/backend/cuda/softmax.cuh"
+
+using namespace gpu_test;
+namespace cpu = memalg::backend::cpu;
+
+TEST_CASE_TEMPLATE("gelu: forward and backward match the CPU reference", T, float, cu::bf16, cu::fp16) {
+  for (const std::int64_t n : {1000, 1001}) {  // vectorised and scalar paths
+    CAPTURE(n);
+    const auto in = random_values<T>(n, -4, 4, 1);
+    const auto dout = random_values<T>(n, -1, 1, 2);
+    const auto r_in = to_double(in), r_dout = to_double(dout);
+    std::vector<double> r_out(n), r_din(n);
+    cpu::gelu_forward(r_out.data(), r_in.data(), n);
+    cpu::gelu_backward(r_din.data(), r_dout.data(), r_in.data(), n);
+    dbuf<T> d_in(in), d_out(n), d_dout(dout), d_din(n);
+    cu::gelu_forward(d_out.get(), d_in.get(), n);
+    check_close<T>("out", d_out.download(), r_out);
+    cu::gelu_backward(d_din.get(), d_dout.get(), d_in.get(), n);
+    check_close<T>("din", d_din.download(), r_din);
+  }
+}
+
+TEST_CASE_TEMPLATE("swiglu: forward and backward match the CPU reference", T, float, cu::bf16, cu::fp16) {
+  for (const std::int64_t F : {40, 42}) {
+    CAPTURE(F);
+    const std::int64_t N = 9;
+    const auto in = random_values<T>(N * 2 * F, -3, 3, 11);
+    const auto dout = random_values<T>(N * F, -1, 1, 12);
+    const auto r_in = to_double(in), r_dout = to_double(dout);
+    std::vector<double> r_out(N * F), r_din(N * 2 * F);
+    cpu::swiglu_forward(r_out.data(), r_in.data(), N, F);
+    cpu::swiglu_backward(r_din.data(), r_dout.data(), r_in.data(), N, F);
+    dbuf<T> d_in(in), d_out(N * F), d_dout(dout), d_din(N * 2 * F);
+    cu::swiglu_forward(d_out.get(), d_in.get(), N, F);
+    check_close<T>("out", d_out.download(), r_out);
+    cu::swiglu_backward(d_din.get(), d_dout.get(), d_in.get(), N, F);
+    check_close<T>("din", d_din.download(), r_din);
+  }
+}
+
+TEST_CASE_TEMPLATE("dropout: the mask equals the CPU backend's bit for bit", T, float, cu::bf16, cu::fp16) {
+  const float p = 0.25f;
+  const std::uint64_t seed = 0x5eed1234ULL;
+  for (const std::int64_t n : {4096, 999}) {
+    CAPTURE(n);
+    const auto in = random_values<T>(n, -2, 2, 21);
+    const auto dout = random_values<T>(n, -1, 1, 22);
+    const auto r_in = to_double(in), r_dout = to_double(dout);
+    std::vector<double> r_out(n), r_din(n);
+    std::vector<std::uint8_t> r_mask(n);
+    cpu::dropout_forward(r_out.data(), r_mask.data(), r_in.data(), n, p, seed);
+    cpu::dropout_backward(r_din.data(), r_dout.data(), r_mask.data(), n, p);
+
+    dbuf<T> d_in(in), d_out(n), d_dout(dout), d_din(n);
+    dbuf<std::uint8_t> d_mask(n);
+    cu::dropout_forward(d_out.get(), d_mask.get(), d_in.get(), n, p, seed);
+    CHECK(d_mask.download() == r_mask);
+    check_close<T>("out", d_out.download(), r_out);
+    cu::dropout_backward(d_din.get(), d_dout.get(), d_mask.get(), n, p);
+    check_close<T>("din", d_din.download(), r_din);
+  }
+}
+
+TEST_CASE_TEMPLATE("softmax: forward and backward match a double-precision loop", T, float, cu::bf16, cu::fp16) {
+  const std::int64_t rows = 7, cols = 777;
+  const float scale = 0.5f;
+  const auto in = random_values<T>(rows * cols, -6, 6, 31);
+  const auto dout = random_values<T>(rows * cols, -1, 1, 32);
+  std::vector<double> r_out(rows * cols), r_din(rows * cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mx = -INFINITY, sum = 0, dot = 0;
+    for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, scale * double(cu::to_float(in[r * cols + c])));
+    for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(scale * double(cu::to_float(in[r * cols + c])) - mx);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      r_out[r * cols + c] = std::exp(scale * double(cu::to_float(in[r * cols + c])) - mx) / sum;
+      dot += r_out[r * cols + c] * cu::to_float(dout[r * cols + c]);
+    }
+    for (std::int64_t c = 0; c < cols; ++c)
+      r_din[r * cols + c] = scale * r_out[r * cols + c] * (cu::to_float(dout[r * cols + c]) - dot);
+  }
+  dbuf<T> d_in(in), d_out(rows * cols), d_dout(dout), d_din(rows * cols);
+  cu::softmax_forward(d_out.get(), d_in.get(), rows, cols, scale);
+  const auto out = d_out.download();
+  check_close<T>("out", out, r_out);
+  // The backward consumes the GPU's (rounded) output; the reference recomputes from it too.
+  std::vector<double> r_din_from_gpu(rows * cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double dot = 0;
+    for (std::int64_t c = 0; c < cols; ++c) dot += double(cu::to_float(out[r * cols + c])) * cu::to_float(dout[r * cols + c]);
+    for (std::int64_t c = 0; c < cols; ++c)
+      r_din_from_gpu[r * cols + c] =
+          scale * double(cu::to_float(out[r * cols + c])) * (cu::to_float(dout[r * cols + c]) - dot);
+  }
+  cu::softmax_backward(d_din.get(), d_out.get(), d_dout.get(), rows, cols, scale);
+  check_close<T>("din", d_din.download(), r_din_from_gpu);
+}
+
+TEST_CASE_TEMPLATE("cross-entropy: loss, mean and dlogits match the CPU reference", T, float, cu::bf16, cu::fp16) {
+  for (const std::int64_t V : {1024, 1001}) {  // vectorised and scalar paths
+    CAPTURE(V);
+    const std::int64_t N = 33;
+    const float dloss = 1.5f;
+    const auto logits = random_values<T>(N * V, -4, 4, 41);
+    const auto targets = random_ints(N, 0, static_cast<std::int32_t>(V - 1), 42);
+    const auto r_logits = to_double(logits);
+    std::vector<double> r_loss(N), r_dlogits(N * V);
+    const double r_mean = cpu::cross_entropy_forward(r_loss.data(), r_logits.data(), targets.data(), N, V);
+    cpu::cross_entropy_backward(r_dlogits.data(), r_logits.data(), targets.data(), double(dloss), N, V);
+
+    dbuf<T> d_logits(logits), d_dlogits(N * V);
+    dbuf<std::int32_t> d_t(targets);
+    dbuf<float> d_loss(N), d_mean(1);
+    cu::cross_entropy_forward(d_loss.get(), d_logits.get(), d_t.get(), N, V, d_mean.get());
+    check_close<T>("loss", d_loss.download(), r_loss);
+    check_close<T>("mean loss", d_mean.download(), std::vector<double>{r_mean});
+    cu::cross_entropy_backward(d_dlogits.get(), d_logits.get(), d_t.get(), dloss, N, V);
+    check_close<T>("dlogits", d_dlogits.download(), r_dlogits);
+    // Fused, in place over the logits.
+    d_loss.zero();
+    cu::cross_entropy_fused(d_loss.get(), d_logits.get(), d_logits.get(), d_t.get(), dloss, N, V);
+    check_close<T>("loss (fused)", d_loss.download(), r_loss);
+    check_close<T>("dlogits (fused, in place)", d_logits.download(), r_dlogits);
+  }
+}
