@@ -1,5 +1,5 @@
-// Passes by compiling: the activation algebra at compile time, O(1) repeats, and compositions
-// that must not be expressible.
+// Passes by compiling: the activation algebra at compile time, O(1) repeats, every layer type
+// and model transformation as a compile-time literal, and what counts as a part of a model.
 #include <memalg/memalg.hpp>
 
 namespace {
@@ -50,7 +50,33 @@ static_assert(llama_plan::fits);
 static_assert(llama_plan::per_rank.activations.value > 0);
 static_assert(llama_plan::result.peak_phase == phase::backward);
 
-// Not expressible: a repeat of zero, a top-k above the experts, dropout ≥ 1, a zero-width layer.
+// Every layer type and transformation is a literal at compile time.
+using every_layer = m::sequential<
+    m::embedding<1000, 256>, m::position_embedding<512, 256>, m::dropout<256, 100>, m::layernorm<256, o::no_bias>,
+    m::attention<256, 8, o::kv_heads<2>, o::flash, o::bidirectional, o::dropout<100>>, m::rmsnorm<256>,
+    m::mlp<256, 1024>, m::gated_mlp<256, 768, o::no_bias>, m::moe<256, 512, 8, 2, o::capacity<125>>,
+    m::linear<256, 80, o::nonlinearity, o::dropout<500>>, m::conv1d<80, 256, 5, o::batchnorm, o::nonlinearity>,
+    m::output<256, 1000, o::tied, o::logits<m::dt::bf16>, o::chunked_loss<128>>>;
+static_assert(every_layer::value.size == 12);
+static_assert(every_layer::value.entries[4].shape.kv_heads == 2);
+static_assert(every_layer::value.entries[8].expert_params == 8ULL * 3 * 256 * 512);
+static_assert(every_layer::value.entries[11].params == 0);  // tied
+using tiny = m::repeat<4, m::transformer_block<256, 8, 1024, o::dropout<100>>>;
+static_assert(m::frozen<tiny>::value.trainable_parameters() == 0);
+static_assert(m::qlora<8, tiny>::value.size == 3);  // NF4 base, norms and biases, adapters
+static_assert(m::sparse_2_4<tiny>::value.entries[0].params == 12 * 256 * 256 / 2);
+static_assert(m::pruned<tiny, 4, 512>::value.entries[0].shape.heads == 4);
+static_assert(m::distill<tiny, m::repeat<2, m::transformer_block<256, 8, 1024>>>::value.trainable_parameters() ==
+              2 * m::transformer_block<256, 8, 1024>::descriptor.params);
+static_assert(m::stack<3, m::conv1d<80, 80, 5>>::value.entries[0].place == placement::first_stage);
+static_assert(m::with_sequence<77, tiny>::value.entries[0].shape.sequence == 77);
+static_assert(m::encoder_decoder<tiny, m::repeat<2, m::transformer_block<256, 8, 1024, o::cross_attention>>>::value
+                  .entries[2].shape.kv_sequence == 0);
+static_assert(m::padded_vocab<presets::gpt2_124m, 128>::value.entries[0].shape.vocab == 50304);
+static_assert(presets::speech_tts_500m<>::value.parameters() == 491'071'297);
+
+// What composes: layer types and model types are parts, anything else is not. (A repeat of zero,
+// a top-k above the experts or a dropout of 1 are static_assert errors in the types themselves.)
 template <class T>
 concept instantiable = requires { T::value; };
 template <class T>
