@@ -33,6 +33,11 @@ struct dtype {
   std::uint32_t block2 = 0;        ///< first-level scales per second-level scale (0 = none)
   std::uint32_t scale2_bits = 0;   ///< bits of each second-level scale
   constexpr bool is_none() const { return bits == 0; }
+  // Written out rather than defaulted: nvcc 13 mis-orders defaulted comparison operators.
+  friend constexpr bool operator==(const dtype& a, const dtype& b) {
+    return a.name == b.name && a.bits == b.bits && a.kind == b.kind && a.storable == b.storable &&
+           a.block == b.block && a.scale_bits == b.scale_bits && a.block2 == b.block2 && a.scale2_bits == b.scale2_bits;
+  }
 };
 
 namespace dtypes {

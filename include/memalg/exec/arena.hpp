@@ -72,6 +72,8 @@ class arena {
   }
   const breakdown& by_category() const { return by_category_; }
   const breakdown& peak_by_category() const { return peak_by_category_; }
+  /// The tensor whose allocation set the high-water mark (for reports).
+  std::string_view peak_tensor() const { return peak_tensor_; }
 
   /// A tensor that lives for the whole run (weights, gradients, states).
   template <class T>
@@ -84,7 +86,7 @@ class arena {
     tensor_ref<T> t{reinterpret_cast<T*>(memory_ + persistent_top_), count, persistent_top_};
     persistent_top_ += size;
     by_category_[c] += bytes{size};
-    note_peak();
+    note_peak(name);
     return t;
   }
 
@@ -107,7 +109,7 @@ class arena {
       transient_.push_back({offset, size, c});
     }
     by_category_[c] += bytes{size};
-    note_peak();
+    note_peak(name);
     return tensor_ref<T>{reinterpret_cast<T*>(memory_ + offset), count, offset};
   }
   template <class T>
@@ -151,10 +153,11 @@ class arena {
                         std::to_string(alignment) + ": choose shapes whose tensors need no padding");
     return size;
   }
-  void note_peak() {
+  void note_peak(std::string_view name) {
     if (live() > high_water_) {
       high_water_ = live();
       peak_by_category_ = by_category_;
+      peak_tensor_ = name;
     }
   }
 
@@ -169,6 +172,7 @@ class arena {
   std::vector<entry> transient_;
   breakdown by_category_{};
   breakdown peak_by_category_{};
+  std::string_view peak_tensor_{};
 };
 
 }  // namespace memalg::exec

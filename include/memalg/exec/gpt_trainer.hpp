@@ -412,7 +412,7 @@ class gpt_trainer {
   };
   /// The loss is multiplied by this before backward (1 without dynamic loss scaling).
   A loss_scale() const { return c_.loss_scaling ? static_cast<A>(scaler_.scale()) : A(1); }
-  bool keeps_core() const { return c_.recompute == recompute_kind::none; }
+  bool keeps_core() const { return c_.recompute != recompute_kind::selective; }
   std::size_t segment() const {
     return c_.recompute == recompute_kind::every_k ? c_.recompute_every
            : c_.recompute == recompute_kind::full  ? 1
@@ -420,14 +420,14 @@ class gpt_trainer {
   }
 
   /// Forward of block l from x_in; pushes its saved set (x_out last) onto the saved stack.
-  block_saved block_forward(std::size_t l, const T* x_in, const T* W) {
+  block_saved block_forward(std::size_t l, const T* x_in, const T* W, category kind = category::activations) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const block_view& b = blk_;
     const bool drop = c_.dropout > 0;
     block_saved s{};
-    s.ln1_out = arena_.push<T>("ln1_out", N * C, category::activations);
+    s.ln1_out = arena_.push<T>("ln1_out", N * C, kind);
     layernorm_fwd(s.ln1_out.data, x_in, W + b.ln1_w, W + b.ln1_b);
-    s.qkv = arena_.push<T>("qkv", N * 3 * Wd, category::activations);
+    s.qkv = arena_.push<T>("qkv", N * 3 * Wd, kind);
     backend::cpu::linear_forward(s.qkv.data, s.ln1_out.data, W + b.qkv_w, W + b.qkv_b, N, C, 3 * Wd);
     const auto sh = attn_shape();
     const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
@@ -435,19 +435,19 @@ class gpt_trainer {
     tensor_ref<T> att_tmp{};
     tensor_ref<A> lse_tmp{};
     if (!c_.flash) {
-      if (keeps_core()) s.att = arena_.push<T>("attention_probs", scores, category::activations);
+      if (keeps_core()) s.att = arena_.push<T>("attention_probs", scores, kind);
       else att_tmp = arena_.transient<T>("attention_probs", scores, category::temporaries);
     } else {
-      if (keeps_core()) s.lse = arena_.push<A>("attention_lse", lse_n, category::activations);
+      if (keeps_core()) s.lse = arena_.push<A>("attention_lse", lse_n, kind);
       else lse_tmp = arena_.transient<A>("attention_lse", lse_n, category::temporaries);
     }
-    s.atty = arena_.push<T>("attention_out", N * Wd, category::activations);
+    s.atty = arena_.push<T>("attention_out", N * Wd, kind);
     if (!c_.flash) backend::cpu::attention_naive_forward(s.atty.data, (keeps_core() ? s.att : att_tmp).data, s.qkv.data, sh);
     else backend::cpu::attention_flash_forward(s.atty.data, (keeps_core() ? s.lse : lse_tmp).data, s.qkv.data, sh);
     if (lse_tmp.data) arena_.pop(lse_tmp);
     if (att_tmp.data) arena_.pop(att_tmp);
-    if (drop) s.mask1 = arena_.push<std::uint8_t>("dropout_mask", N * C, category::activations);
-    s.x_mid = arena_.push<T>("residual", N * C, category::activations);
+    if (drop) s.mask1 = arena_.push<std::uint8_t>("dropout_mask", N * C, kind);
+    s.x_mid = arena_.push<T>("residual", N * C, kind);
     {
       auto proj = arena_.transient<T>("proj_out", N * C, category::temporaries);
       backend::cpu::linear_forward(proj.data, s.atty.data, W + b.proj_w, static_cast<const T*>(nullptr), N, Wd, C);
@@ -457,14 +457,14 @@ class gpt_trainer {
       for (std::size_t i = 0; i < N * C; ++i) s.x_mid[i] = from_float<T>(to_float(x_in[i]) + to_float(proj[i]));
       arena_.pop(proj);
     }
-    s.ln2_out = arena_.push<T>("ln2_out", N * C, category::activations);
+    s.ln2_out = arena_.push<T>("ln2_out", N * C, kind);
     layernorm_fwd(s.ln2_out.data, s.x_mid.data, W + b.ln2_w, W + b.ln2_b);
-    s.fc1_out = arena_.push<T>("fc1_out", N * F, category::activations);
+    s.fc1_out = arena_.push<T>("fc1_out", N * F, kind);
     backend::cpu::linear_forward(s.fc1_out.data, s.ln2_out.data, W + b.fc1_w, W + b.fc1_b, N, C, F);
-    s.gelu_out = arena_.push<T>("gelu_out", N * F, category::activations);
+    s.gelu_out = arena_.push<T>("gelu_out", N * F, kind);
     backend::cpu::gelu_forward(s.gelu_out.data, s.fc1_out.data, N * F);
-    if (drop) s.mask2 = arena_.push<std::uint8_t>("dropout_mask", N * C, category::activations);
-    s.x_out = arena_.push<T>("residual", N * C, category::activations);
+    if (drop) s.mask2 = arena_.push<std::uint8_t>("dropout_mask", N * C, kind);
+    s.x_out = arena_.push<T>("residual", N * C, kind);
     {
       auto fc2 = arena_.transient<T>("fc2_out", N * C, category::temporaries);
       backend::cpu::linear_forward(fc2.data, s.gelu_out.data, W + b.fc2_w, static_cast<const T*>(nullptr), N, F, C);
@@ -492,48 +492,42 @@ class gpt_trainer {
     arena_.pop(s.ln1_out);
   }
 
-  /// Backward of block l: dres holds dL/dx_out on entry and dL/dx_in on exit.
-  void block_backward(std::size_t l, const block_saved& s, const T* x_in, const T* W, T* G, T* dres) {
+  /// Backward of block l: dres holds dL/dx_out on entry and dL/dx_in on exit; `slot` is a second
+  /// [N, C] gradient buffer (the gradient of a norm's output). With those two alive for the whole
+  /// backward, a block adds its inner gradients only: the MLP's [N, F/t], or the attention
+  /// output's and Q/K/V's, or one [N, C] for a norm's input gradient.
+  void block_backward(std::size_t l, const block_saved& s, const T* x_in, const T* W, T* G, T* dres, T* slot) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const block_view& b = blk_;
     const bool drop = c_.dropout > 0;
     (void)l;
-    // MLP branch: dres → fc2 → GeLU → fc1 → LN2.
+    // MLP branch: dres → (dropout) → fc2 → GeLU → fc1 → LN2.
     {
-      auto dln2 = arena_.transient<T>("grad_ln2_out", N * C, category::temporaries);
-      auto dgelu = arena_.transient<T>("grad_mlp_inner", N * F, category::temporaries);
       const T* dfc2 = dres;
-      tensor_ref<T> dtmp{};
-      if (drop) {
-        dtmp = arena_.transient<T>("grad_dropout", N * C, category::temporaries);
-        backend::cpu::dropout_backward(dtmp.data, dres, s.mask2.data, N * C, c_.dropout);
-        dfc2 = dtmp.data;
+      if (drop) {  // the slot holds the dropout's input gradient until fc1 overwrites it
+        backend::cpu::dropout_backward(slot, dres, s.mask2.data, N * C, c_.dropout);
+        dfc2 = slot;
       }
+      auto dgelu = arena_.transient<T>("grad_mlp_inner", N * F, category::temporaries);
       backend::cpu::linear_backward(dgelu.data, G + b.fc2_w, G + b.fc2_b, dfc2, s.gelu_out.data, W + b.fc2_w, N, F, C);
-      if (dtmp.data) arena_.pop(dtmp);
       backend::cpu::gelu_backward(dgelu.data, dgelu.data, s.fc1_out.data, N * F);
-      backend::cpu::linear_backward(dln2.data, G + b.fc1_w, G + b.fc1_b, dgelu.data, s.ln2_out.data, W + b.fc1_w, N, C, F);
+      backend::cpu::linear_backward(slot, G + b.fc1_w, G + b.fc1_b, dgelu.data, s.ln2_out.data, W + b.fc1_w, N, C, F);
       arena_.pop(dgelu);
-      tp_sum(dln2.data, N * C);
+      tp_sum(slot, N * C);
       auto dnorm = arena_.transient<T>("grad_norm_in", N * C, category::temporaries);
-      layernorm_bwd(dnorm.data, G + b.ln2_w, G + b.ln2_b, dln2.data, s.x_mid.data, W + b.ln2_w);
+      layernorm_bwd(dnorm.data, G + b.ln2_w, G + b.ln2_b, slot, s.x_mid.data, W + b.ln2_w);
       add_into(dres, dnorm.data, N * C);
       arena_.pop(dnorm);
-      arena_.pop(dln2);
     }
-    // Attention branch: dres → out-projection → attention → QKV → LN1.
+    // Attention branch: dres → (dropout) → out-projection → attention → QKV → LN1.
     {
-      auto dln1 = arena_.transient<T>("grad_ln1_out", N * C, category::temporaries);
-      auto datty = arena_.transient<T>("grad_attention_out", N * Wd, category::temporaries);
       const T* dproj = dres;
-      tensor_ref<T> dtmp{};
       if (drop) {
-        dtmp = arena_.transient<T>("grad_dropout", N * C, category::temporaries);
-        backend::cpu::dropout_backward(dtmp.data, dres, s.mask1.data, N * C, c_.dropout);
-        dproj = dtmp.data;
+        backend::cpu::dropout_backward(slot, dres, s.mask1.data, N * C, c_.dropout);
+        dproj = slot;
       }
+      auto datty = arena_.transient<T>("grad_attention_out", N * Wd, category::temporaries);
       backend::cpu::linear_backward(datty.data, G + b.proj_w, G + b.proj_b, dproj, s.atty.data, W + b.proj_w, N, Wd, C);
-      if (dtmp.data) arena_.pop(dtmp);
       auto dqkv = arena_.transient<T>("grad_qkv", N * 3 * Wd, category::temporaries);
       const auto sh = attn_shape();
       const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
@@ -541,7 +535,7 @@ class gpt_trainer {
       if (!c_.flash) {
         tensor_ref<T> att = s.att;
         tensor_ref<T> out_tmp{};
-        if (!keeps_core()) {  // selective: rebuild the probabilities
+        if (!keeps_core()) {  // selective: rebuild the probabilities (the kernel rewrites the output too)
           att = arena_.transient<T>("attention_probs", scores, category::temporaries);
           out_tmp = arena_.transient<T>("attention_out_recomputed", N * Wd, category::temporaries);
           backend::cpu::attention_naive_forward(out_tmp.data, att.data, s.qkv.data, sh);
@@ -561,15 +555,14 @@ class gpt_trainer {
         if (out_tmp.data) arena_.pop(out_tmp);
         if (!keeps_core()) arena_.pop(lse);
       }
-      backend::cpu::linear_backward(dln1.data, G + b.qkv_w, G + b.qkv_b, dqkv.data, s.ln1_out.data, W + b.qkv_w, N, C, 3 * Wd);
+      backend::cpu::linear_backward(slot, G + b.qkv_w, G + b.qkv_b, dqkv.data, s.ln1_out.data, W + b.qkv_w, N, C, 3 * Wd);
       arena_.pop(dqkv);
       arena_.pop(datty);
-      tp_sum(dln1.data, N * C);
+      tp_sum(slot, N * C);
       auto dnorm = arena_.transient<T>("grad_norm_in", N * C, category::temporaries);
-      layernorm_bwd(dnorm.data, G + b.ln1_w, G + b.ln1_b, dln1.data, x_in, W + b.ln1_w);
+      layernorm_bwd(dnorm.data, G + b.ln1_w, G + b.ln1_b, slot, x_in, W + b.ln1_w);
       add_into(dres, dnorm.data, N * C);
       arena_.pop(dnorm);
-      arena_.pop(dln1);
     }
   }
 
@@ -626,34 +619,40 @@ class gpt_trainer {
     if (need_pair)
       for (std::size_t i = 2; i-- > 0;) arena_.pop(pair[i]);
 
-    // Head: final norm, tied output layer, cross-entropy; backward through it.
+    // Head: final norm, tied output layer, cross-entropy; backward through it. The output layer
+    // sends its gradient back in `slot`; the final norm writes the residual gradient `dres`. The
+    // two stay for the whole backward (a gradient arriving at a layer and the one it writes).
     auto lnf_out = arena_.push<T>("lnf_out", N * C, category::activations);
-    auto wl = use_weights(lnf);
-    layernorm_fwd(lnf_out.data, inputs[L].data, wl.data, wl.data + C);
-    release(wl);
-    auto dres = arena_.transient<T>("grad_residual", N * C, category::temporaries);
+    {
+      auto wl = use_weights(lnf);
+      layernorm_fwd(lnf_out.data, inputs[L].data, wl.data, wl.data + C);
+      release(wl);
+    }
+    auto slot = arena_.transient<T>("grad_slot", N * C, category::temporaries);
     A loss = 0;
     {
       auto we = use_weights(wte);
+      // Logits in the activation dtype; cross-entropy turns them into their gradient in place
+      // (a fused classifier, as llm.c's). Per-token losses are O(tokens) scratch.
       auto logits = arena_.transient<T>("logits", N * V, category::temporaries);
-      auto losses = arena_.transient<A>("token_losses", N, category::temporaries);
+      token_losses_.resize(N);
       backend::cpu::linear_forward(logits.data, lnf_out.data, we.data, static_cast<const T*>(nullptr), N, C, V);
-      loss = backend::cpu::cross_entropy_forward(losses.data, logits.data, tgt.data(), N, V);
+      loss = backend::cpu::cross_entropy_forward(token_losses_.data(), logits.data, tgt.data(), N, V);
       const A dloss = loss_scale() / static_cast<A>(c_.grad_accum);
       backend::cpu::cross_entropy_backward(logits.data, logits.data, tgt.data(), dloss, N, V);
-      auto dlnf = arena_.transient<T>("grad_lnf_out", N * C, category::temporaries);
       auto gw = grad_buffer(wte);
-      backend::cpu::linear_backward(dlnf.data, gw.data, static_cast<T*>(nullptr), logits.data, lnf_out.data, we.data, N, C, V);
+      backend::cpu::linear_backward(slot.data, gw.data, static_cast<T*>(nullptr), logits.data, lnf_out.data, we.data, N, C, V);
       finish_grad(wte, gw);
-      auto wn = use_weights(lnf);
-      auto gl = grad_buffer(lnf);
-      layernorm_bwd(dres.data, gl.data, gl.data + C, dlnf.data, inputs[L].data, wn.data);
-      finish_grad(lnf, gl);
-      release(wn);
-      arena_.pop(dlnf);
-      arena_.pop(losses);
       arena_.pop(logits);
       release(we);
+    }
+    auto dres = arena_.transient<T>("grad_residual", N * C, category::temporaries);
+    {
+      auto wn = use_weights(lnf);
+      auto gl = grad_buffer(lnf);
+      layernorm_bwd(dres.data, gl.data, gl.data + C, slot.data, inputs[L].data, wn.data);
+      finish_grad(lnf, gl);
+      release(wn);
     }
     arena_.pop(lnf_out);
 
@@ -666,7 +665,7 @@ class gpt_trainer {
         arena_.pop(saved[l].x_out);
         auto w = use_weights(u);
         auto g = grad_buffer(u);
-        block_backward(l, saved[l], inputs[l].data, w.data, g.data, dres.data);
+        block_backward(l, saved[l], inputs[l].data, w.data, g.data, dres.data, slot.data);
         finish_grad(u, g);
         release(w);
         pop_block_saved(saved[l]);
@@ -677,7 +676,8 @@ class gpt_trainer {
         std::vector<block_saved> rebuilt;
         for (std::size_t l = seg_begin; l < seg_end; ++l) {
           auto w = use_weights(units_[2 + l]);
-          rebuilt.push_back(block_forward(l, l == seg_begin ? inputs[l].data : rebuilt.back().x_out.data, w.data));
+          rebuilt.push_back(
+              block_forward(l, l == seg_begin ? inputs[l].data : rebuilt.back().x_out.data, w.data, category::temporaries));
           release(w);
         }
         for (std::size_t l = seg_end; l-- > seg_begin;) {
@@ -687,7 +687,7 @@ class gpt_trainer {
           auto w = use_weights(u);
           auto g = grad_buffer(u);
           block_backward(l, s, l == seg_begin ? inputs[l].data : rebuilt[l - seg_begin - 1].x_out.data, w.data, g.data,
-                         dres.data);
+                         dres.data, slot.data);
           finish_grad(u, g);
           release(w);
           pop_block_saved(s);
@@ -706,6 +706,7 @@ class gpt_trainer {
       finish_grad(wte, gw);
     }
     arena_.pop(dres);
+    arena_.pop(slot);
     arena_.pop(x0);
     if (emb_mask.data) arena_.pop(emb_mask);
     if (arena_.stack_depth() != 0) throw arena_error("gpt_trainer: tensors left on the arena after a micro-batch");
@@ -816,7 +817,7 @@ class gpt_trainer {
   arena arena_;
   block_view blk_{};
   std::vector<unit> units_;
-  std::vector<A> scratch_mean_, scratch_rstd_;
+  std::vector<A> scratch_mean_, scratch_rstd_, token_losses_;
   backend::cpu::dynamic_loss_scaler scaler_{};
   std::size_t step_ = 0, micro_ = 0, updates_ = 0;
   std::uint64_t counters_[2] = {0, 0};

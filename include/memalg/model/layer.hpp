@@ -84,6 +84,9 @@ inline constexpr std::uint32_t adapted = 1u << 7;          ///< frozen base whos
 inline constexpr std::uint32_t activation = 1u << 8;       ///< linear / conv followed by a nonlinearity
 inline constexpr std::uint32_t batchnorm = 1u << 9;        ///< conv followed by batch normalisation
 inline constexpr std::uint32_t moe = 1u << 10;             ///< block: the MLP is a mixture of experts
+/// output layer: the vocabulary is not split by tensor parallelism (every rank computes all
+/// logits; the CPU runtime's convention), instead of Megatron's vocabulary-parallel layer
+inline constexpr std::uint32_t vocab_replicated = 1u << 11;
 }  // namespace layer_flags
 
 /// Values of `layer_desc::group`.

@@ -83,6 +83,9 @@ struct activation_context {
   std::uint64_t cp = 1;
   std::uint64_t ep = 1;
   bool sp = false;
+  kernel_profile kernels = kernel_profile::generic;
+  recompute_kind recompute = recompute_kind::none;
+  constexpr bool reference() const { return kernels == kernel_profile::reference; }
 };
 
 constexpr activation_context activation_context_of(const training_desc& t, const mesh_desc& m) {
@@ -94,6 +97,8 @@ constexpr activation_context activation_context_of(const training_desc& t, const
   c.cp = m.cp;
   c.ep = m.ep;
   c.sp = m.sequence_parallel;
+  c.kernels = t.kernels;
+  c.recompute = t.recompute;
   return c;
 }
 
@@ -194,6 +199,16 @@ constexpr attention_bytes attention_sublayer(const act_terms& a, const layer_sha
   r.saved.weight_grad += a.split(a.values_per_token(q_width));  // out-projection input
   if (residual_dropout && drop) r.saved.input_grad += a.rep(bytes{checked_mul(T, s.hidden)});
   (void)cross;
+  if (a.c.reference()) {
+    // memalg's runtime: scores never exist as a whole (its kernels go row by row); backward holds
+    // the gradients of the attention output and of Q/K/V, and under selective recomputation the
+    // output the rebuilding forward writes again (the core itself is added as rebuilt).
+    r.forward_temporary = bytes{};
+    r.backward_temporary = a.split(a.values_per_token(q_width)) +
+                           a.split(a.values(checked_mul(T, q_width))) +
+                           a.split(a.values(checked_mul(kv_tokens, kv_width))) * 2;
+    if (a.c.recompute == recompute_kind::selective) r.backward_temporary += a.split(a.values_per_token(q_width));
+  }
   if (a.c.sp) r.comm += a.values_per_token(s.hidden);  // all-gathered input
   if (a.c.cp > 1)  // ring attention: K and V chunks, double-buffered
     r.comm += a.split(a.values(checked_mul(kv_tokens, checked_mul(s.kv_heads, s.head_dim)))) * 4;
@@ -269,8 +284,9 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
       break;
     case layer_kind::embedding:
     case layer_kind::position_embedding:
-      // Backward needs only the token ids (ignored: 4–8 bytes per token) and the arriving gradient.
-      r.backward_temporary = hidden_input;
+      // Backward needs only the token ids (ignored: 4–8 bytes per token) and the arriving gradient
+      // (memalg's runtime still holds both of its gradient buffers there).
+      r.backward_temporary = c.reference() ? gradients : hidden_input;
       break;
     case layer_kind::layernorm:
     case layer_kind::rmsnorm:
@@ -353,6 +369,8 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
       r.saved = r.parts.total();
       r.forward_temporary = max_b(fwd, hidden_input);  // a sub-layer's output before the residual add
       r.backward_temporary = max_b(bwd, m.backward_temporary) + gradients;
+      // memalg's runtime also writes a norm's input gradient beside the two gradient buffers.
+      if (c.reference()) r.backward_temporary = max_b(max_b(bwd, m.backward_temporary), hidden_input) + gradients;
       r.comm = max_b(comm, m.comm);
       r.input = hidden_input;
       r.input_in_saved = true;
@@ -360,7 +378,8 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
     }
     case layer_kind::output: {
       const dtype logits = s.logits.is_none() ? dtypes::fp32 : s.logits;
-      const std::uint64_t vocab = ceil_div(s.vocab, c.tp);  // vocabulary-parallel
+      const std::uint64_t vocab =  // vocabulary-parallel unless replicated
+          (s.flags & layer_flags::vocab_replicated) != 0 ? s.vocab : ceil_div(s.vocab, c.tp);
       r.saved.weight_grad = hidden_input;  // output-projection input (chunked: the hidden gradient)
       r.input = hidden_input;
       r.input_in_saved = true;
@@ -378,6 +397,12 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         r.backward_temporary = r.logits * 2;
       }
       r.backward_temporary += hidden_input;  // the gradient it sends back
+      if (c.reference() && !(s.chunk != 0 && s.chunk < a.tokens)) {
+        // memalg's runtime: logits in the activation dtype become their gradient in place (a
+        // fused classifier, as llm.c's); per-token losses are O(tokens) scratch.
+        r.forward_temporary = a.values(checked_mul(a.tokens, vocab));
+        r.backward_temporary = r.forward_temporary + hidden_input;
+      }
       if (c.sp) r.comm = a.values_per_token(s.hidden);
       break;
     }
@@ -530,8 +555,16 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     }
     if (layer && rk == recompute_kind::every_k) {
       const std::uint64_t k = t.recompute_every == 0 ? 1 : t.recompute_every;
-      kept[i] = a.input * detail::ceil_div(n, k);
-      rebuilt[i] = a.saved * (k < n ? k : n) - reuse;
+      // Segments of k layers from the first, the last one shorter when k does not divide n.
+      // Backward rebuilds them last to first; segment j runs with the inputs of segments 0..j
+      // still kept, so the worst moment is the last segment (all inputs kept) or the one before
+      // it (one input fewer, k layers rebuilt).
+      const std::uint64_t segments = detail::ceil_div(n, k);
+      const std::uint64_t last = n - (segments - 1) * k;
+      kept[i] = a.input * segments;
+      const bytes last_segment = a.saved * last;
+      const bytes full_segment = segments > 1 ? a.saved * k - a.input : bytes{};
+      rebuilt[i] = detail::max_b(last_segment, full_segment) - reuse;
       one = a.input;
     } else {
       kept[i] = one * n;

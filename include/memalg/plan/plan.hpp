@@ -18,6 +18,10 @@ namespace memalg {
 
 template <model_type Model, training_type Training, mesh_type Mesh, device_type Device>
 struct plan {
+  using model_type = Model;
+  using training_type = Training;
+  using mesh_type = Mesh;
+  using device_type = Device;
   static constexpr model_desc model = Model::value;
   static constexpr training_desc training = Training::value;
   static constexpr mesh_desc mesh = Mesh::value;

@@ -71,7 +71,7 @@ constexpr step_transients stage_step_transients(const model_desc& model, const t
   const std::uint64_t expert_group = dense_group / m.ep;
   const bool bucket = m.zero_stage == 2 && dense_group > 1;
   const bool upcast = !p.master_weights.is_none() && p.gradients.bits < p.master_weights.bits &&
-                      m.offload == offload_kind::none;
+                      m.offload == offload_kind::none && !t.fused_optimizer;
   if (!bucket && !upcast) return s;
   for (const layer_desc& l : model) {
     if (l.kind == layer_kind::parameters || !l.trainable) continue;

@@ -11,6 +11,9 @@
 //   autocast_bf16  4        4          -       8            16      PyTorch autocast: fp32 parameters,
 //                                                                   16-bit activations only
 //   bf16           2        2          -       4 (bf16)     8       pure bf16 training, no master copy
+//   mixed_bf16     2        2          4       8            16      the ZeRO paper's layout in bf16
+//                                                                   (DeepSpeed's bf16 mode: bf16
+//                                                                   gradients, fp32 master and states)
 //   fp8            2 + 2·1  4 (fp32)   4       8            20      Transformer Engine: bf16 parameters,
 //                                                                   fp32 main grads and master, plus an
 //                                                                   fp8 copy and its transpose cached
@@ -58,6 +61,10 @@ struct autocast_bf16 {
 struct bf16 {
   static constexpr precision_policy value{"bf16", dtypes::bf16, dtypes::bf16, dtypes::none, dtypes::bf16, dtypes::bf16};
 };
+struct mixed_bf16 {
+  static constexpr precision_policy value{"mixed-bf16", dtypes::bf16, dtypes::bf16, dtypes::fp32, dtypes::fp32,
+                                          dtypes::bf16};
+};
 struct fp8 {
   static constexpr precision_policy value{"fp8",         dtypes::bf16, dtypes::fp32,     dtypes::fp32,
                                           dtypes::fp32,  dtypes::bf16, dtypes::fp8_e4m3, 2};
@@ -66,7 +73,8 @@ struct fp8 {
 /// Runtime lookup by CLI name; returns false when unknown.
 constexpr bool from_name(std::string_view name, precision_policy& out) {
   for (const precision_policy& p :
-       {fp32::value, amp_fp16::value, amp_bf16::value, autocast_bf16::value, bf16::value, fp8::value})
+       {fp32::value, amp_fp16::value, amp_bf16::value, autocast_bf16::value, bf16::value, mixed_bf16::value,
+        fp8::value})
     if (p.name == name) {
       out = p;
       return true;

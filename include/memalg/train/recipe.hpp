@@ -16,6 +16,13 @@ namespace memalg {
 
 enum class recompute_kind : std::uint8_t { none, selective, full, every_k };
 
+/// Whose kernels the transient buffers follow. `generic`: unfused PyTorch / Megatron conventions
+/// (score-sized gradient buffers in attention backward, a separate logits gradient). `reference`:
+/// memalg's own runtime (attention backward holds the gradients of its output and of Q/K/V; the
+/// loss turns the logits into their gradient in place; two hidden-sized gradient buffers live for
+/// the whole backward) — the convention the runtime's arena is checked against, to the byte.
+enum class kernel_profile : std::uint8_t { generic, reference };
+
 struct training_desc {
   precision_policy precision = precision::amp_bf16::value;
   optimizer_desc optimizer = optim::adamw<>::value;
@@ -25,6 +32,10 @@ struct training_desc {
   recompute_kind recompute = recompute_kind::none;
   std::uint64_t recompute_every = 0;    ///< for every_k: checkpoint one layer input every k layers
   bool offload_activations = false;     ///< saved activations live in host memory between passes
+  /// The optimizer step reads narrow gradients directly (fused Adam: Apex, torch fused=True, the
+  /// CPU runtime); otherwise a gradient shard is upcast to the master dtype first (DeepSpeed).
+  bool fused_optimizer = false;
+  kernel_profile kernels = kernel_profile::generic;
 };
 
 namespace train {
@@ -70,6 +81,20 @@ struct every {
   }
 };
 }  // namespace recompute
+
+/// The optimizer step needs no upcast copy of the gradients (a fused optimizer).
+struct fused_optimizer {
+  static constexpr void apply(training_desc& t) { t.fused_optimizer = true; }
+};
+
+/// Transient buffers as memalg's runtime allocates them (see kernel_profile); implies a fused
+/// optimizer step.
+struct reference_kernels {
+  static constexpr void apply(training_desc& t) {
+    t.kernels = kernel_profile::reference;
+    t.fused_optimizer = true;
+  }
+};
 
 /// Saved activations move to host memory between forward and backward.
 struct offload_activations {
