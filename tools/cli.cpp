@@ -1,5 +1,6 @@
 // tools/cli.cpp — strict parsing and the flags → descriptors translation shared by sub-commands.
 #include "cli.hpp"
+#include "planner.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -79,6 +80,7 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--memory-cap", memory_cap, "fraction of device memory the process may use, in (0, 1]");
   app.add_option("--reserve-mib", reserve_mib, "override the device's runtime reserve, in MiB");
   app.add_option("--preset", preset, "a model by name (gpt2-124m, llama2-7b, speech-tts-500m, ...)");
+  app.add_option("--config", config, "a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, GPT-2, GPT-NeoX, Falcon)");
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--hidden", hidden, "model width h");
   app.add_option("--heads", heads, "attention heads");
@@ -180,13 +182,17 @@ model_desc layer_model(const plan_flags& f) {
 
 plan_inputs make_inputs(const plan_flags& f) {
   plan_inputs in{};
-  if (!f.preset.empty() || layer_shape_given(f)) {
+  if (!f.config.empty()) {
+    if (!f.preset.empty() || layer_shape_given(f) || !f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
+      throw usage_error("--config describes the model: use it without --params, --preset or layer-shape flags");
+    in.model = load_hf_config(f.config).model;
+  } else if (!f.preset.empty() || layer_shape_given(f)) {
     if (!f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
       throw usage_error("--params describes a model by its parameter count alone; use it without --preset and layer-shape flags");
     in.model = layer_model(f);
   } else {
     if (f.params.empty())
-      throw usage_error("a model is required: --params N, --preset NAME, or --layers/--hidden/--heads/--vocab");
+      throw usage_error("a model is required: --params N, --preset NAME, --config FILE, or --layers/--hidden/--heads/--vocab");
     const std::uint64_t params = parse_count(f.params, "--params");
     const std::uint64_t expert = f.expert_params == "0" ? 0 : parse_count(f.expert_params, "--expert-params");
     const std::uint64_t largest = f.largest_layer == "0" ? 0 : parse_count(f.largest_layer, "--largest-layer");

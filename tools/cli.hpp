@@ -43,6 +43,7 @@ struct plan_flags {
   // A layer-level model: a preset, or a decoder-only transformer from its shape (flags override
   // the preset's values).
   std::string preset;
+  std::string config;  ///< a Hugging Face config.json (tools/hf_config.cpp)
   std::string layers, hidden, heads, kv_heads, ffn, vocab;
   bool swiglu = false;
   bool untied = false;

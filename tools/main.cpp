@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli.hpp"
+#include "planner.hpp"
 
 int main(int argc, char** argv) {
   using namespace memalg::cli;
@@ -18,12 +19,42 @@ int main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand("plan", "memory of the most loaded rank for one configuration");
   flags.add_to(*plan);
   plan->add_flag("--json", json, "print one JSON object");
+  std::string plan_svg;
+  plan->add_option("--svg", plan_svg, "also write a stacked-bar chart of the rank's memory to FILE");
+
+  plan_flags sweep_model;
+  sweep_flags sweep;
+  CLI::App* sweep_cmd = app.add_subcommand("sweep", "search parallel strategies for a world size: what fits, best first");
+  add_sweep_flags(*sweep_cmd, sweep_model, sweep);
+
+  plan_flags emit_model;
+  emit_flags emit;
+  CLI::App* emit_cmd = app.add_subcommand("emit", "print a C++ header whose static_assert checks the plan at compile time");
+  emit_model.add_to(*emit_cmd);
+  emit_cmd->add_option("--namespace", emit.name_space, "namespace of the emitted types (default memalg_plan)");
+  emit_cmd->add_option("-o,--output", emit.output, "write the header to FILE instead of standard output");
+
+  std::string import_path;
+  bool import_json = false;
+  CLI::App* import_cmd = app.add_subcommand("import", "read a Hugging Face config.json: architecture and exact parameters");
+  import_cmd->add_option("config", import_path, "path of config.json")->required();
+  import_cmd->add_flag("--json", import_json, "print one JSON object");
 
   CLI::App* devices = app.add_subcommand("devices", "list the device catalog");
 
   try {
     app.parse(argc, argv);
-    if (*plan) return run_plan(flags, json);
+    if (*plan) {
+      if (!plan_svg.empty()) write_plan_svg(flags, plan_svg);  // before any output: an error leaves none
+      return run_plan(flags, json);
+    }
+    if (*sweep_cmd) return run_sweep(sweep_model, sweep);
+    if (*emit_cmd) {
+      std::string command = "memalg";
+      for (int i = 1; i < argc; ++i) (command += ' ') += argv[i];
+      return run_emit(emit_model, emit, command);
+    }
+    if (*import_cmd) return run_import(import_path, import_json);
     if (*devices) {
       for (const memalg::device_desc& d : memalg::device::catalog)
         std::cout << d.name << "\tcapacity " << d.capacity.value << " B (" << memalg::to_string(d.capacity)

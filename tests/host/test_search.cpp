@@ -98,6 +98,27 @@ bool check_against_brute_force(const search_problem& p) {
   const search_listing<4096> listing = list_strategies<4096>(p);
   REQUIRE(listing.count == b.feasible.size());
   for (std::size_t i = 0; i < listing.count; ++i) CHECK(listing.feasible[i] == b.feasible[i].config.index);
+  // Ranked lists: the pruned one plans fewer configurations and lists the same ones.
+  for (search_order order : {search_order::memory, search_order::communication, search_order::micro_batch})
+    for (std::size_t k : {std::size_t{1}, std::size_t{5}, std::size_t{40}, max_top}) {
+      CAPTURE(static_cast<int>(order));
+      CAPTURE(k);
+      static top_list fast, slow;  // large: keep them off the stack
+      const search_result rf = top_strategies(p, order, k, fast);
+      const search_result rs = top_strategies_exhaustive(p, order, k, slow, [](std::uint64_t, std::uint64_t) {});
+      CHECK(rf.feasible == rs.feasible);
+      CHECK(rf.planned <= rs.planned);
+      REQUIRE(fast.size == slow.size);
+      CHECK(fast.size == std::min<std::size_t>(k, b.feasible.size()));
+      std::vector<candidate> sorted = b.feasible;
+      std::stable_sort(sorted.begin(), sorted.end(),
+                       [order](const candidate& x, const candidate& y) { return ranks_before(x, y, order); });
+      for (std::size_t i = 0; i < fast.size; ++i) {
+        CHECK(fast.keys[i].index == slow.keys[i].index);
+        CHECK(fast.keys[i].index == sorted[i].config.index);
+        CHECK(fast.keys[i].peak == sorted[i].plan.peak().value);
+      }
+    }
   return exhaustive.feasible != 0 && exhaustive.feasible < exhaustive.valid;
 }
 

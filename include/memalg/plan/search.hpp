@@ -377,17 +377,44 @@ constexpr std::array<std::size_t, max_choices> micro_batch_order(const search_sp
   return order;
 }
 
+}  // namespace detail
+
+/// Most configurations a ranked list (`top_strategies`, `memalg sweep --top`) holds.
+inline constexpr std::size_t max_top = 1000;
+
+/// The best `capacity` configurations in one order, best first.
+struct top_list {
+  std::array<ranking_key, max_top> keys{};
+  std::size_t size = 0;
+  std::size_t capacity = 0;
+  search_order order = search_order::memory;
+
+  /// Inserts `k` if it ranks among the best `capacity`; returns whether it did.
+  constexpr bool offer(const ranking_key& k) {
+    if (capacity == 0) return false;
+    if (size == capacity && !ranks_before(k, keys[size - 1], order)) return false;
+    std::size_t i = size < capacity ? size++ : size - 1;
+    for (; i > 0 && ranks_before(k, keys[i - 1], order); --i) keys[i] = keys[i - 1];
+    keys[i] = k;
+    return true;
+  }
+};
+
+namespace detail {
+
 /// One group of configurations that differ only in the micro-batch (consecutive indices, the
 /// micro-batch being the fastest digit), decided with one validity check and as few plans as
-/// monotonicity allows:
-/// the peak and the traffic never decrease with the micro-batch, so the fitting ones are a prefix
-/// of the valid ones in ascending micro-batch order. Plans: the smallest (it answers least memory,
-/// least communication and closest for the group), the largest, and a binary search between
-/// them for the largest that fits (it answers largest micro-batch). `on_feasible(index)` is called
-/// for every fitting configuration, in ascending micro-batch order.
+/// monotonicity allows: the peak and the traffic never decrease with the micro-batch, so the
+/// fitting ones are a prefix of the valid ones in ascending micro-batch order. Plans: the smallest
+/// (it answers least memory, least communication and closest for the group), the largest, and a
+/// binary search between them for the largest that fits (it answers largest micro-batch).
+/// `on_feasible(index)` is called for every fitting configuration. A ranked list (`top`, may be
+/// null) takes the group's members in their order of rank until one does not enter: in memory or
+/// communication order smaller micro-batches rank first within a group, in micro-batch order
+/// larger ones, so no later member could enter either.
 template <class OnFeasible>
 constexpr void search_group(const search_problem& p, const std::array<std::size_t, max_choices>& order,
-                            std::uint64_t first_index, search_result& r, OnFeasible&& on_feasible) {
+                            std::uint64_t first_index, search_result& r, OnFeasible&& on_feasible, top_list* top) {
   const std::size_t k = p.space.micro_batch.size;
   r.evaluated += k;
   // Validity does not depend on a micro-batch of at least one (find_plan_issue reads it only to
@@ -403,75 +430,112 @@ constexpr void search_group(const search_problem& p, const std::array<std::size_
   std::size_t n = 0;
   for (std::size_t i = zero_batches; i < k; ++i) valid[n++] = first_index + order[i];
   r.valid += n;
-  if (n == 0) return;
-  const verdict smallest = judge(p, valid[0]);
-  ++r.planned;
+
+  std::array<verdict, max_choices> known{};  // plans computed so far, by position in `valid`
+  std::array<bool, max_choices> have{};
+  const auto at = [&](std::size_t i) -> const verdict& {
+    if (!have[i]) {
+      known[i] = judge(p, valid[i]);
+      have[i] = true;
+      ++r.planned;
+    }
+    return known[i];
+  };
+
+  const verdict& smallest = at(0);
   r.closest.offer(smallest.key, search_order::memory);
   if (!smallest.fits) return;  // nothing larger fits either
   r.least_memory.offer(smallest.key, search_order::memory);
   r.least_communication.offer(smallest.key, search_order::communication);
   std::size_t last_fit = 0;  // position in `valid` of the largest that fits
-  verdict largest = smallest;
   if (n > 1) {
-    const verdict top = judge(p, valid[n - 1]);
-    ++r.planned;
-    if (top.fits) {
+    if (at(n - 1).fits) {
       last_fit = n - 1;
-      largest = top;
     } else {
       std::size_t lo = 0, hi = n - 1;  // fits(lo), !fits(hi)
       while (hi - lo > 1) {
         const std::size_t mid = lo + (hi - lo) / 2;
-        const verdict v = judge(p, valid[mid]);
-        ++r.planned;
-        if (v.fits) {
-          lo = mid;
-          largest = v;
-        } else {
-          hi = mid;
-        }
+        if (at(mid).fits) lo = mid;
+        else hi = mid;
       }
       last_fit = lo;
     }
   }
-  ranking_key large_key = largest.key;
   // A micro-batch listed twice gives identical configurations: the lower index ranks first.
-  for (std::size_t i = last_fit; i > 0 && p.space.micro_batch[valid[i - 1] - first_index] ==
-                                              p.space.micro_batch[valid[last_fit] - first_index]; --i)
-    large_key.index = valid[i - 1] < large_key.index ? valid[i - 1] : large_key.index;
+  std::size_t largest = last_fit;
+  while (largest > 0 && p.space.micro_batch[valid[largest - 1] - first_index] ==
+                            p.space.micro_batch[valid[last_fit] - first_index])
+    --largest;
+  ranking_key large_key = at(last_fit).key;
+  for (std::size_t i = largest; i < last_fit; ++i)
+    large_key.index = valid[i] < large_key.index ? valid[i] : large_key.index;
   r.largest_micro_batch.offer(large_key, search_order::micro_batch);
   r.feasible += last_fit + 1;
   for (std::size_t i = 0; i <= last_fit; ++i) on_feasible(valid[i]);
+
+  if (top == nullptr || top->capacity == 0) return;
+  if (top->order == search_order::micro_batch) {
+    // Largest first; equal micro-batches (identical plans) in index order.
+    for (std::size_t hi = last_fit + 1; hi > 0;) {
+      std::size_t lo = hi - 1;
+      while (lo > 0 && p.space.micro_batch[valid[lo - 1] - first_index] == p.space.micro_batch[valid[hi - 1] - first_index])
+        --lo;
+      std::array<std::uint64_t, max_choices> same{};
+      std::size_t m = 0;
+      for (std::size_t i = lo; i < hi; ++i) same[m++] = valid[i];
+      for (std::size_t i = 1; i < m; ++i)
+        for (std::size_t j = i; j > 0 && same[j] < same[j - 1]; --j) {
+          const std::uint64_t x = same[j];
+          same[j] = same[j - 1];
+          same[j - 1] = x;
+        }
+      const ranking_key base = at(hi - 1).key;
+      for (std::size_t i = 0; i < m; ++i) {
+        ranking_key key = base;
+        key.index = same[i];
+        if (!top->offer(key)) return;
+      }
+      hi = lo;
+    }
+  } else {
+    for (std::size_t i = 0; i <= last_fit; ++i) {
+      ranking_key key = at(i).key;
+      key.index = valid[i];
+      if (!top->offer(key)) return;
+    }
+  }
 }
 
-template <class OnFeasible>
+template <class OnFeasible, class OnProgress>
 constexpr search_result search_range(const search_problem& p, std::uint64_t begin, std::uint64_t end,
-                                     OnFeasible&& on_feasible) {
+                                     OnFeasible&& on_feasible, top_list* top, OnProgress&& on_progress) {
   search_result r{};
   const std::uint64_t n = p.space.size();
   if (end > n) end = n;
   const std::size_t k = p.space.micro_batch.size;
+  const auto one = [&](std::uint64_t i) {
+    const candidate c = evaluate_candidate(p, i);
+    r.add(c);
+    if (c.feasible()) {
+      on_feasible(i);
+      if (top != nullptr) top->offer(key_of(c));
+    }
+  };
   if (k < 2) {  // nothing to prune
     for (std::uint64_t i = begin; i < end; ++i) {
-      const candidate c = evaluate_candidate(p, i);
-      r.add(c);
-      if (c.feasible()) on_feasible(i);
+      one(i);
+      if ((i & 0xfff) == 0) on_progress(i - begin, end - begin);
     }
     return r;
   }
   const std::array<std::size_t, max_choices> order = micro_batch_order(p.space);
   std::uint64_t i = begin;
-  for (; i < end && i % k != 0; ++i) {  // a partial group at the start: plan one by one
-    const candidate c = evaluate_candidate(p, i);
-    r.add(c);
-    if (c.feasible()) on_feasible(i);
+  for (; i < end && i % k != 0; ++i) one(i);  // a partial group at the start: one by one
+  for (std::uint64_t groups = 0; i + k <= end; i += k, ++groups) {
+    search_group(p, order, i, r, on_feasible, top);
+    if ((groups & 0x3ff) == 0) on_progress(i - begin, end - begin);
   }
-  for (; i + k <= end; i += k) search_group(p, order, i, r, on_feasible);
-  for (; i < end; ++i) {  // and at the end
-    const candidate c = evaluate_candidate(p, i);
-    r.add(c);
-    if (c.feasible()) on_feasible(i);
-  }
+  for (; i < end; ++i) one(i);  // and at the end
   return r;
 }
 }  // namespace detail
@@ -481,7 +545,40 @@ constexpr search_result search_range(const search_problem& p, std::uint64_t begi
 /// configurations when the space has a micro-batch dimension: see detail::search_group.
 constexpr search_result find_strategies(const search_problem& p, std::uint64_t begin = 0,
                                         std::uint64_t end = no_configuration) {
-  return detail::search_range(p, begin, end, [](std::uint64_t) {});
+  return detail::search_range(p, begin, end, [](std::uint64_t) {}, nullptr, [](std::uint64_t, std::uint64_t) {});
+}
+
+/// The best `count` feasible configurations (at most max_top) in `order`, and the answers to every
+/// query — what `memalg sweep` prints. Exact, like find_strategies: a group's members enter the
+/// list in their order of rank until one does not (see detail::search_group), so only those
+/// that could rank are planned. `on_progress(decided, total)` is called now and then.
+template <class OnProgress>
+constexpr search_result top_strategies(const search_problem& p, search_order order, std::size_t count, top_list& out,
+                                       OnProgress&& on_progress) {
+  out = top_list{};
+  out.order = order;
+  out.capacity = count < max_top ? count : max_top;
+  return detail::search_range(p, 0, no_configuration, [](std::uint64_t) {}, &out, on_progress);
+}
+constexpr search_result top_strategies(const search_problem& p, search_order order, std::size_t count, top_list& out) {
+  return top_strategies(p, order, count, out, [](std::uint64_t, std::uint64_t) {});
+}
+/// The same by planning every configuration (the reference; `memalg sweep --exhaustive`).
+template <class OnProgress>
+constexpr search_result top_strategies_exhaustive(const search_problem& p, search_order order, std::size_t count,
+                                                  top_list& out, OnProgress&& on_progress) {
+  out = top_list{};
+  out.order = order;
+  out.capacity = count < max_top ? count : max_top;
+  search_result r{};
+  const std::uint64_t n = p.space.size();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const candidate c = evaluate_candidate(p, i);
+    r.add(c);
+    if (c.feasible()) out.offer(key_of(c));
+    if ((i & 0xfff) == 0) on_progress(i, n);
+  }
+  return r;
 }
 
 /// The search of [begin, end) with the indices of its feasible configurations, in index order
@@ -498,10 +595,13 @@ constexpr search_listing<N> list_strategies(const search_problem& p, std::uint64
   search_listing<N> out{};
   for (std::uint64_t& v : out.feasible) v = no_configuration;
   std::size_t found = 0;
-  out.result = detail::search_range(p, begin, end, [&](std::uint64_t index) {
-    if (found < N) out.feasible[found] = index;
-    ++found;
-  });
+  out.result = detail::search_range(
+      p, begin, end,
+      [&](std::uint64_t index) {
+        if (found < N) out.feasible[found] = index;
+        ++found;
+      },
+      nullptr, [](std::uint64_t, std::uint64_t) {});
   out.count = found < N ? found : N;
   // Groups report in ascending micro-batch order: restore index order (insertion sort, short runs).
   for (std::size_t i = 1; i < out.count; ++i)

@@ -1,0 +1,396 @@
+// tools/hf_config.cpp — a Hugging Face `config.json` read as a layer-level model.
+//
+// The parameter count of each family is computed from the module shapes of its `transformers`
+// implementation (modeling_llama.py, modeling_mistral.py, modeling_mixtral.py, modeling_qwen2.py,
+// modeling_gpt2.py, modeling_gpt_neox.py, modeling_falcon.py), counting parameters, not buffers,
+// as `model.num_parameters()` does; tests/host/test_planner.cpp checks it against the published
+// counts of the configs in tests/data/hf/. The model is then built with the transformer builder
+// (model/transformer.hpp) — its shapes drive the activation algebra — and its block, final norm
+// and output entries are given the family's exact counts where the builder's generic block
+// differs (Qwen2's q/k/v-only biases, Falcon's LayerNorm biases and single norm per block).
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "planner.hpp"
+
+namespace memalg::cli {
+
+namespace {
+
+using nlohmann::json;
+
+/// The largest dimension accepted: larger is not a model, and it keeps every product in 64 bits.
+constexpr std::uint64_t max_dimension = 1ULL << 24;
+
+struct reader {
+  const json& j;
+  std::string_view source;
+  std::string_view architecture;
+
+  [[noreturn]] void fail(const std::string& what) const { throw usage_error(std::string(source) + ": " + what); }
+
+  const json* find(std::initializer_list<const char*> names) const {
+    for (const char* n : names) {
+      const auto it = j.find(n);
+      if (it != j.end() && !it->is_null()) return &*it;
+    }
+    return nullptr;
+  }
+  static std::string names_of(std::initializer_list<const char*> names) {
+    std::string s;
+    for (const char* n : names) {
+      if (!s.empty()) s += "' or '";
+      s += n;
+    }
+    return "'" + s + "'";
+  }
+  /// A positive integer field (the first of `names` present).
+  std::uint64_t count(std::initializer_list<const char*> names) const {
+    const json* v = find(names);
+    if (v == nullptr)
+      fail("missing field " + names_of(names) + " (needed for " + std::string(architecture) + ")");
+    return check_count(*v, *names.begin());
+  }
+  std::uint64_t count_or(std::initializer_list<const char*> names, std::uint64_t fallback) const {
+    const json* v = find(names);
+    return v == nullptr ? fallback : check_count(*v, *names.begin());
+  }
+  std::uint64_t check_count(const json& v, const char* name) const {
+    std::uint64_t n = 0;
+    if (v.is_number_unsigned()) n = v.get<std::uint64_t>();
+    else if (v.is_number_integer() && v.get<std::int64_t>() > 0) n = static_cast<std::uint64_t>(v.get<std::int64_t>());
+    else if (v.is_number_float() && v.get<double>() >= 1 && v.get<double>() <= static_cast<double>(max_dimension) &&
+             v.get<double>() == static_cast<double>(static_cast<std::uint64_t>(v.get<double>())))
+      n = static_cast<std::uint64_t>(v.get<double>());
+    else
+      fail("field '" + std::string(name) + "' must be a positive integer, not " + v.dump());
+    if (n == 0) fail("field '" + std::string(name) + "' must be at least 1");
+    if (n > max_dimension)
+      fail("field '" + std::string(name) + "' is " + std::to_string(n) + ", larger than any model dimension (" +
+           std::to_string(max_dimension) + ")");
+    return n;
+  }
+  /// The largest of the dropout probabilities present, in thousandths.
+  std::uint64_t dropout_permille(std::initializer_list<const char*> names) const {
+    double p = 0;
+    for (const char* n : names) {
+      const auto it = j.find(n);
+      if (it == j.end() || it->is_null()) continue;
+      if (!it->is_number() || it->get<double>() < 0 || it->get<double>() >= 1)
+        fail("field '" + std::string(n) + "' must be a probability in [0, 1), not " + it->dump());
+      p = it->get<double>() > p ? it->get<double>() : p;
+    }
+    return static_cast<std::uint64_t>(p * 1000 + 0.5);
+  }
+  bool flag_or(std::initializer_list<const char*> names, bool fallback) const {
+    const json* v = find(names);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) fail("field '" + std::string(*names.begin()) + "' must be true or false, not " + v->dump());
+    return v->get<bool>();
+  }
+};
+
+// Checked arithmetic for counts: an overflow is a usage error (an absurd config), not a crash.
+std::uint64_t mul(std::uint64_t a, std::uint64_t b) {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a)
+    throw usage_error("the parameter count of this configuration overflows 64 bits");
+  return a * b;
+}
+std::uint64_t add(std::uint64_t a, std::uint64_t b) {
+  if (b > std::numeric_limits<std::uint64_t>::max() - a)
+    throw usage_error("the parameter count of this configuration overflows 64 bits");
+  return a + b;
+}
+
+struct family_entry {
+  std::string_view family;
+  std::initializer_list<std::string_view> names;  // architectures and model_type values
+};
+const family_entry families[] = {
+    {"llama", {"LlamaForCausalLM", "llama"}},
+    {"mistral", {"MistralForCausalLM", "mistral"}},
+    {"mixtral", {"MixtralForCausalLM", "mixtral"}},
+    {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
+    {"gpt2", {"GPT2LMHeadModel", "GPT2Model", "gpt2"}},
+    {"gpt_neox", {"GPTNeoXForCausalLM", "gpt_neox"}},
+    {"falcon", {"FalconForCausalLM", "RWForCausalLM", "falcon", "RefinedWeb", "RefinedWebModel"}},
+};
+std::string supported_list() {
+  return "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, "
+         "GPTNeoXForCausalLM, FalconForCausalLM";
+}
+
+std::string_view family_of(std::string_view name) {
+  for (const family_entry& f : families)
+    for (std::string_view n : f.names)
+      if (n == name) return f.family;
+  return {};
+}
+
+/// Parameters of one block and of the rest, per family (see the file comment).
+struct counts {
+  std::uint64_t layer = 0, embedding = 0, final_norm = 0, output = 0;
+  std::uint64_t layer_replicated = 0;  ///< norms and row-parallel biases (not split by tensor parallelism)
+};
+
+}  // namespace
+
+hf_model parse_hf_config(std::string_view text, std::string_view source) {
+  if (text.size() > max_config_bytes)
+    throw usage_error(std::string(source) + ": larger than " + std::to_string(max_config_bytes) +
+                      " bytes, not a model configuration");
+  json j;
+  try {
+    // Depth is bounded by nlohmann's iterative parser; comments are not JSON.
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (const auto p = what.find("parse error"); p != std::string::npos) what = what.substr(p);
+    for (char& c : what)
+      if (c == '\n' || c == '\r') c = ' ';
+    throw usage_error(std::string(source) + ": not valid JSON: " + what);
+  }
+  if (!j.is_object()) throw usage_error(std::string(source) + ": expected a JSON object at the top level");
+
+  hf_model m{};
+  std::string_view family;
+  if (const auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
+    if (!a->is_array() || a->empty() || !(*a)[0].is_string())
+      throw usage_error(std::string(source) + ": field 'architectures' must be a list of class names");
+    m.architecture = (*a)[0].get<std::string>();
+    family = family_of(m.architecture);
+  }
+  if (family.empty()) {
+    if (const auto t = j.find("model_type"); t != j.end() && t->is_string()) {
+      if (m.architecture.empty()) m.architecture = t->get<std::string>();
+      family = family_of(t->get<std::string>());
+    }
+  }
+  if (m.architecture.empty())
+    throw usage_error(std::string(source) + ": missing field 'architectures' (or 'model_type'): which model is it?");
+  if (family.empty()) {
+    std::string shown = m.architecture.substr(0, 80);
+    for (char& c : shown)
+      if (static_cast<unsigned char>(c) < 0x20) c = '?';
+    throw usage_error(std::string(source) + ": unsupported architecture '" + shown + "' (supported: " +
+                      supported_list() + ")");
+  }
+  m.family = family;
+  const reader r{j, source, m.architecture};
+
+  lm_config c{};
+  c.name = family;  // a literal: model_desc keeps a string_view
+  c.flash = true;
+  c.causal = true;
+  counts n{};
+
+  if (family == "llama" || family == "mistral" || family == "mixtral" || family == "qwen2") {
+    c.hidden = r.count({"hidden_size"});
+    c.layers = r.count({"num_hidden_layers"});
+    c.heads = r.count({"num_attention_heads"});
+    c.kv_heads = r.count_or({"num_key_value_heads"}, c.heads);
+    c.vocab = r.count({"vocab_size"});
+    c.ffn = r.count({"intermediate_size"});
+    if (r.find({"head_dim"}) != nullptr) c.head_dim = r.count({"head_dim"});
+    else if (c.hidden % c.heads != 0) r.fail("'hidden_size' must be a multiple of 'num_attention_heads'");
+    else c.head_dim = c.hidden / c.heads;
+    if (c.heads % c.kv_heads != 0) r.fail("'num_key_value_heads' must divide 'num_attention_heads'");
+    c.rms_norm = true;
+    c.gated = true;
+    c.bias = false;
+    c.tied = r.flag_or({"tie_word_embeddings"}, false);
+    const bool attention_bias = r.flag_or({"attention_bias"}, false);  // Llama: q, k, v and o biases
+    const bool mlp_bias = r.flag_or({"mlp_bias"}, false);
+    const std::uint64_t h = c.hidden, q = mul(c.heads, c.head_dim), kv = mul(c.kv_heads, c.head_dim);
+    std::uint64_t attention = add(add(mul(h, q), mul(2 * h, kv)), mul(q, h));
+    if (family == "qwen2") attention = add(attention, q + 2 * kv);  // Qwen2: q, k, v biases only
+    if (attention_bias) attention = add(attention, q + 2 * kv + h);
+    std::uint64_t mlp = mul(3 * h, c.ffn) + (mlp_bias ? 2 * c.ffn + h : 0);
+    if (family == "mixtral") {
+      c.experts = r.count({"num_local_experts"});
+      c.top_k = r.count({"num_experts_per_tok"});
+      if (c.top_k > c.experts) r.fail("'num_experts_per_tok' cannot exceed 'num_local_experts'");
+      mlp = add(mul(h, c.experts), mul(c.experts, mlp));  // router + experts
+    }
+    n.layer = add(add(2 * h, attention), mlp);
+    n.layer_replicated = 2 * h + (attention_bias ? h : 0) + (mlp_bias ? h : 0);
+    n.embedding = mul(c.vocab, h);
+    n.final_norm = h;
+    n.output = c.tied ? 0 : mul(c.vocab, h);
+    if (r.find({"sliding_window"}) != nullptr && r.flag_or({"use_sliding_window"}, family == "mistral"))
+      m.notes.push_back("sliding-window attention is planned as full attention (an upper bound for naive "
+                        "attention; FlashAttention saves the same)");
+  } else if (family == "gpt2") {
+    c.hidden = r.count({"n_embd", "hidden_size"});
+    c.layers = r.count({"n_layer", "num_hidden_layers"});
+    c.heads = r.count({"n_head", "num_attention_heads"});
+    c.vocab = r.count({"vocab_size"});
+    c.positions = r.count({"n_positions", "max_position_embeddings"});
+    c.ffn = r.count_or({"n_inner"}, 4 * c.hidden);
+    if (c.hidden % c.heads != 0) r.fail("'n_embd' must be a multiple of 'n_head'");
+    c.bias = true;
+    c.tied = r.flag_or({"tie_word_embeddings"}, true);
+    c.flash = false;  // GPT-2's reference attention materialises the scores
+    const std::uint64_t h = c.hidden, f = c.ffn;
+    // ln_1, ln_2 (2h each); c_attn h·3h + 3h; c_proj h·h + h; c_fc h·f + f; c_proj f·h + h.
+    n.layer = add(add(add(4 * h, add(mul(h, 3 * h), 3 * h)), add(mul(h, h), h)), add(add(mul(h, f), f), add(mul(f, h), h)));
+    n.layer_replicated = 4 * h + 2 * h;
+    n.embedding = add(mul(c.vocab, h), mul(c.positions, h));
+    n.final_norm = 2 * h;
+    n.output = c.tied ? 0 : mul(c.vocab, h);
+  } else if (family == "gpt_neox") {
+    c.hidden = r.count({"hidden_size"});
+    c.layers = r.count({"num_hidden_layers"});
+    c.heads = r.count({"num_attention_heads"});
+    c.vocab = r.count({"vocab_size"});
+    c.ffn = r.count_or({"intermediate_size"}, 4 * c.hidden);
+    if (c.hidden % c.heads != 0) r.fail("'hidden_size' must be a multiple of 'num_attention_heads'");
+    c.bias = true;
+    c.tied = r.flag_or({"tie_word_embeddings"}, false);
+    const std::uint64_t h = c.hidden, f = c.ffn;
+    // input_layernorm, post_attention_layernorm (2h each); query_key_value h·3h + 3h; dense h·h + h;
+    // dense_h_to_4h h·f + f; dense_4h_to_h f·h + h. Rotary positions: no parameters.
+    n.layer = add(add(add(4 * h, add(mul(h, 3 * h), 3 * h)), add(mul(h, h), h)), add(add(mul(h, f), f), add(mul(f, h), h)));
+    n.layer_replicated = 4 * h + 2 * h;
+    n.embedding = mul(c.vocab, h);
+    n.final_norm = 2 * h;
+    n.output = c.tied ? 0 : mul(c.vocab, h);
+    if (r.flag_or({"use_parallel_residual"}, true))
+      m.notes.push_back("parallel attention and MLP (use_parallel_residual) are planned as sequential sub-layers");
+  } else {  // falcon
+    c.hidden = r.count({"hidden_size", "n_embd"});
+    c.layers = r.count({"num_hidden_layers", "n_layer"});
+    c.heads = r.count({"num_attention_heads", "n_head"});
+    c.vocab = r.count({"vocab_size"});
+    if (c.hidden % c.heads != 0) r.fail("'hidden_size' must be a multiple of 'num_attention_heads'");
+    c.head_dim = c.hidden / c.heads;
+    const bool new_arch = r.flag_or({"new_decoder_architecture"}, std::string_view(m.architecture) == "RefinedWeb");
+    const bool multi_query = r.flag_or({"multi_query"}, true);
+    const bool parallel = r.flag_or({"parallel_attn"}, true);
+    const bool bias = r.flag_or({"bias"}, false);
+    if (r.flag_or({"alibi"}, false)) m.notes.push_back("ALiBi attention biases are not parameters and are not planned");
+    c.kv_heads = new_arch ? r.count({"num_kv_heads", "n_head_kv"}) : multi_query ? 1 : c.heads;
+    if (c.heads % c.kv_heads != 0) r.fail("'num_kv_heads' must divide 'num_attention_heads'");
+    c.ffn = r.count_or({"ffn_hidden_size"}, 4 * c.hidden);
+    c.bias = bias;
+    c.tied = r.flag_or({"tie_word_embeddings"}, true);
+    const std::uint64_t h = c.hidden, f = c.ffn, d = c.head_dim;
+    // Norms: LayerNorm with bias (2h); ln_attn + ln_mlp in the new architecture, input_layernorm
+    // (+ post_attention_layernorm without parallel attention) in the old one.
+    const std::uint64_t norms = new_arch ? 2 : parallel ? 1 : 2;
+    const std::uint64_t qkv = new_arch ? mul(c.heads + 2 * c.kv_heads, d) : multi_query ? h + 2 * d : 3 * h;
+    std::uint64_t layer = add(mul(norms, 2 * h), add(mul(h, qkv), mul(h, h)));
+    layer = add(layer, add(mul(h, f), mul(f, h)));
+    if (bias) layer = add(layer, qkv + h + f + h);
+    n.layer = layer;
+    n.layer_replicated = norms * 2 * h + (bias ? 2 * h : 0);
+    n.embedding = mul(c.vocab, h);
+    n.final_norm = 2 * h;
+    n.output = c.tied ? 0 : mul(c.vocab, h);
+    if (parallel) m.notes.push_back("parallel attention and MLP are planned as sequential sub-layers");
+  }
+  c.dropout_permille = r.dropout_permille({"resid_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout"});
+  if (c.dropout_permille >= 1000) c.dropout_permille = 999;
+  m.config = c;
+  m.per_layer = n.layer;
+  m.embedding = n.embedding;
+  m.output = n.output;
+  m.parameters = add(add(add(n.embedding, mul(c.layers, n.layer)), n.final_norm), n.output);
+
+  // The layer-level model: the builder's shapes, the family's exact counts.
+  try {
+    m.model = transformer_lm(c);
+  } catch (const std::exception& e) {
+    throw usage_error(std::string(source) + ": cannot build the model: " + e.what());
+  }
+  for (std::size_t i = 0; i < m.model.size; ++i) {
+    layer_desc& l = m.model.entries[i];
+    if (l.kind == layer_kind::transformer_block) {
+      // Keep the builder's split of the expert part; the replicated part is the family's.
+      l.params = n.layer;
+      l.tp_replicated_params = n.layer_replicated;
+      if (l.expert_params > l.params) l.expert_params = 0;
+    } else if ((l.kind == layer_kind::layernorm || l.kind == layer_kind::rmsnorm) && l.place == placement::last_stage) {
+      l.params = n.final_norm;
+      l.tp_replicated_params = n.final_norm;
+    }
+  }
+  if (m.model.parameters() != m.parameters)
+    throw std::logic_error("import: the built model has " + std::to_string(m.model.parameters()) +
+                           " parameters, the family's count is " + std::to_string(m.parameters));
+  return m;
+}
+
+hf_model load_hf_config(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) throw usage_error("cannot read '" + path + "': no such file");
+  if (!fs::is_regular_file(st)) throw usage_error("cannot read '" + path + "': not a regular file");
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw usage_error("cannot read '" + path + "': " + ec.message());
+  if (size > max_config_bytes)
+    throw usage_error("'" + path + "' is larger than " + std::to_string(max_config_bytes) +
+                      " bytes: not a model configuration");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error("cannot read '" + path + "': " + std::strerror(errno));
+  std::string text(static_cast<std::size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  return parse_hf_config(text, path);
+}
+
+nlohmann::json hf_json(const hf_model& m) {
+  const lm_config& c = m.config;
+  nlohmann::json j;
+  j["architecture"] = m.architecture;
+  j["family"] = std::string(m.family);
+  j["parameters"] = m.parameters;
+  j["per_layer"] = m.per_layer;
+  j["embedding"] = m.embedding;
+  j["output"] = m.output;
+  j["layers"] = c.layers;
+  j["hidden"] = c.hidden;
+  j["heads"] = c.heads;
+  j["kv_heads"] = c.kv_heads != 0 ? c.kv_heads : c.heads;
+  j["head_dim"] = c.head_dim != 0 ? c.head_dim : c.hidden / c.heads;
+  j["ffn"] = c.ffn;
+  j["vocab"] = c.vocab;
+  j["positions"] = c.positions;
+  j["experts"] = c.experts;
+  j["top_k"] = c.top_k;
+  j["tied_embeddings"] = c.tied;
+  j["notes"] = m.notes;
+  return j;
+}
+
+int run_import(const std::string& path, bool json_output) {
+  const hf_model m = load_hf_config(path);
+  if (json_output) {
+    std::cout << hf_json(m).dump(2) << "\n";
+    return 0;
+  }
+  const lm_config& c = m.config;
+  std::cout << "architecture: " << m.architecture << " (" << m.family << ")\n"
+            << "parameters:   " << m.parameters << "\n"
+            << "  embedding   " << m.embedding << "\n"
+            << "  per layer   " << m.per_layer << " x " << c.layers << " layers\n"
+            << "  output      " << m.output << (c.tied ? " (tied to the embedding)" : "") << "\n"
+            << "shape:        hidden " << c.hidden << ", heads " << c.heads << " (key/value " << c.kv_heads
+            << ", head " << c.head_dim << "), ffn " << c.ffn << ", vocab " << c.vocab;
+  if (c.experts != 0) std::cout << ", experts " << c.experts << " (top " << c.top_k << ")";
+  if (c.positions != 0) std::cout << ", learned positions " << c.positions;
+  std::cout << "\n";
+  for (const std::string& note : m.notes) std::cout << "note: " << note << "\n";
+  std::cout << "plan it with: memalg plan --config " << path << " [options]\n";
+  return 0;
+}
+
+}  // namespace memalg::cli

@@ -1,0 +1,171 @@
+// tools/planner.hpp — the planner's sub-commands beyond `plan`: `sweep` (the strategy search at run
+// time), `emit` (a C++ header that checks a plan at compile time), `import` (a Hugging Face
+// config.json as a model), and SVG charts of per-rank memory. Every number comes from the same
+// constexpr functions as the compile-time plan and search (plan/evaluate.hpp, plan/search.hpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli.hpp"
+
+namespace memalg::cli {
+
+// ---- sweep --------------------------------------------------------------------------------------
+
+/// Flags of `memalg sweep` beyond the model, recipe and device flags it shares with `plan`.
+/// Dimension lists are comma-separated; an empty one takes the default (see docs/cli.md).
+struct sweep_flags {
+  std::string world;
+  std::string zero = "0,1,2,3";
+  std::string tp, pp, cp;        ///< default: powers of two dividing the world (tp ≤ 8, pp ≤ 32, cp ≤ 4)
+  std::string sp = "on";         ///< sequence parallelism where tp > 1: on, off or both
+  std::string recompute;         ///< none,selective,full,every:K (default: the recipe's)
+  std::string micro_batch;       ///< default: the recipe's
+  std::string offload = "none";  ///< none,optimizer,params
+  std::string top = "10";
+  std::string sort = "memory";   ///< memory, comm or batch
+  bool json = false;
+  bool exhaustive = false;       ///< plan every configuration instead of pruning (same answers)
+  std::string svg;
+  std::string progress = "auto"; ///< auto (a terminal, after one second), always, never
+};
+
+/// Adds `plan`'s model, recipe and device flags and the sweep's own. The flags that are search
+/// dimensions (`--tp`, `--pp`, `--cp`, `--zero`, `--offload`, and `--micro-batch`, `--recompute`,
+/// `--sp` when `plan` has them) become comma-separated lists; `--dp` is world/(tp·pp·cp).
+void add_sweep_flags(CLI::App& app, plan_flags& plan, sweep_flags& sweep);
+
+/// The problem a sweep solves: the base inputs (model, recipe, device, expert degree) and the space.
+struct sweep_setup {
+  plan_inputs base{};
+  search_problem problem{};
+  search_order order = search_order::memory;
+  std::size_t top = 10;
+};
+/// Builds and validates the problem; throws usage_error with one sentence.
+sweep_setup make_sweep(const plan_flags& plan, const sweep_flags& sweep);
+
+/// Hard limit on the configurations of one sweep (a usage error above it); a fuzzing harness lowers it.
+inline std::uint64_t max_sweep_configurations = 1'000'000'000;
+
+/// One ranked configuration with its full plan.
+struct sweep_entry {
+  candidate result{};
+  mesh_desc mesh{};
+  training_desc training{};
+};
+struct sweep_report {
+  search_result summary{};
+  std::vector<sweep_entry> ranked;    ///< the best `top`, best first
+  std::optional<sweep_entry> closest; ///< when nothing fits: the valid configuration needing least memory
+  double seconds = 0;
+};
+
+using progress_callback = std::function<void(std::uint64_t decided, std::uint64_t total)>;
+sweep_report run_sweep_search(const sweep_setup& s, bool exhaustive, const progress_callback& progress = {});
+
+nlohmann::json strategy_json(const strategy& c, const mesh_desc& m, const training_desc& t);
+nlohmann::json comm_json(const comm_volume& v);
+nlohmann::json sweep_json(const sweep_setup& s, const sweep_report& r, bool exhaustive);
+std::string sweep_table(const sweep_setup& s, const sweep_report& r);
+/// One line naming a configuration: "dp=8 zero=1 tp=1 pp=1 cp=1 mb=4 recompute=full offload=none".
+std::string strategy_label(const strategy& c, const training_desc& t);
+
+/// Prints a progress line on a terminal once a sweep has run longer than `after`; clears it at
+/// the end. The clock and the stream are injectable for tests.
+class progress_line {
+ public:
+  using clock = std::chrono::steady_clock;
+  progress_line(std::ostream& out, bool enabled, std::chrono::milliseconds after = std::chrono::seconds(1),
+                std::function<clock::time_point()> now = &clock::now);
+  void update(std::uint64_t decided, std::uint64_t total);
+  void finish();
+  bool shown() const { return shown_; }
+
+ private:
+  std::ostream& out_;
+  bool enabled_;
+  std::chrono::milliseconds after_;
+  std::function<clock::time_point()> now_;
+  clock::time_point start_;
+  clock::time_point last_{};
+  bool shown_ = false;
+};
+
+int run_sweep(const plan_flags& plan, const sweep_flags& sweep);
+
+// ---- charts -------------------------------------------------------------------------------------
+
+/// One stacked bar: a configuration's per-rank device bytes by category.
+struct chart_bar {
+  std::string label;
+  breakdown bytes{};
+  bool fits = false;
+};
+struct chart {
+  std::string title;
+  std::string subtitle;
+  std::vector<chart_bar> bars;
+  bytes capacity{};
+  bytes limit{};
+  std::string device;
+};
+/// "6.74B", "124.44M", "1.2T": a parameter count for titles.
+std::string parameter_count_text(std::uint64_t n);
+/// Most bars one chart draws.
+inline constexpr std::size_t max_chart_bars = 200;
+/// The chart as a standalone SVG document. Throws usage_error when it cannot be drawn (no bars,
+/// too many, a zero capacity).
+std::string render_svg(const chart& c);
+/// Renders first, then writes `path` whole (through a temporary file renamed into place), so a
+/// failure leaves no broken file. Throws usage_error naming the path.
+void write_svg(const chart& c, const std::string& path);
+/// The chart of one plan (`memalg plan --svg`).
+chart plan_chart(const plan_inputs& in, const plan_result& r);
+/// `memalg plan --svg FILE`: computes the plan of the flags and writes its chart.
+void write_plan_svg(const plan_flags& f, const std::string& path);
+
+// ---- emit ---------------------------------------------------------------------------------------
+
+struct emit_flags {
+  std::string name_space = "memalg_plan";
+  std::string output;  ///< empty: standard output
+};
+/// The header: type aliases `model`, `training`, `mesh`, `device`, `plan` and a static_assert that
+/// the plan fits. `command` is recorded in its first comment.
+std::string emit_header(const plan_inputs& in, const plan_result& r, std::string_view name_space,
+                        std::string_view command);
+int run_emit(const plan_flags& plan, const emit_flags& emit, std::string_view command);
+
+// ---- import -------------------------------------------------------------------------------------
+
+/// A Hugging Face config.json read as a layer-level model.
+struct hf_model {
+  std::string architecture;        ///< "LlamaForCausalLM", or the model_type when there is no list
+  std::string_view family;         ///< llama, mistral, mixtral, qwen2, gpt2, gpt_neox, falcon
+  lm_config config{};              ///< what the transformer builder was given
+  std::uint64_t parameters = 0;    ///< exact, from the module shapes of the family
+  std::uint64_t per_layer = 0;     ///< parameters of one block
+  std::uint64_t embedding = 0;     ///< token (+ position) embedding
+  std::uint64_t output = 0;        ///< output layer (0 when tied)
+  model_desc model{};              ///< model.parameters() == parameters
+  std::vector<std::string> notes;  ///< what the memory model approximates for this family
+};
+/// Largest config.json read (bigger is not a model configuration).
+inline constexpr std::size_t max_config_bytes = 4 << 20;
+/// Parses config.json text; throws usage_error naming the field at fault (`source` prefixes it).
+hf_model parse_hf_config(std::string_view text, std::string_view source = "config.json");
+/// Reads and parses a file (a regular file of at most max_config_bytes).
+hf_model load_hf_config(const std::string& path);
+nlohmann::json hf_json(const hf_model& m);
+
+int run_import(const std::string& path, bool json);
+
+}  // namespace memalg::cli

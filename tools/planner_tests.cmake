@@ -1,0 +1,88 @@
+# Tests of the planner sub-commands (sweep, emit, import, charts): their functions through doctest,
+# the binary through ctest.
+add_executable(test_planner test_planner.cpp)
+target_link_libraries(test_planner PRIVATE memalg_cli memalg_doctest_main doctest::doctest)
+target_compile_definitions(test_planner PRIVATE MEMALG_TEST_DATA="${PROJECT_SOURCE_DIR}/tests/data")
+add_test(NAME planner.unit COMMAND test_planner)
+set_tests_properties(planner.unit PROPERTIES LABELS "host;cli")
+
+set(_hf ${PROJECT_SOURCE_DIR}/tests/data/hf)
+set(_out ${CMAKE_CURRENT_BINARY_DIR}/planner_tests)
+file(MAKE_DIRECTORY ${_out})
+
+# Bad input: non-zero exit, exactly one line on stderr, nothing on stdout.
+set(_planner_bad_inputs
+  "sweep --params 7B"
+  "sweep --params 7B --world 0"
+  "sweep --params 7B --world 8 --zero 0,5"
+  "sweep --params 7B --world 8 --tp 3,,4"
+  "sweep --params 7B --world 8 --dp 8"
+  "sweep --params 7B --world 8 --sort fastest"
+  "sweep --params 7B --world 8 --top 0"
+  "sweep --params 7B --world 8 --micro-batch 0"
+  "sweep --params 7B --world 8 --svg ${_out}/no/such/dir/x.svg"
+  "sweep --world 8"
+  "import ${_hf}/no-such-file.json"
+  "import ${_hf}"
+  "import ${PROJECT_SOURCE_DIR}/tools/planner_tests.cmake"
+  "plan --config ${_hf}/no-such-file.json"
+  "plan --config ${_hf}/gpt2.json --params 7B"
+  "plan --params 7B --svg ${_out}/no/such/dir/x.svg"
+  "emit --params 7B --namespace 1bad"
+  "emit --params 7B -o ${_out}/no/such/dir/x.hpp")
+set(_i 0)
+foreach(args IN LISTS _planner_bad_inputs)
+  math(EXPR _i "${_i} + 1")
+  add_test(NAME planner.bad_input.${_i}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${args}" -DEXPECT=bad
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+  set_tests_properties(planner.bad_input.${_i} PROPERTIES LABELS "host;cli")
+endforeach()
+
+# Output that must match.
+function(memalg_planner_ok name args match)
+  add_test(NAME planner.${name} COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${args}"
+           -DEXPECT=ok "-DMATCH=${match}" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+  set_tests_properties(planner.${name} PROPERTIES LABELS "host;cli")
+endfunction()
+memalg_planner_ok(sweep_json
+  "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --micro-batch 1,2,4 --recompute none,full --json"
+  "\"evaluated\": [0-9]+,.*\"feasible\": [1-9][0-9]*,.*\"results\": \\[.*\"config\".*\"per_rank\"")
+memalg_planner_ok(sweep_table "sweep --params 7.5e9 --precision amp-fp16 --optimizer adam --world 64 --tp 1 --pp 1 --cp 1"
+  "best 3 by memory")
+memalg_planner_ok(sweep_nothing_fits "sweep --params 175B --world 8" "nothing fits. The closest")
+memalg_planner_ok(import_table "import ${_hf}/mixtral-8x7b-v0.1.json" "parameters: +46702792704")
+memalg_planner_ok(plan_config "plan --config ${_hf}/gpt2.json --seq 1024 --micro-batch 8" "fits: yes")
+memalg_planner_ok(help_sweep "sweep --help" "--world")
+
+# Charts: written whole and well-formed (xmllint when installed; the unit test checks without it).
+find_program(MEMALG_XMLLINT xmllint)
+foreach(kind plan sweep)
+  if(kind STREQUAL "plan")
+    set(_args "plan --config ${_hf}/llama-2-7b.json --seq 4096 --dp 8 --zero 1 --svg ${_out}/plan.svg")
+  else()
+    set(_args "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --micro-batch 1,2,4 --top 12 --svg ${_out}/sweep.svg")
+  endif()
+  add_test(NAME planner.svg_${kind}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${_args}" -DSVG=${_out}/${kind}.svg
+            -DXMLLINT=${MEMALG_XMLLINT} -P ${CMAKE_CURRENT_SOURCE_DIR}/check_svg.cmake)
+  set_tests_properties(planner.svg_${kind} PROPERTIES LABELS "host;cli")
+endforeach()
+
+# Emitted headers compile when the plan fits and fail with its numbers when it does not.
+set(_emit_cases
+  "fits_params|--params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64 --zero 2|fits"
+  "fits_llama|--config ${_hf}/llama-2-7b.json --seq 4096 --micro-batch 2 --recompute selective --dp 4 --tp 2 --sp --zero 1|fits"
+  "oom_params|--params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64|oom"
+  "oom_mixtral|--config ${_hf}/mixtral-8x7b-v0.1.json --seq 4096 --dp 8 --zero 1 --device h100-80gb|oom")
+foreach(case IN LISTS _emit_cases)
+  string(REPLACE "|" ";" _parts "${case}")
+  list(GET _parts 0 _name)
+  list(GET _parts 1 _args)
+  list(GET _parts 2 _expect)
+  add_test(NAME planner.emit_${_name}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${_args}" -DEXPECT=${_expect}
+            -DCOMPILER=${CMAKE_CXX_COMPILER} -DINCLUDE=${PROJECT_SOURCE_DIR}/include -DWORKDIR=${_out}/emit_${_name}
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_emit.cmake)
+  set_tests_properties(planner.emit_${_name} PROPERTIES LABELS "host;cli")
+endforeach()

@@ -1,0 +1,217 @@
+// tools/svg.cpp — stacked-bar charts of per-rank memory (`--svg FILE` on `plan` and `sweep`).
+//
+// One bar per configuration, one colour per category (weights, gradients, master weights,
+// optimizer states, activations, temporaries, communication buffers, reserve), the device's limit
+// as a dashed line (and its capacity when a memory cap lowers the limit), a legend, GiB on the
+// axis. The document is self-contained SVG 1.1 (no scripts, no external fonts or styles), so
+// browsers and image viewers open it as it is.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "planner.hpp"
+
+namespace memalg::cli {
+
+namespace {
+
+constexpr const char* category_colors[category_count] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
+                                                         "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
+
+std::string escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default:
+        // XML 1.0 allows no control characters but tab, newline and carriage return.
+        if (static_cast<unsigned char>(c) < 0x20) out += ' ';
+        else out += c;
+    }
+  }
+  return out;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+/// A "nice" axis step (1, 2 or 5 × 10^k GiB) giving about five ticks up to `top`.
+double nice_step(double top) {
+  const double raw = top / 5;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * magnitude) return m * magnitude;
+  return 10 * magnitude;
+}
+
+}  // namespace
+
+std::string parameter_count_text(std::uint64_t n) {
+  const double v = static_cast<double>(n);
+  char buf[32];
+  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2fT", v / 1e12);
+  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(n));
+  return buf;
+}
+
+std::string render_svg(const chart& c) {
+  if (c.bars.empty()) throw usage_error("nothing to chart: no configuration to draw");
+  if (c.bars.size() > max_chart_bars)
+    throw usage_error("cannot chart " + std::to_string(c.bars.size()) + " configurations: at most " +
+                      std::to_string(max_chart_bars) + " (use --top)");
+  if (c.capacity.value == 0 || c.limit.value == 0) throw usage_error("cannot chart against a device without capacity");
+
+  constexpr double gib = 1073741824.0;
+  double highest = static_cast<double>(c.capacity.value) / gib;
+  for (const chart_bar& b : c.bars) highest = std::max(highest, static_cast<double>(b.bytes.total().value) / gib);
+  const double step = nice_step(highest);
+  const double top = std::ceil(highest / step) * step;
+
+  // Layout (px): plot area left 70, top 70; bars 36 wide on a 56 px pitch, numbered below; the
+  // configurations are listed under the chart, one per line.
+  const double bar_w = 36, pitch = 56, left = 70, plot_top = 70, plot_h = 320, legend_w = 190;
+  std::size_t longest = 0;
+  for (const chart_bar& b : c.bars) longest = std::max(longest, b.label.size());
+  const double key_w = 40 + 6.6 * static_cast<double>(longest + 24);
+  const double plot_w = std::max(360.0, pitch * static_cast<double>(c.bars.size()) + 20);
+  const double key_top = plot_top + plot_h + 44;
+  const double width = std::max(left + plot_w + legend_w, left + key_w);
+  const double height = key_top + 16 * static_cast<double>(c.bars.size()) + 16;
+  const auto y_of = [&](double g) { return plot_top + plot_h - g / top * plot_h; };
+
+  std::ostringstream s;
+  s << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    << "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" << num(width) << "\" height=\""
+    << num(height) << "\" viewBox=\"0 0 " << num(width) << " " << num(height)
+    << "\" font-family=\"DejaVu Sans, Arial, sans-serif\" font-size=\"12\">\n"
+    << "<title>" << escape(c.title) << "</title>\n"
+    << "<rect x=\"0\" y=\"0\" width=\"" << num(width) << "\" height=\"" << num(height) << "\" fill=\"#ffffff\"/>\n"
+    << "<text x=\"" << num(left) << "\" y=\"26\" font-size=\"16\" font-weight=\"bold\">" << escape(c.title)
+    << "</text>\n"
+    << "<text x=\"" << num(left) << "\" y=\"46\" fill=\"#555555\">" << escape(c.subtitle) << "</text>\n";
+
+  // Axis and grid.
+  for (double g = 0; g <= top + step / 2; g += step) {
+    const double y = y_of(g);
+    s << "<line x1=\"" << num(left) << "\" y1=\"" << num(y) << "\" x2=\"" << num(left + plot_w) << "\" y2=\"" << num(y)
+      << "\" stroke=\"#dddddd\"/>\n"
+      << "<text x=\"" << num(left - 6) << "\" y=\"" << num(y + 4) << "\" text-anchor=\"end\">" << num(g) << "</text>\n";
+  }
+  s << "<text x=\"16\" y=\"" << num(plot_top + plot_h / 2) << "\" transform=\"rotate(-90 16 "
+    << num(plot_top + plot_h / 2) << ")\" text-anchor=\"middle\">GiB per rank</text>\n"
+    << "<line x1=\"" << num(left) << "\" y1=\"" << num(plot_top) << "\" x2=\"" << num(left) << "\" y2=\""
+    << num(plot_top + plot_h) << "\" stroke=\"#333333\"/>\n"
+    << "<line x1=\"" << num(left) << "\" y1=\"" << num(plot_top + plot_h) << "\" x2=\"" << num(left + plot_w)
+    << "\" y2=\"" << num(plot_top + plot_h) << "\" stroke=\"#333333\"/>\n";
+
+  // Bars, stacked bottom-up in category order.
+  for (std::size_t i = 0; i < c.bars.size(); ++i) {
+    const chart_bar& b = c.bars[i];
+    const double x = left + 20 + pitch * static_cast<double>(i);
+    double base = 0;
+    s << "<g>\n<title>" << escape(b.label) << ": " << escape(to_string(b.bytes.total(), byte_unit::GiB))
+      << (b.fits ? " (fits)" : " (does not fit)") << "</title>\n";
+    for (std::size_t k = 0; k < category_count; ++k) {
+      const double g = static_cast<double>(b.bytes[category(k)].value) / gib;
+      if (g <= 0) continue;
+      s << "<rect x=\"" << num(x) << "\" y=\"" << num(y_of(base + g)) << "\" width=\"" << num(bar_w) << "\" height=\""
+        << num(y_of(base) - y_of(base + g)) << "\" fill=\"" << category_colors[k] << "\"><title>"
+        << category_name(category(k)) << ": " << escape(to_string(b.bytes[category(k)], byte_unit::GiB))
+        << "</title></rect>\n";
+      base += g;
+    }
+    s << "</g>\n";
+    const std::string number = "#" + std::to_string(i + 1);
+    s << "<text x=\"" << num(x + bar_w / 2) << "\" y=\"" << num(plot_top + plot_h + 16)
+      << "\" text-anchor=\"middle\" font-size=\"11\"" << (b.fits ? "" : " fill=\"#b00020\"") << ">" << number
+      << "</text>\n";
+    s << "<text x=\"" << num(left) << "\" y=\"" << num(key_top + 16 * static_cast<double>(i))
+      << "\" font-family=\"DejaVu Sans Mono, monospace\" font-size=\"11\"" << (b.fits ? "" : " fill=\"#b00020\"")
+      << ">" << escape(number) << "  " << escape(b.label) << "  " << escape(to_string(b.bytes.total(), byte_unit::GiB))
+      << (b.fits ? "" : " (does not fit)") << "</text>\n";
+  }
+
+  // The device's limit (and capacity when a cap lowers it).
+  const auto line = [&](bytes at, const char* color, const std::string& label) {
+    const double y = y_of(static_cast<double>(at.value) / gib);
+    s << "<line x1=\"" << num(left) << "\" y1=\"" << num(y) << "\" x2=\"" << num(left + plot_w) << "\" y2=\"" << num(y)
+      << "\" stroke=\"" << color << "\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/>\n"
+      << "<text x=\"" << num(left + plot_w - 4) << "\" y=\"" << num(y - 5) << "\" text-anchor=\"end\" fill=\"" << color
+      << "\">" << escape(label) << "</text>\n";
+  };
+  if (c.limit.value < c.capacity.value) line(c.capacity, "#777777", c.device + " capacity " + to_string(c.capacity, byte_unit::GiB));
+  line(c.limit, "#b00020", c.device + (c.limit.value < c.capacity.value ? " limit " : " capacity ") +
+                               to_string(c.limit, byte_unit::GiB));
+
+  // Legend.
+  const double lx = left + plot_w + 20;
+  for (std::size_t k = 0; k < category_count; ++k) {
+    const double y = plot_top + 20 * static_cast<double>(category_count - 1 - k);
+    s << "<rect x=\"" << num(lx) << "\" y=\"" << num(y) << "\" width=\"12\" height=\"12\" fill=\"" << category_colors[k]
+      << "\"/>\n<text x=\"" << num(lx + 18) << "\" y=\"" << num(y + 10) << "\">" << category_name(category(k))
+      << "</text>\n";
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+void write_svg(const chart& c, const std::string& path) {
+  if (path.empty()) throw usage_error("--svg needs a file name");
+  const std::string text = render_svg(c);  // throws before anything is written
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  std::error_code ec;
+  if (fs::is_directory(target, ec)) throw usage_error("cannot write '" + path + "': it is a directory");
+  const fs::path temporary = target.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) throw usage_error("cannot write '" + path + "': the directory does not exist or is not writable");
+    out << text;
+    out.close();
+    if (!out) {
+      fs::remove(temporary, ec);
+      throw usage_error("cannot write '" + path + "': the write failed");
+    }
+  }
+  fs::rename(temporary, target, ec);
+  if (ec) {
+    fs::remove(temporary, ec);
+    throw usage_error("cannot write '" + path + "': " + ec.message());
+  }
+}
+
+chart plan_chart(const plan_inputs& in, const plan_result& r) {
+  chart c{};
+  c.title = "memalg plan: ";
+  if (!in.model.name.empty()) c.title += std::string(in.model.name) + ", ";
+  c.title += parameter_count_text(r.parameters) + " parameters";
+  c.subtitle = "most loaded rank (stage " + std::to_string(r.most_loaded_stage) + ", peak at " +
+               std::string(phase_name(r.peak_phase)) + ") on " + std::string(in.device.name);
+  c.device = std::string(in.device.name);
+  c.capacity = in.device.capacity;
+  c.limit = r.limit;
+  std::string label = "dp=" + std::to_string(in.mesh.dp) + " zero=" + std::to_string(in.mesh.zero_stage) +
+                      " tp=" + std::to_string(in.mesh.tp) + " pp=" + std::to_string(in.mesh.pp);
+  if (in.mesh.cp > 1) label += " cp=" + std::to_string(in.mesh.cp);
+  if (in.mesh.ep > 1) label += " ep=" + std::to_string(in.mesh.ep);
+  c.bars.push_back({label, r.per_rank, r.fits});
+  return c;
+}
+
+void write_plan_svg(const plan_flags& f, const std::string& path) {
+  const plan_inputs in = make_inputs(f);
+  write_svg(plan_chart(in, evaluate(in.model, in.training, in.mesh, in.device)), path);
+}
+
+}  // namespace memalg::cli

@@ -1,0 +1,361 @@
+// Unit tests of the planner sub-commands: Hugging Face import against published parameter counts,
+// the sweep against `plan` and against itself exhaustive, the progress line, SVG charts, emit.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "planner.hpp"
+
+using namespace memalg;
+using namespace memalg::cli;
+
+#ifndef MEMALG_TEST_DATA
+#error "MEMALG_TEST_DATA must name tests/data"
+#endif
+
+namespace {
+
+std::string data(const std::string& name) { return std::string(MEMALG_TEST_DATA) + "/hf/" + name; }
+
+/// Minimal XML 1.0 well-formedness check: one root element, properly nested tags, quoted
+/// attributes without '<', known entity references only. Returns an empty string or the problem.
+std::string xml_problem(const std::string& x) {
+  std::vector<std::string> open;
+  std::size_t i = 0, roots = 0;
+  const auto entity_ok = [](const std::string& in, std::size_t at) {
+    const std::size_t end = in.find(';', at);
+    if (end == std::string::npos || end - at > 10) return false;
+    const std::string e = in.substr(at + 1, end - at - 1);
+    if (e == "amp" || e == "lt" || e == "gt" || e == "quot" || e == "apos") return true;
+    return e.size() > 1 && e[0] == '#';
+  };
+  if (x.rfind("<?xml", 0) == 0) i = x.find("?>") + 2;
+  while (i < x.size()) {
+    if (x[i] == '<') {
+      if (x.compare(i, 4, "<!--") == 0) {
+        i = x.find("-->", i);
+        if (i == std::string::npos) return "unterminated comment";
+        i += 3;
+        continue;
+      }
+      const std::size_t end = x.find('>', i);
+      if (end == std::string::npos) return "unterminated tag";
+      std::string tag = x.substr(i + 1, end - i - 1);
+      const bool closing = !tag.empty() && tag[0] == '/';
+      const bool empty = !tag.empty() && tag.back() == '/';
+      if (closing) tag = tag.substr(1);
+      if (empty) tag.pop_back();
+      const std::string name = tag.substr(0, tag.find_first_of(" \t\n"));
+      if (name.empty()) return "tag without a name";
+      // Attributes: name="value" pairs, values without '<', entities known.
+      std::size_t a = name.size();
+      while (a < tag.size()) {
+        while (a < tag.size() && std::isspace(static_cast<unsigned char>(tag[a]))) ++a;
+        if (a >= tag.size()) break;
+        const std::size_t eq = tag.find('=', a);
+        if (eq == std::string::npos || eq + 1 >= tag.size() || (tag[eq + 1] != '"' && tag[eq + 1] != '\''))
+          return "unquoted attribute in <" + name + ">";
+        const std::size_t close = tag.find(tag[eq + 1], eq + 2);
+        if (close == std::string::npos) return "unterminated attribute in <" + name + ">";
+        const std::string value = tag.substr(eq + 2, close - eq - 2);
+        if (value.find('<') != std::string::npos) return "'<' in an attribute";
+        for (std::size_t k = value.find('&'); k != std::string::npos; k = value.find('&', k + 1))
+          if (!entity_ok(value, k)) return "bad entity in an attribute";
+        a = close + 1;
+      }
+      if (closing) {
+        if (open.empty() || open.back() != name) return "mismatched </" + name + ">";
+        open.pop_back();
+      } else if (!empty) {
+        if (open.empty()) ++roots;
+        open.push_back(name);
+      } else if (open.empty()) {
+        ++roots;
+      }
+      i = end + 1;
+    } else {
+      if (x[i] == '&' && !entity_ok(x, i)) return "bad entity in text";
+      if (open.empty() && !std::isspace(static_cast<unsigned char>(x[i]))) return "text outside the root";
+      ++i;
+    }
+  }
+  if (!open.empty()) return "unclosed <" + open.back() + ">";
+  if (roots != 1) return "not exactly one root element";
+  return {};
+}
+
+std::size_t count_of(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
+  return n;
+}
+
+plan_flags llama_flags() {
+  plan_flags f;
+  f.config = data("llama-2-7b.json");
+  f.seq = "4096";
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("Hugging Face configs: exact parameter counts, as published") {
+  struct published {
+    const char* file;
+    const char* family;
+    std::uint64_t parameters;
+  };
+  // Sources: the model cards' and checkpoints' parameter counts (HF `num_parameters()`, the
+  // safetensors totals, GGUF `general.parameter_count`), the Pythia paper (Biderman et al. 2023,
+  // Table 1); Falcon from the module shapes of modeling_falcon.py (its cards round to 7B, 40B).
+  const published models[] = {
+      {"llama-2-7b.json", "llama", 6'738'415'616ULL},       {"llama-3-8b.json", "llama", 8'030'261'248ULL},
+      {"mistral-7b-v0.1.json", "mistral", 7'241'732'096ULL}, {"mixtral-8x7b-v0.1.json", "mixtral", 46'702'792'704ULL},
+      {"qwen2-7b.json", "qwen2", 7'615'616'512ULL},          {"qwen2-0.5b.json", "qwen2", 494'032'768ULL},
+      {"gpt2.json", "gpt2", 124'439'808ULL},                 {"pythia-160m.json", "gpt_neox", 162'322'944ULL},
+      {"pythia-1b.json", "gpt_neox", 1'011'781'632ULL},      {"falcon-7b.json", "falcon", 6'921'720'704ULL},
+      {"falcon-40b.json", "falcon", 41'303'293'952ULL},
+  };
+  for (const published& p : models) {
+    CAPTURE(p.file);
+    const hf_model m = load_hf_config(data(p.file));
+    CHECK(m.family == p.family);
+    CHECK(m.parameters == p.parameters);
+    CHECK(m.model.parameters() == p.parameters);
+    CHECK(m.embedding + m.per_layer * m.config.layers + m.output <= m.parameters);
+  }
+}
+
+TEST_CASE("an imported Llama-2 7B plans like the llama2-7b preset") {
+  plan_flags from_config = llama_flags();
+  from_config.dp = "8";
+  from_config.zero = "1";
+  from_config.recompute = "selective";
+  plan_flags from_preset = from_config;
+  from_preset.config.clear();
+  from_preset.preset = "llama2-7b";
+  const plan_inputs a = make_inputs(from_config);
+  const plan_inputs b = make_inputs(from_preset);
+  CHECK(a.model.parameters() == b.model.parameters());
+  const plan_result ra = evaluate(a.model, a.training, a.mesh, a.device);
+  const plan_result rb = evaluate(b.model, b.training, b.mesh, b.device);
+  CHECK(ra.per_rank == rb.per_rank);
+  CHECK(ra.fits);
+}
+
+TEST_CASE("import errors name the field, the architecture or the problem") {
+  const auto message = [](std::string_view text) {
+    try {
+      (void)parse_hf_config(text, "config.json");
+    } catch (const usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message(R"({"architectures": ["BertForMaskedLM"], "hidden_size": 768})").find("unsupported architecture 'BertForMaskedLM'") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096})").find("missing field 'num_hidden_layers'") != std::string::npos);
+  CHECK(message(R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024})").find("'vocab_size'") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "4096", "num_hidden_layers": 2})").find("'hidden_size' must be a positive integer") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": -1})").find("'hidden_size'") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 1e300})").find("'hidden_size'") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 99999999999})").find("larger than any model dimension") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 3, "vocab_size": 10, "intermediate_size": 8})").find("'num_key_value_heads' must divide") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": "yes", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8})").find("'tie_word_embeddings' must be true or false") != std::string::npos);
+  CHECK(message(R"({"architectures": 7})").find("'architectures'") != std::string::npos);
+  CHECK(message(R"({"hidden_size": 7})").find("missing field 'architectures'") != std::string::npos);
+  CHECK(message(R"([1, 2])").find("JSON object") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], )").find("not valid JSON") != std::string::npos);
+  CHECK(message("").find("not valid JSON") != std::string::npos);
+  CHECK(message(std::string(100000, '[')).find("not valid JSON") != std::string::npos);
+  CHECK(message(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "resid_pdrop": 2})").find("'resid_pdrop' must be a probability") != std::string::npos);
+  // An error is one line.
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], )").find('\n') == std::string::npos);
+  CHECK_THROWS_AS(load_hf_config(data("no-such-file.json")), usage_error);
+  CHECK_THROWS_AS(load_hf_config(std::string(MEMALG_TEST_DATA)), usage_error);  // a directory
+}
+
+TEST_CASE("sweep: the results are memalg plan's numbers, pruned and exhaustive agree") {
+  plan_flags model = llama_flags();
+  sweep_flags sweep;
+  sweep.world = "8";
+  sweep.micro_batch = "1,2,4,8";
+  sweep.recompute = "none,selective,full";
+  sweep.top = "20";
+  const sweep_setup s = make_sweep(model, sweep);
+  CHECK(s.problem.space.world == 8);
+  const sweep_report fast = run_sweep_search(s, false);
+  const sweep_report slow = run_sweep_search(s, true);
+  CHECK(fast.summary.evaluated == s.problem.space.size());
+  CHECK(fast.summary.feasible == slow.summary.feasible);
+  CHECK(fast.summary.planned < slow.summary.planned);
+  REQUIRE(fast.ranked.size() == 20);
+  REQUIRE(slow.ranked.size() == 20);
+  for (std::size_t i = 0; i < fast.ranked.size(); ++i) CHECK(fast.ranked[i].result.config.index == slow.ranked[i].result.config.index);
+
+  // Each result's per_rank is what `memalg plan` prints for the same flags.
+  const nlohmann::json j = sweep_json(s, fast, false);
+  CHECK(j["evaluated"] == s.problem.space.size());
+  CHECK(j["feasible"] == fast.summary.feasible);
+  REQUIRE(j["results"].size() == 20);
+  for (const nlohmann::json& r : j["results"]) {
+    const nlohmann::json& c = r["config"];
+    plan_flags f = llama_flags();
+    f.dp = std::to_string(c["dp"].get<std::uint64_t>());
+    f.zero = std::to_string(c["zero"].get<int>());
+    f.tp = std::to_string(c["tp"].get<std::uint64_t>());
+    f.pp = std::to_string(c["pp"].get<std::uint64_t>());
+    f.cp = std::to_string(c["cp"].get<std::uint64_t>());
+    f.sp = c["sequence_parallel"].get<bool>();
+    f.micro_batch = std::to_string(c["micro_batch"].get<std::uint64_t>());
+    f.recompute = c["recompute"].get<std::string>();
+    f.offload = c["offload"].get<std::string>();
+    const plan_inputs in = make_inputs(f);
+    const nlohmann::json plan = plan_json(in, evaluate(in.model, in.training, in.mesh, in.device));
+    CHECK(r["per_rank"] == plan["per_rank"]);
+    CHECK(r["fits"] == true);
+    CHECK(r["communication_per_step"]["total"].is_number_unsigned());
+  }
+  // Sorted by memory.
+  for (std::size_t i = 1; i < j["results"].size(); ++i)
+    CHECK(j["results"][i - 1]["per_rank"]["total"].get<std::uint64_t>() <= j["results"][i]["per_rank"]["total"].get<std::uint64_t>());
+}
+
+TEST_CASE("sweep: bad dimensions are one sentence each") {
+  const plan_flags model = llama_flags();
+  const auto bad = [&](auto edit) {
+    sweep_flags s;
+    s.world = "8";
+    edit(s);
+    CHECK_THROWS_AS(make_sweep(model, s), usage_error);
+  };
+  bad([](sweep_flags& s) { s.world.clear(); });
+  bad([](sweep_flags& s) { s.world = "0"; });
+  bad([](sweep_flags& s) { s.world = "99999999"; });
+  bad([](sweep_flags& s) { s.zero = "0,4"; });
+  bad([](sweep_flags& s) { s.zero = "0,,1"; });
+  bad([](sweep_flags& s) { s.tp = "0"; });
+  bad([](sweep_flags& s) { s.tp = "16"; });  // larger than the world
+  bad([](sweep_flags& s) { s.sp = "maybe"; });
+  bad([](sweep_flags& s) { s.recompute = "sometimes"; });
+  bad([](sweep_flags& s) { s.recompute = "every:0"; });
+  bad([](sweep_flags& s) { s.offload = "disk"; });
+  bad([](sweep_flags& s) { s.sort = "speed"; });
+  bad([](sweep_flags& s) { s.top = "0"; });
+  bad([](sweep_flags& s) { s.top = "1001"; });
+  bad([](sweep_flags& s) { s.progress = "sometimes"; });
+  bad([](sweep_flags& s) {
+    std::string many;
+    for (int i = 1; i <= 33; ++i) many += (i > 1 ? "," : "") + std::to_string(i);
+    s.micro_batch = many;
+  });
+}
+
+TEST_CASE("the progress line appears after a second, on request, and is erased") {
+  using clock = progress_line::clock;
+  clock::time_point now{};
+  std::ostringstream out;
+  progress_line line(out, true, std::chrono::seconds(1), [&] { return now; });
+  line.update(10, 100);
+  CHECK(out.str().empty());  // under a second: silent
+  now += std::chrono::milliseconds(1500);
+  line.update(50, 100);
+  CHECK(out.str().find("50%") != std::string::npos);
+  CHECK(line.shown());
+  line.finish();
+  CHECK(out.str().find("\r\033[K") != std::string::npos);
+  std::ostringstream quiet;
+  progress_line off(quiet, false, std::chrono::seconds(0), [&] { return now; });
+  off.update(1, 2);
+  off.finish();
+  CHECK(quiet.str().empty());
+}
+
+TEST_CASE("SVG charts are well-formed, one bar per configuration, and refuse what they cannot draw") {
+  plan_flags f = llama_flags();
+  f.dp = "8";
+  f.zero = "1";
+  const plan_inputs in = make_inputs(f);
+  chart c = plan_chart(in, evaluate(in.model, in.training, in.mesh, in.device));
+  c.bars.push_back({"a <label> & \"quotes\" 'too'", c.bars[0].bytes, false});
+  breakdown huge{};
+  huge.activations = bytes{400ULL << 30};
+  c.bars.push_back({"over the limit", huge, false});
+  const std::string svg = render_svg(c);
+  CHECK(xml_problem(svg).empty());
+  CAPTURE(xml_problem(svg));
+  CHECK(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\"") != std::string::npos);
+  CHECK(count_of(svg, "<g>") == 3);
+  CHECK(svg.find("&lt;label&gt; &amp; &quot;quotes&quot; &apos;too&apos;") != std::string::npos);
+  CHECK(svg.find("capacity 80.00 GiB") != std::string::npos);
+
+  chart empty = c;
+  empty.bars.clear();
+  CHECK_THROWS_AS(render_svg(empty), usage_error);
+  chart many = c;
+  many.bars.assign(max_chart_bars + 1, c.bars[0]);
+  CHECK_THROWS_AS(render_svg(many), usage_error);
+  chart no_device = c;
+  no_device.capacity = bytes{};
+  CHECK_THROWS_AS(render_svg(no_device), usage_error);
+
+  // A file that cannot be written is an error, and nothing is left behind.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "memalg_svg_test";
+  fs::create_directories(dir);
+  CHECK_THROWS_AS(write_svg(c, (dir / "missing" / "chart.svg").string()), usage_error);
+  CHECK_FALSE(fs::exists(dir / "missing"));
+  CHECK_THROWS_AS(write_svg(c, dir.string()), usage_error);
+  CHECK_THROWS_AS(write_svg(empty, (dir / "empty.svg").string()), usage_error);
+  CHECK_FALSE(fs::exists(dir / "empty.svg"));
+  write_svg(c, (dir / "chart.svg").string());
+  std::ifstream in_file(dir / "chart.svg");
+  const std::string written((std::istreambuf_iterator<char>(in_file)), std::istreambuf_iterator<char>());
+  CHECK(written == svg);
+  CHECK_FALSE(fs::exists(dir / "chart.svg.tmp"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("emit: type aliases and a static_assert; models with layers as literal entries") {
+  plan_flags f;
+  f.params = "7.5e9";
+  f.precision = "amp-fp16";
+  f.optimizer = "adam";
+  f.dp = "64";
+  f.zero = "2";
+  plan_inputs in = make_inputs(f);
+  std::string h = emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), "memalg_plan", "memalg emit");
+  CHECK(h.find("using model = memalg::model::parameters<7500000000ULL, 0ULL, 0ULL>;") != std::string::npos);
+  CHECK(h.find("using training = memalg::train::recipe<memalg::precision::amp_fp16, memalg::optim::adam<>>;") !=
+        std::string::npos);
+  CHECK(h.find("memalg::parallel::data<64, memalg::parallel::zero<2, 1>>") != std::string::npos);
+  CHECK(h.find("using device = memalg::device::a100_80gb;") != std::string::npos);
+  CHECK(h.find("static_assert(memalg::require_fits<plan>()") != std::string::npos);
+
+  plan_flags g = llama_flags();
+  g.micro_batch = "2";
+  g.grad_accum = "4";
+  g.recompute = "every:4";
+  g.dp = "4";
+  g.tp = "2";
+  g.sp = true;
+  g.zero = "3";
+  g.memory_cap = "0.9";
+  g.reserve_mib = "1024";
+  in = make_inputs(g);
+  h = emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), "my::plans", "memalg emit");
+  CHECK(h.find("struct model {") != std::string::npos);
+  CHECK(h.find("l.kind = memalg::layer_kind::transformer_block;") != std::string::npos);
+  CHECK(h.find("memalg::train::batch<2, 4096>, memalg::train::grad_accum<4>, memalg::train::recompute::every<4>") !=
+        std::string::npos);
+  CHECK(h.find("memalg::device::capped<memalg::device::with_reserve<memalg::device::a100_80gb, 1073741824ULL>") !=
+        std::string::npos);
+  CHECK(h.find("namespace my::plans {") != std::string::npos);
+  for (const char* bad : {"", "1x", "a::", "::a", "a b", "a;b"})
+    CHECK_THROWS_AS(emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), bad, "x"), usage_error);
+}
