@@ -521,6 +521,32 @@ constexpr void keep_larger(breakdown& best, const breakdown& candidate) {
 }
 }  // namespace detail
 
+namespace detail {
+/// memalg's runtime gathers (ZeRO-3) and reduce-scatters (ZeRO-2/3) one unit at a time: during an
+/// entry's forward its own gathered weights are resident, during its backward also its own
+/// unsharded gradient. A tied output layer works on the token embedding's weights.
+struct unit_transients {
+  bytes forward{};
+  bytes backward{};
+};
+constexpr unit_transients entry_unit_transients(const model_desc& model, const layer_desc& l, const training_desc& t,
+                                                const mesh_desc& m) {
+  unit_transients u{};
+  if (t.kernels != kernel_profile::reference || m.zero_stage < 2) return u;
+  const layer_desc* owner = &l;
+  if (l.kind == layer_kind::output && (l.shape.flags & layer_flags::tied) != 0)
+    for (const layer_desc& e : model)
+      if (e.kind == layer_kind::embedding) owner = &e;
+  const std::uint64_t elements = elements_per_rank(*owner, m).total();
+  const precision_policy& p = t.precision;
+  const dtype wdt = owner->weight_storage.is_none() ? p.weights : owner->weight_storage;
+  const bytes gathered = m.zero_stage >= 3 ? storage_bytes(wdt, elements) * (1 + m.zero3_prefetch) : bytes{};
+  u.forward = gathered;
+  u.backward = gathered + (owner->trainable ? storage_bytes(p.gradients, elements) : bytes{});
+  return u;
+}
+}  // namespace detail
+
 /// The forward sweep (saved tensors accumulate entry by entry, each entry's transients on top)
 /// and the backward sweep (the loss's buffers first, then entries in reverse, each freeing its
 /// saved tensors after its backward) of the newest micro-batch, on top of the earlier micro-batches
@@ -602,7 +628,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
       continue;
     const layer_activations& a = table.entries[i];
     cumulative += kept[i];
-    bytes temporary = a.forward_temporary + teacher_logits;
+    bytes temporary = a.forward_temporary + teacher_logits + detail::entry_unit_transients(model, l, t, m).forward;
     if (rk == recompute_kind::selective) temporary += a.recompute_core;  // computed, then dropped
     detail::keep_larger(out.forward, detail::moment(on_device(prior + cumulative), temporary, a.comm + boundary));
   }
@@ -612,7 +638,9 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
       continue;
     const layer_activations& a = table.entries[j];
     if (a.backward) {
-      const bytes temporary = a.backward_temporary + rebuilt[j] + (l.kind == layer_kind::output ? teacher_logits : bytes{});
+      const bytes temporary = a.backward_temporary + rebuilt[j] +
+                              (l.kind == layer_kind::output ? teacher_logits : bytes{}) +
+                              detail::entry_unit_transients(model, l, t, m).backward;
       detail::keep_larger(out.backward,
                           detail::moment(on_device(prior + cumulative), temporary, a.comm + boundary));
     }

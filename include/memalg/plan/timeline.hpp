@@ -105,11 +105,14 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   breakdown base = s.device;
   base.reserve = d.reserve;
   for (breakdown& b : tl.at) b = base;
-  const bytes gathered = s.gathered_weights * (1 + m.zero3_prefetch);
+  // ZeRO's gathered layer and unsharded gradient: the largest on the stage for the whole phase,
+  // or, with memalg's runtime and activations, each entry's own in its moment (activations.hpp).
+  const bool per_entry = acts != nullptr && t.kernels == kernel_profile::reference;
+  const bytes gathered = per_entry ? bytes{} : s.gathered_weights * (1 + m.zero3_prefetch);
   breakdown& fwd = tl.at[static_cast<std::size_t>(phase::forward)];
   breakdown& bwd = tl.at[static_cast<std::size_t>(phase::backward)];
   fwd.temporaries += gathered;
-  bwd.temporaries += gathered + s.gathered_gradient;
+  bwd.temporaries += gathered + (per_entry ? bytes{} : s.gathered_gradient);
 
   tl.host = s.host;
   tl.parameters = s.parameters;
@@ -123,7 +126,7 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   }
   if (has_layer_structure(model)) {
     const detail::step_transients st = detail::stage_step_transients(model, t, m, stage);
-    bwd.comm_buffers += st.gradient_bucket;
+    if (!per_entry) bwd.comm_buffers += st.gradient_bucket;
     tl.at[static_cast<std::size_t>(phase::optimizer_step)].temporaries += st.optimizer_temporaries;
   }
   return tl;

@@ -1,0 +1,306 @@
+// examples/train_gpt_cpu.cpp — the CPU reference training binary.
+//
+// A small GPT trained byte-level on a text every Debian system ships (the GPL-3 among the common
+// licenses). Each named plan is a compile-time `memalg::plan`: the build fails if one would not fit
+// its memory budget, and the trainer it instantiates allocates one arena of exactly the planned
+// size. Multi-rank plans run under MPI:  mpirun -np 4 train_gpt_cpu --plan dp2-tp2-zero2
+//
+//   train_gpt_cpu --list-plans
+//   train_gpt_cpu --plan tiny-fp32 --steps 50 [--seed 1] [--checkpoint DIR [--resume]] [--json]
+//
+// `--steps` is the step the run ends at; with `--resume` it continues from the checkpoint's step.
+#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/backend/cpu/local_communicator.hpp>
+#if MEMALG_HAVE_MPI
+#include <memalg/backend/cpu/mpi_communicator.hpp>
+#endif
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace m = memalg;
+using namespace memalg::literals;
+
+namespace {
+
+// ---- the plans ------------------------------------------------------------------------------
+/// A memory budget for a CPU process: 1 GiB, no device reserve.
+struct cpu_budget {
+  static constexpr m::device_desc value{"cpu-1gib", 1_GiB, m::bytes{}};
+};
+
+constexpr m::lm_config gpt_bytes(m::dtype logits, bool flash = false, std::uint64_t dropout_permille = 0) {
+  m::lm_config c{};
+  c.name = "gpt-bytes";
+  c.layers = 4;
+  c.hidden = 64;
+  c.heads = 4;
+  c.vocab = 256;
+  c.positions = 64;
+  c.logits = logits;
+  c.flash = flash;
+  c.dropout_permille = dropout_permille;
+  return c;
+}
+struct gpt_fp32 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32); };
+struct gpt_bf16 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16); };
+struct gpt_fp16_flash { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp16, true); };
+struct gpt_fp32_dropout { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32, true, 100); };
+
+template <class Config, class Recipe, class Mesh>
+using cpu_plan = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, cpu_budget>;
+template <class Precision, class Optimizer, class... Options>
+using recipe = m::train::recipe<Precision, Optimizer, m::train::batch<8, 64>, m::train::reference_kernels, Options...>;
+using single = m::parallel::mesh<>;
+
+#define MEMALG_NAMED_PLAN(id, text_name, text_description, ...)       \
+  struct id {                                                         \
+    static constexpr std::string_view name = text_name;               \
+    static constexpr std::string_view description = text_description; \
+    using plan = __VA_ARGS__;                                         \
+  }
+
+MEMALG_NAMED_PLAN(tiny_fp32, "tiny-fp32", "fp32, AdamW, 1 rank",
+                  cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
+MEMALG_NAMED_PLAN(tiny_bf16, "tiny-bf16", "bf16 weights and gradients, fp32 master weights and AdamW states, 1 rank",
+                  cpu_plan<gpt_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>, single>);
+MEMALG_NAMED_PLAN(tiny_fp16, "tiny-fp16", "fp16 with fp32 master weights and dynamic loss scaling, flash attention, 1 rank",
+                  cpu_plan<gpt_fp16_flash, recipe<m::precision::amp_fp16, m::optim::adamw<>>, single>);
+MEMALG_NAMED_PLAN(tiny_recompute, "tiny-recompute",
+                  "fp32, momentum SGD, dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
+                  cpu_plan<gpt_fp32_dropout,
+                           recipe<m::precision::fp32, m::optim::momentum<>, m::train::recompute::full,
+                                  m::train::grad_accum<2>>,
+                           single>);
+MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
+                  cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
+MEMALG_NAMED_PLAN(dp4_zero3, "dp4-zero3", "fp32 AdamW, 4 data-parallel ranks, ZeRO-3 (one layer gathered at a time)",
+                  cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>>);
+MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks",
+                  cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x 2 tensor-parallel ranks, ZeRO-2",
+                  cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
+#undef MEMALG_NAMED_PLAN
+
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2>;
+
+// ---- command line ---------------------------------------------------------------------------
+struct options {
+  std::string plan = "tiny-fp32";
+  std::uint64_t steps = 50;
+  std::uint64_t seed = 1;
+  std::string checkpoint;
+  bool resume = false;
+  bool json = false;
+  bool list = false;
+  std::string data = "/usr/share/common-licenses/GPL-3";
+};
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::uint64_t parse_positive(std::string_view flag, const char* text) {
+  const std::string s = text ? text : "";
+  if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos || s == "0" ||
+      (s.size() > 1 && s[0] == '0'))
+    throw usage_error(std::string(flag) + " needs a positive integer, not '" + s + "'");
+  return std::stoull(s);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const auto value = [&]() -> const char* {
+      if (i + 1 >= argc) throw usage_error(std::string(a) + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--plan") o.plan = value();
+    else if (a == "--steps") o.steps = parse_positive(a, value());
+    else if (a == "--seed") o.seed = parse_positive(a, value());
+    else if (a == "--checkpoint") o.checkpoint = value();
+    else if (a == "--data") o.data = value();
+    else if (a == "--resume") o.resume = true;
+    else if (a == "--json") o.json = true;
+    else if (a == "--list-plans") o.list = true;
+    else if (a == "--help" || a == "-h") {
+      std::cout << "usage: train_gpt_cpu [--list-plans] [--plan NAME] [--steps N] [--seed S] [--checkpoint DIR "
+                   "[--resume]] [--data FILE] [--json]\n"
+                   "  --steps N   the step the run ends at (with --resume: continue from the checkpoint)\n"
+                   "  multi-rank plans run under MPI: mpirun -np <ranks> train_gpt_cpu --plan NAME\n";
+      std::exit(0);
+    } else
+      throw usage_error("unknown argument '" + std::string(a) + "' (see --help)");
+  }
+  if (o.resume && o.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR");
+  return o;
+}
+
+// ---- data -----------------------------------------------------------------------------------
+std::vector<std::int32_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error("cannot read the training text " + path + " (use --data FILE)");
+  std::vector<std::int32_t> out;
+  for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) out.push_back(static_cast<unsigned char>(*it));
+  if (out.size() < 4096) throw usage_error("the training text " + path + " is too short");
+  return out;
+}
+
+/// Tokens and next-byte targets of this rank for step `step`: a deterministic window per global
+/// sequence, so any split of the batch over ranks sees the same data as one rank.
+void batch_for(const std::vector<std::int32_t>& text, const m::exec::gpt_config& c, std::uint64_t seed, std::uint64_t step,
+               std::size_t dp_rank, std::vector<std::int32_t>& tok, std::vector<std::int32_t>& tgt) {
+  const std::size_t S = c.sequence, B = c.micro_batch;
+  tok.clear();
+  tgt.clear();
+  for (std::size_t k = 0; k < c.grad_accum; ++k)
+    for (std::size_t b = 0; b < B; ++b) {
+      const std::uint64_t g = ((step * c.grad_accum + k) * c.dp + dp_rank) * B + b;
+      const std::size_t start = m::splitmix64(seed * 0x9E3779B97F4A7C15ULL + g) % (text.size() - S - 1);
+      for (std::size_t t = 0; t < S; ++t) {
+        tok.push_back(text[start + t]);
+        tgt.push_back(text[start + t + 1]);
+      }
+    }
+}
+
+// ---- one plan -------------------------------------------------------------------------------
+template <class Named, class Comm>
+int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank) {
+  using run = m::exec::gpt_run<typename Named::plan, Comm>;
+  using plan = typename Named::plan;
+  const std::vector<std::int32_t> text = read_bytes(o.data);
+  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  const std::string fingerprint = std::string(Named::name) + " rank " + std::to_string(world.rank()) + "/" +
+                                  std::to_string(world.size()) + " seed " + std::to_string(o.seed);
+  const std::filesystem::path file =
+      o.checkpoint.empty() ? std::filesystem::path{} : std::filesystem::path(o.checkpoint) / ("rank" + std::to_string(world.rank()) + ".ckpt");
+  std::uint64_t start = 0;
+  if (o.resume) {
+    auto sections = trainer.state_sections();
+    start = m::exec::load_checkpoint(file, fingerprint, sections);
+    trainer.restore_counters();
+  }
+  if (start >= o.steps) throw usage_error("the checkpoint is at step " + std::to_string(start) + ", not before --steps " + std::to_string(o.steps));
+
+  std::vector<std::int32_t> tok, tgt;
+  float first = 0, last = 0;
+  std::uint64_t tokens = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::uint64_t s = start; s < o.steps; ++s) {
+    batch_for(text, run::config, o.seed, s, dp_rank, tok, tgt);
+    const float loss = trainer.train_step(tok, tgt);
+    tokens += tok.size() * run::config.dp;  // every data-parallel rank trains on its own tokens
+    if (s == start) first = loss;
+    last = loss;
+    if (!o.json && world.rank() == 0 && ((s + 1) % 10 == 0 || s == start || s + 1 == o.steps))
+      std::printf("step %4llu/%llu  loss %.4f\n", static_cast<unsigned long long>(s + 1),
+                  static_cast<unsigned long long>(o.steps), static_cast<double>(loss));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!o.checkpoint.empty()) {
+    trainer.store_counters();
+    auto sections = trainer.state_sections();
+    m::exec::save_checkpoint(file, fingerprint, o.steps, sections);
+  }
+  const auto& mem = trainer.memory();
+  const std::uint64_t predicted_arena = run::arena.persistent + run::arena.stack;
+  const std::uint64_t predicted_peak = (plan::result.per_rank.total() - plan::result.per_rank.reserve).value;
+  if (world.rank() == 0) {
+    if (o.json) {
+      std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, "
+                  "\"memory\": {\"predicted_arena\": %llu, \"measured_arena\": %llu, \"predicted_peak\": %llu, "
+                  "\"measured_peak\": %llu}}\n",
+                  Named::name.data(), static_cast<unsigned long long>(o.steps - start), static_cast<double>(first),
+                  static_cast<double>(last), static_cast<double>(tokens) / seconds,
+                  static_cast<unsigned long long>(predicted_arena), static_cast<unsigned long long>(mem.capacity()),
+                  static_cast<unsigned long long>(predicted_peak), static_cast<unsigned long long>(mem.high_water()));
+    } else {
+      std::printf("\nplan %s: %s\n", Named::name.data(), Named::description.data());
+      std::printf("loss %.4f -> %.4f over %llu steps, %.0f tokens/s\n", static_cast<double>(first),
+                  static_cast<double>(last), static_cast<unsigned long long>(o.steps - start),
+                  static_cast<double>(tokens) / seconds);
+      std::printf("arena: predicted %llu B, allocated %zu B; peak: predicted %llu B, measured %zu B (%s)\n",
+                  static_cast<unsigned long long>(predicted_arena), mem.capacity(),
+                  static_cast<unsigned long long>(predicted_peak), mem.high_water(),
+                  predicted_peak == mem.high_water() ? "equal" : "DIFFERENT");
+    }
+  }
+  return predicted_peak == mem.high_water() && predicted_arena == mem.capacity() ? 0 : 4;
+}
+
+template <class Comm, class Split>
+int dispatch(const options& o, Comm& world, Split&& split) {
+  int result = -1;
+  const auto try_one = [&]<class Named>(Named*) {
+    if (result != -1 || Named::name != o.plan) return;
+    constexpr m::mesh_desc mesh = Named::plan::mesh;
+    if (static_cast<std::uint64_t>(world.size()) != mesh.world)
+      throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
+                        std::to_string(mesh.world) + "), this job has " + std::to_string(world.size()));
+    const int tp_rank = world.rank() % static_cast<int>(mesh.tp), dp_rank = world.rank() / static_cast<int>(mesh.tp);
+    auto [dp, tp] = split(dp_rank, tp_rank);
+    result = train<Named>(o, world, dp, tp, static_cast<std::size_t>(dp_rank));
+  };
+  std::apply([&](auto... p) { (try_one(static_cast<decltype(p)*>(nullptr)), ...); }, plans{});
+  if (result == -1) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
+  return result;
+}
+
+void list_plans() {
+  std::apply(
+      [](auto... p) {
+        ((std::printf("%s ranks=%llu %s\n", decltype(p)::name.data(),
+                      static_cast<unsigned long long>(decltype(p)::plan::mesh.world), decltype(p)::description.data())),
+         ...);
+      },
+      plans{});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if MEMALG_HAVE_MPI
+  m::backend::cpu::mpi_environment mpi(&argc, &argv);
+#endif
+  try {
+    const options o = parse(argc, argv);
+    if (o.list) {
+      list_plans();
+      return 0;
+    }
+#if MEMALG_HAVE_MPI
+    m::backend::cpu::mpi_communicator world;
+    return dispatch(o, world, [&](int dp_rank, int tp_rank) {
+      return std::pair{world.split(tp_rank, world.rank()), world.split(dp_rank, world.rank())};
+    });
+#else
+    m::backend::cpu::local_communicator world;
+    return dispatch(o, world, [](int, int) {
+      return std::pair{m::backend::cpu::local_communicator{}, m::backend::cpu::local_communicator{}};
+    });
+#endif
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "train_gpt_cpu: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt_cpu: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,175 @@
+// The CPU runtime against its plan: for every configuration of the matrix, the arena the trainer
+// allocates is the plan's prediction (by construction) and the high-water mark of everything it
+// holds during real training steps equals the plan's peak, category by category, to the byte.
+// Also: checkpoints resume bit-identically, and recomputation does not change the numbers.
+#include <doctest/doctest.h>
+
+#include <memalg/backend/cpu/local_communicator.hpp>
+#include <memalg/exec/gpt_plan.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace m = memalg;
+using namespace memalg::literals;
+using comm = m::backend::cpu::local_communicator;
+
+namespace {
+struct budget {
+  static constexpr m::device_desc value{"cpu", 1_GiB, m::bytes{}};
+};
+constexpr m::lm_config small(m::dtype logits, bool flash, std::uint64_t dropout, std::uint64_t layers) {
+  m::lm_config c{};
+  c.layers = layers;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab = 64;
+  c.positions = 32;
+  c.logits = logits;
+  c.flash = flash;
+  c.dropout_permille = dropout;
+  return c;
+}
+struct naive32 { static constexpr m::lm_config value = small(m::dtypes::fp32, false, 0, 4); };
+struct flash32 { static constexpr m::lm_config value = small(m::dtypes::fp32, true, 100, 5); };
+struct naive_bf16 { static constexpr m::lm_config value = small(m::dtypes::bf16, false, 0, 3); };
+struct flash_fp16 { static constexpr m::lm_config value = small(m::dtypes::fp16, true, 0, 4); };
+
+template <class Config, class Precision, class Optimizer, class... Options>
+using plan_for = m::plan<m::exec::runtime_gpt<Config>,
+                         m::train::recipe<Precision, Optimizer, m::train::reference_kernels, Options...>,
+                         m::parallel::mesh<>, budget>;
+
+std::vector<std::int32_t> ids(std::size_t n, int salt) {
+  std::vector<std::int32_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int32_t>((i * 13 + static_cast<std::size_t>(salt) * 7 + i / 3) % 64);
+  return v;
+}
+
+template <class Plan>
+void check_exact() {
+  using run = m::exec::gpt_run<Plan, comm>;
+  comm dp, tp;
+  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  const std::size_t n = run::config.micro_batch * run::config.sequence * run::config.grad_accum;
+  float first = 0, last = 0;
+  for (int s = 0; s < 3; ++s) {  // the same batch each step: the loss must fall
+    last = trainer.train_step(ids(n, 0), ids(n, 1));
+    if (s == 0) first = last;
+  }
+  CHECK(last < first);
+  const auto& mem = trainer.memory();
+  const m::breakdown& plan = Plan::result.per_rank;
+  CHECK(mem.capacity() == run::arena.persistent + run::arena.stack);
+  CHECK(mem.persistent_used() == Plan::result.most_loaded.at[0].model_states().value);
+  CHECK(mem.high_water() == (plan.total() - plan.reserve).value);
+  // Model states category by category; the recomputed layers count as activations or
+  // temporaries depending on who holds their input, so those two are compared as a sum.
+  const m::breakdown& got = mem.peak_by_category();
+  CHECK(got.weights == plan.weights);
+  CHECK(got.gradients == plan.gradients);
+  CHECK(got.master_weights == plan.master_weights);
+  CHECK(got.optimizer_states == plan.optimizer_states);
+  CHECK(got.comm_buffers == plan.comm_buffers);
+  CHECK(got.activations + got.temporaries == plan.activations + plan.temporaries);
+  if (Plan::training.recompute != m::recompute_kind::every_k) {
+    CHECK(got.activations == plan.activations);
+    CHECK(got.temporaries == plan.temporaries);
+  }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("the arena's high-water mark equals the plan's peak, to the byte", Plan,
+                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
+                   plan_for<naive32, m::precision::fp32, m::optim::sgd<>, m::train::batch<2, 16>, m::train::recompute::every<3>>,
+                   plan_for<naive32, m::precision::fp32, m::optim::momentum<>, m::train::batch<1, 32>, m::train::grad_accum<3>>,
+                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>>,
+                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>, m::train::recompute::selective>,
+                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>,
+                            m::train::grad_accum<2>>,
+                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<4, 16>, m::train::recompute::full>,
+                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::momentum<>, m::train::batch<2, 16>,
+                            m::train::recompute::every<2>>) {
+  check_exact<Plan>();
+}
+
+TEST_CASE("recomputation changes the memory, not the numbers") {
+  using none = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  using full = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>;
+  using every = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>>;
+  using sel = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>;
+  const auto losses = [](auto* tag) {
+    using run = m::exec::gpt_run<std::remove_pointer_t<decltype(tag)>, comm>;
+    comm dp, tp;
+    typename run::trainer t(run::config, run::arena, dp, tp);
+    std::vector<float> out;
+    for (int s = 0; s < 4; ++s) out.push_back(t.train_step(ids(32, s), ids(32, s + 1)));
+    return std::pair{out, t.memory().high_water()};
+  };
+  const auto [l0, m0] = losses(static_cast<none*>(nullptr));
+  const auto [l1, m1] = losses(static_cast<full*>(nullptr));
+  const auto [l2, m2] = losses(static_cast<every*>(nullptr));
+  const auto [l3, m3] = losses(static_cast<sel*>(nullptr));
+  CHECK(l0 == l1);  // bit-identical: the same kernels on the same inputs, dropout masks included
+  CHECK(l0 == l2);
+  CHECK(l0 == l3);
+  CHECK(m1 < m0);
+  CHECK(m2 < m0);
+  // With flash attention selective recomputation saves nothing (it drops only the log-sum-exp and
+  // must rewrite the attention output to rebuild it); with naive attention it drops the scores.
+  CHECK(m3 > m0);
+  using naive_none = plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  using naive_sel = plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>;
+  CHECK(naive_sel::peak < naive_none::peak);
+}
+
+TEST_CASE("save and resume continue bit-identically") {
+  using plan = plan_for<flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>;
+  using run = m::exec::gpt_run<plan, comm>;
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / ("memalg_resume_" + std::to_string(::getpid()) + ".ckpt");
+  comm dp, tp;
+  std::vector<float> straight;
+  {
+    typename run::trainer t(run::config, run::arena, dp, tp);
+    for (int s = 0; s < 6; ++s) straight.push_back(t.train_step(ids(32, s), ids(32, s + 1)));
+  }
+  std::vector<float> resumed;
+  {
+    typename run::trainer t(run::config, run::arena, dp, tp);
+    for (int s = 0; s < 3; ++s) resumed.push_back(t.train_step(ids(32, s), ids(32, s + 1)));
+    t.store_counters();
+    auto sections = t.state_sections();
+    m::exec::save_checkpoint(file, "test", 3, sections);
+  }
+  {
+    typename run::trainer t(run::config, run::arena, dp, tp);
+    auto sections = t.state_sections();
+    CHECK(m::exec::load_checkpoint(file, "test", sections) == 3);
+    t.restore_counters();
+    for (int s = 3; s < 6; ++s) resumed.push_back(t.train_step(ids(32, s), ids(32, s + 1)));
+  }
+  std::filesystem::remove(file);
+  REQUIRE(resumed.size() == straight.size());
+  CHECK(std::memcmp(resumed.data(), straight.data(), straight.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("plans the CPU runtime does not implement are named") {
+  using m::exec::find_runtime_issue;
+  using m::exec::runtime_issue;
+  m::training_desc t = m::train::recipe<m::precision::amp_bf16, m::optim::adamw<>, m::train::reference_kernels>::value;
+  m::mesh_desc mesh{};
+  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::precision);
+  t = m::train::recipe<m::precision::fp32, m::optim::adamw<>>::value;
+  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::unfused);
+  t = m::train::recipe<m::precision::fp32, m::optim::lion<>, m::train::reference_kernels>::value;
+  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::optimizer);
+  t = m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels>::value;
+  mesh.pp = 2;
+  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::mesh);
+  CHECK(m::exec::describe(runtime_issue::mesh) == "the CPU runtime implements data parallelism with ZeRO and tensor parallelism only");
+}
