@@ -1,9 +1,28 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, build (with the CUDA backend when nvcc is present), run every test
-# with ctest. GPU tests report themselves as skipped on machines without a GPU.
+# with ctest; then build the host code again with AddressSanitizer and UndefinedBehaviorSanitizer
+# and run the CPU tests (host, examples, MPI) under them. GPU tests report themselves as skipped
+# on machines without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 build=${BUILD_DIR:-build}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir "$build" --output-on-failure -j "$(nproc 2>/dev/null || echo 2)"
+jobs=$(nproc 2>/dev/null || echo 2)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+status=0
+ctest --test-dir "$build" --output-on-failure -j "$jobs" || status=1
+
+echo
+echo "== sanitizers: AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU code"
+asan=${ASAN_BUILD_DIR:-build-asan}
+san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEMALG_WITH_CUDA=OFF \
+  -DMEMALG_BUILD_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >/dev/null
+cmake --build "$asan" -j "$jobs"
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$asan" --output-on-failure -j "$jobs" -L 'host|example' || status=1
+# Open MPI's own allocations are reported as leaks at exit; memalg's are checked above.
+ASAN_OPTIONS=detect_leaks=0 ctest --test-dir "$asan" --output-on-failure -j "$jobs" -L mpi || status=1
+exit $status
