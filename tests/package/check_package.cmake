@@ -21,3 +21,20 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the consumer failed (${rc}):\n${out}")
 endif()
 message(STATUS "consumer: ${out}")
+
+# The same consumer with memalg added by add_subdirectory.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/subproject -B ${WORKDIR}/sub
+  -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DMEMALG_SOURCE_DIR=${SOURCE_DIR} -DMEMALG_WITH_CUDA=OFF
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the subproject consumer failed:\n${out}${err}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORKDIR}/sub RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the subproject consumer failed:\n${out}${err}")
+endif()
+execute_process(COMMAND ${WORKDIR}/sub/consumer RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the subproject consumer failed (${rc})")
+endif()
+message(STATUS "subproject consumer built and ran")
