@@ -59,7 +59,19 @@ class arena {
         memory_(static_cast<std::byte*>(::operator new(capacity_ == 0 ? 1 : capacity_, std::align_val_t{alignment}))),
         saved_top_(persistent),
         transient_bottom_(capacity_) {}
-  ~arena() { ::operator delete(memory_, std::align_val_t{alignment}); }
+  /// The same bookkeeping over `persistent` + `stack` bytes at `memory`, which the caller owns
+  /// (the CUDA runtime passes its one device allocation; tensor_ref::data then points into device
+  /// memory and must not be dereferenced on the host). `memory` must be aligned to `alignment`.
+  arena(std::byte* memory, std::size_t persistent, std::size_t stack)
+      : persistent_capacity_(persistent),
+        capacity_(persistent + stack),
+        memory_(memory),
+        owns_memory_(false),
+        saved_top_(persistent),
+        transient_bottom_(capacity_) {}
+  ~arena() {
+    if (owns_memory_) ::operator delete(memory_, std::align_val_t{alignment});
+  }
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
 
@@ -164,6 +176,7 @@ class arena {
   std::size_t persistent_capacity_;
   std::size_t capacity_;
   std::byte* memory_;
+  bool owns_memory_ = true;
   std::size_t persistent_top_ = 0;
   std::size_t saved_top_;
   std::size_t transient_bottom_;
