@@ -150,7 +150,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source) {
   try {
     // Depth is bounded by nlohmann's iterative parser; comments are not JSON.
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond a double
     std::string what = e.what();
     if (const auto p = what.find("parse error"); p != std::string::npos) what = what.substr(p);
     for (char& c : what)

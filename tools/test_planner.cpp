@@ -173,6 +173,8 @@ TEST_CASE("import errors name the field, the architecture or the problem") {
   CHECK(message(R"({"architectures": ["LlamaForCausalLM"], )").find("not valid JSON") != std::string::npos);
   CHECK(message("").find("not valid JSON") != std::string::npos);
   CHECK(message(std::string(100000, '[')).find("not valid JSON") != std::string::npos);
+  // Found by fuzz/fuzz_hf_config: a number beyond a double is a parse error, not a crash.
+  CHECK(message(R"({"hidden_size": 1e00000000000000000000000000000000000000000000001550057157})").find("not valid JSON") != std::string::npos);
   CHECK(message(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "resid_pdrop": 2})").find("'resid_pdrop' must be a probability") != std::string::npos);
   // An error is one line.
   CHECK(message(R"({"architectures": ["LlamaForCausalLM"], )").find('\n') == std::string::npos);

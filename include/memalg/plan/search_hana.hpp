@@ -300,8 +300,8 @@ template <bool Found, class Evaluated, class Valid, class Closest, class Need, c
 struct require_some_fit {
   static_assert(Found,
                 "search: no configuration of the space fits on the device (closest_need_bytes > limit_bytes for "
-                "the closest one): widen the space — a higher ZeRO stage, more tensor or pipeline parallelism, "
-                "recomputation, a smaller micro-batch, offload — or use a larger device");
+                "the closest one): widen the space (a higher ZeRO stage, more tensor or pipeline parallelism, "
+                "recomputation, a smaller micro-batch, offload) or use a larger device");
   static constexpr bool value = Found;
 };
 }  // namespace detail
