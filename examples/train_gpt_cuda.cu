@@ -1,0 +1,606 @@
+// examples/train_gpt_cuda.cu — the GPU reference training binary (train_gpt_cpu's flags and JSON).
+//
+// A GPT trained byte-level on the GPL-3 text every Debian system ships, by the CUDA trainer
+// (exec/gpt_trainer_cuda.cuh) in one device arena of exactly its plan's size. Named plans range
+// from a tiny model (the CPU binary's, for comparisons) to a GPT-2 124M-shaped bf16 AdamW plan.
+// One process per GPU: multi-rank plans run under MPI (the NCCL unique id is broadcast with it),
+//   mpirun -np 2 train_gpt_cuda --plan dp2-zero1
+// and a build without MPI runs the one-rank plans in one process on one GPU.
+//
+//   train_gpt_cuda --list-plans
+//   train_gpt_cuda --plan gpt2-124m --steps 40 --json
+//   train_gpt_cuda --plan gpt2-124m --dry-run      (no GPU needed: walks the arena of every rank)
+//
+// Without a CUDA device it prints one line and exits with 77 (ctest's skip code).
+#include <memalg/exec/gpt_trainer_cuda.cuh>
+#if MEMALG_TRAIN_WITH_NCCL  // set by the build when it links NCCL
+#include <memalg/backend/cuda/nccl_communicator.cuh>
+#endif
+#if MEMALG_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace m = memalg;
+namespace cu = memalg::backend::cuda;
+using namespace memalg::literals;
+
+namespace {
+
+// ---- the plans ------------------------------------------------------------------------------
+constexpr m::lm_config gpt_bytes(m::dtype logits, bool flash = false, std::uint64_t dropout_permille = 0) {
+  m::lm_config c{};
+  c.name = "gpt-bytes";
+  c.layers = 4;
+  c.hidden = 64;
+  c.heads = 4;
+  c.vocab = 256;
+  c.positions = 64;
+  c.logits = logits;
+  c.flash = flash;
+  c.dropout_permille = dropout_permille;
+  return c;
+}
+/// GPT-2 small's shape (Radford et al. 2019; 124M parameters with the vocabulary padded to
+/// 50304 = 393·128, as llm.c pads it), bf16 logits, flash attention.
+constexpr m::lm_config gpt2_small() {
+  m::lm_config c{};
+  c.name = "gpt2-124m";
+  c.layers = 12;
+  c.hidden = 768;
+  c.heads = 12;
+  c.vocab = 50304;
+  c.positions = 1024;
+  c.logits = m::dtypes::bf16;
+  c.flash = true;
+  return c;
+}
+struct gpt_fp32 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32); };
+struct gpt_bf16 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16); };
+struct gpt_bf16_flash { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16, true); };
+struct gpt_fp32_dropout { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32, true, 100); };
+struct gpt2_124m { static constexpr m::lm_config value = gpt2_small(); };
+
+/// Plans target the H200 the benchmark runs on; its device reserve (context estimate + 32 MiB
+/// cuBLASLt workspace) is what the measured overhead layers are compared with.
+template <class Config, class Recipe, class Mesh>
+using gpu_plan = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, m::device::h200>;
+template <class Precision, class Optimizer, class Batch, class... Options>
+using recipe = m::train::recipe<Precision, Optimizer, Batch, m::train::reference_kernels, Options...>;
+using tiny_batch = m::train::batch<8, 64>;
+using single = m::parallel::mesh<>;
+
+#define MEMALG_NAMED_PLAN(id, text_name, text_description, ...)       \
+  struct id {                                                         \
+    static constexpr std::string_view name = text_name;               \
+    static constexpr std::string_view description = text_description; \
+    using plan = __VA_ARGS__;                                         \
+  }
+
+MEMALG_NAMED_PLAN(tiny_fp32, "tiny-fp32", "fp32, AdamW, 1 rank (train_gpt_cpu's tiny-fp32)",
+                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>, single>);
+MEMALG_NAMED_PLAN(tiny_bf16, "tiny-bf16", "bf16 weights and gradients, fp32 master weights and AdamW states, 1 rank",
+                  gpu_plan<gpt_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch>, single>);
+MEMALG_NAMED_PLAN(tiny_selective, "tiny-selective",
+                  "mixed-bf16, flash attention, selective recomputation, 2 accumulated micro-batches, 1 rank",
+                  gpu_plan<gpt_bf16_flash,
+                           recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch, m::train::recompute::selective,
+                                  m::train::grad_accum<2>>,
+                           single>);
+MEMALG_NAMED_PLAN(tiny_recompute, "tiny-recompute",
+                  "fp32, momentum SGD, dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
+                  gpu_plan<gpt_fp32_dropout,
+                           recipe<m::precision::fp32, m::optim::momentum<>, tiny_batch, m::train::recompute::full,
+                                  m::train::grad_accum<2>>,
+                           single>);
+MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
+                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
+MEMALG_NAMED_PLAN(dp2_zero2_bf16, "dp2-zero2-bf16", "mixed-bf16 AdamW, 2 data-parallel ranks, ZeRO-2 (NCCL reduces bf16)",
+                  gpu_plan<gpt_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch>,
+                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>>);
+MEMALG_NAMED_PLAN(dp4_zero3, "dp4-zero3", "fp32 AdamW, 4 data-parallel ranks, ZeRO-3 (one layer gathered at a time)",
+                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                           m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>>);
+MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks",
+                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                           m::parallel::mesh<m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x 2 tensor-parallel ranks, ZeRO-2",
+                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(gpt2_124m_plan, "gpt2-124m",
+                  "GPT-2 124M shape (vocab 50304, 12x768, 12 heads, seq 1024), mixed-bf16 AdamW, flash, 16x1024 tokens, 1 rank",
+                  gpu_plan<gpt2_124m, recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<16, 1024>>,
+                           single>);
+#undef MEMALG_NAMED_PLAN
+
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_selective, tiny_recompute, dp2_zero1, dp2_zero2_bf16, dp4_zero3,
+                         tp2, dp2_tp2_zero2, gpt2_124m_plan>;
+
+// ---- command line ---------------------------------------------------------------------------
+struct options {
+  std::string plan = "tiny-fp32";
+  std::uint64_t steps = 50;
+  std::uint64_t seed = 1;
+  std::string checkpoint;
+  bool resume = false;
+  bool json = false;
+  bool list = false;
+  bool dry_run = false;
+  double peak_tflops = 0;  ///< 0: from the device name
+  std::string data = "/usr/share/common-licenses/GPL-3";
+};
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::uint64_t parse_positive(std::string_view flag, const char* text) {
+  const std::string s = text ? text : "";
+  if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos || s == "0" ||
+      (s.size() > 1 && s[0] == '0'))
+    throw usage_error(std::string(flag) + " needs a positive integer, not '" + s + "'");
+  return std::stoull(s);
+}
+
+double parse_tflops(const char* text) {
+  const std::string s = text ? text : "";
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end == nullptr || *end != '\0' || !(v > 0) || v > 1e6)
+    throw usage_error("--peak-tflops needs a positive number of TFLOP/s, not '" + s + "'");
+  return v;
+}
+
+constexpr const char* help_text =
+    "usage: train_gpt_cuda [--list-plans] [--plan NAME] [--steps N] [--seed S] [--checkpoint DIR [--resume]]\n"
+    "                      [--data FILE] [--json] [--dry-run] [--peak-tflops X]\n"
+    "  --list-plans     one line per plan: name, ranks=N, description\n"
+    "  --steps N        the step the run ends at (with --resume: continue from the checkpoint)\n"
+    "  --json           one final object: plan, steps, loss_first, loss_last, tokens_per_s, mfu,\n"
+    "                   memory {predicted_arena, measured_arena, predicted_peak, measured_peak},\n"
+    "                   memory_layers {context, libraries, scratch, communicator, arena, modules, ...}\n"
+    "  --dry-run        no GPU: walk every rank's arena pushes and pops and compare with the plan\n"
+    "                   (--plan all: every plan)\n"
+    "  --peak-tflops X  the device's dense bf16 peak for the MFU (default: from the device name)\n"
+    "  MFU = (6N + 6*L*C*T) * tokens/s / (peak * GPUs): N parameters, L layers, C width, T sequence\n"
+    "  (llm.c's count), peak the dense bf16 tensor-core rate (989.4 TFLOP/s on H100/H200 SXM).\n"
+    "  Multi-rank plans: mpirun -np <ranks> train_gpt_cuda --plan NAME (built with MPI and NCCL).\n";
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const auto value = [&]() -> const char* {
+      if (i + 1 >= argc) throw usage_error(std::string(a) + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--plan") o.plan = value();
+    else if (a == "--steps") o.steps = parse_positive(a, value());
+    else if (a == "--seed") o.seed = parse_positive(a, value());
+    else if (a == "--checkpoint") o.checkpoint = value();
+    else if (a == "--data") o.data = value();
+    else if (a == "--peak-tflops") o.peak_tflops = parse_tflops(value());
+    else if (a == "--resume") o.resume = true;
+    else if (a == "--json") o.json = true;
+    else if (a == "--dry-run") o.dry_run = true;
+    else if (a == "--list-plans") o.list = true;
+    else if (a == "--help" || a == "-h") {
+      std::cout << help_text;
+      std::exit(0);
+    } else
+      throw usage_error("unknown argument '" + std::string(a) + "' (see --help)");
+  }
+  if (o.resume && o.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR");
+  return o;
+}
+
+// ---- data (as train_gpt_cpu reads it) ---------------------------------------------------------
+std::vector<std::int32_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error("cannot read the training text " + path + " (use --data FILE)");
+  std::vector<std::int32_t> out;
+  for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) out.push_back(static_cast<unsigned char>(*it));
+  if (out.size() < 4096) throw usage_error("the training text " + path + " is too short");
+  return out;
+}
+
+/// A deterministic window per global sequence, so any split of the batch over ranks sees the
+/// same data as one rank (and the same data as train_gpt_cpu with the same seed).
+void batch_for(const std::vector<std::int32_t>& text, const m::exec::gpt_config& c, std::uint64_t seed,
+               std::uint64_t step, std::size_t dp_rank, std::vector<std::int32_t>& tok, std::vector<std::int32_t>& tgt) {
+  const std::size_t S = c.sequence, B = c.micro_batch;
+  tok.clear();
+  tgt.clear();
+  for (std::size_t k = 0; k < c.grad_accum; ++k)
+    for (std::size_t b = 0; b < B; ++b) {
+      const std::uint64_t g = ((step * c.grad_accum + k) * c.dp + dp_rank) * B + b;
+      const std::size_t start = m::splitmix64(seed * 0x9E3779B97F4A7C15ULL + g) % (text.size() - S - 1);
+      for (std::size_t t = 0; t < S; ++t) {
+        tok.push_back(text[start + t]);
+        tgt.push_back(text[start + t + 1]);
+      }
+    }
+}
+
+// ---- the process: rank, device, communicators -------------------------------------------------
+struct process {
+  int rank = 0, size = 1, device = 0;
+};
+
+#if MEMALG_TRAIN_WITH_NCCL
+using nccl_comm = cu::nccl_communicator;
+#endif
+
+}  // namespace
+
+/// The binary's one communicator type, so that the trainer is instantiated once per storage type
+/// (each instantiation costs seconds of host compilation): an NCCL group when there is one, else
+/// a group of one rank (collectives are copies), or — in a dry run, which calls no collective —
+/// a stand-in for rank `rank` of a group of `size`.
+class device_group {  // external linkage: nvcc warns about unused members of internal classes
+ public:
+  device_group(int rank = 0, int size = 1) : rank_(rank), size_(size) {}
+#if MEMALG_TRAIN_WITH_NCCL
+  explicit device_group(std::unique_ptr<nccl_comm> c) : nccl_(std::move(c)), rank_(nccl_->rank()), size_(nccl_->size()) {}
+#endif
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  void set_stream(cudaStream_t s) {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) nccl_->set_stream(s);
+#endif
+    local_.set_stream(s);
+  }
+  template <class T>
+  void all_reduce(T* buf, std::size_t n, m::exec::reduce_op op) {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) return nccl_->all_reduce(buf, n, op);
+#endif
+    local().all_reduce(buf, n, op);
+  }
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, std::size_t n) {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) return nccl_->reduce_scatter(send, recv, n);
+#endif
+    local().reduce_scatter(send, recv, n);
+  }
+  template <class T>
+  void all_gather(const T* send, T* recv, std::size_t n) {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) return nccl_->all_gather(send, recv, n);
+#endif
+    local().all_gather(send, recv, n);
+  }
+  template <class T>
+  void broadcast(T* buf, std::size_t n, int root) {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) return nccl_->broadcast(buf, n, root);
+#endif
+    local().broadcast(buf, n, root);
+  }
+  template <class T>
+  void send(const T* buf, std::size_t n, int peer) {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) return nccl_->send(buf, n, peer);
+#endif
+    local().send(buf, n, peer);
+  }
+  template <class T>
+  void recv(T* buf, std::size_t n, int peer) {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) return nccl_->recv(buf, n, peer);
+#endif
+    local().recv(buf, n, peer);
+  }
+  void barrier() {
+#if MEMALG_TRAIN_WITH_NCCL
+    if (nccl_) return nccl_->barrier();
+#endif
+    local().barrier();
+  }
+ private:
+  m::exec::local_device_communicator& local() {
+    if (size_ != 1) throw std::logic_error("device_group: a stand-in for a dry run cannot communicate");
+    return local_;
+  }
+#if MEMALG_TRAIN_WITH_NCCL
+  std::unique_ptr<nccl_comm> nccl_;
+#endif
+  m::exec::local_device_communicator local_;
+  int rank_, size_;
+};
+
+namespace {
+
+/// What one process measured, layer by layer (bytes of device memory in use).
+struct measured_layers {
+  cu::overhead_layers layers{};
+  std::size_t modules = 0;      ///< grown during the first step: lazily loaded kernels, cuBLASLt internals
+  std::size_t peak_used = 0;    ///< highest used memory seen (after each step)
+  std::size_t free_after = 0;
+};
+
+void print_layers_json(const measured_layers& ml, const m::exec::cuda_trainer_memory& r, std::size_t reserve) {
+  std::printf("\"memory_layers\": {\"total\": %zu, \"context\": %zu, \"communicator\": %zu, \"libraries\": %zu, "
+              "\"gemm_workspace\": %zu, \"scratch\": %zu, \"scratch_requested\": %zu, \"arena\": %zu, "
+              "\"arena_requested\": %zu, \"modules\": %zu, \"free_after\": %zu, \"predicted_reserve\": %zu}",
+              ml.layers.total, ml.layers.context, ml.layers.communicator, r.libraries_measured, r.gemm_workspace,
+              r.scratch_measured, r.scratch, r.arena_measured, r.arena, ml.modules, ml.free_after, reserve);
+}
+
+// ---- one plan on a GPU ----------------------------------------------------------------------
+template <class Named>
+int train(const options& o, const process& p, device_group& dp, device_group& tp, std::size_t dp_rank,
+          cu::overhead_meter& meter, measured_layers& ml) {
+  using run = m::exec::gpt_run_cuda<typename Named::plan, device_group>;
+  const std::vector<std::int32_t> text = read_bytes(o.data);
+  typename run::trainer trainer(run::config, run::arena, dp, tp, m::exec::cuda_trainer_options{false, &meter, true});
+  const std::string fingerprint = std::string(Named::name) + " rank " + std::to_string(p.rank) + "/" +
+                                  std::to_string(p.size) + " seed " + std::to_string(o.seed);
+  const std::filesystem::path file = o.checkpoint.empty() ? std::filesystem::path{}
+                                                          : std::filesystem::path(o.checkpoint) /
+                                                                ("rank" + std::to_string(p.rank) + ".ckpt");
+  std::uint64_t start = 0;
+  if (o.resume) {
+    auto sections = trainer.state_sections();
+    start = m::exec::load_checkpoint(file, fingerprint, sections);
+    trainer.upload_state();
+    trainer.restore_counters();
+  }
+  if (start >= o.steps)
+    throw usage_error("the checkpoint is at step " + std::to_string(start) + ", not before --steps " +
+                      std::to_string(o.steps));
+
+  std::vector<std::int32_t> tok, tgt;
+  float first = 0, last = 0;
+  std::uint64_t timed_tokens = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  for (std::uint64_t s = start; s < o.steps; ++s) {
+    batch_for(text, run::config, o.seed, s, dp_rank, tok, tgt);
+    const float loss = trainer.train_step(tok, tgt);  // returns after the step finished on the GPU
+    const cu::memory_snapshot snap = cu::memory_snapshot_of(p.device);
+    ml.peak_used = std::max(ml.peak_used, snap.used_bytes());
+    if (s == start) {
+      first = loss;
+      ml.modules = meter.step();  // the first step loads kernels and library internals lazily
+      if (o.steps - start > 1) t0 = std::chrono::steady_clock::now();  // time the steps after it
+    }
+    if (s != start || o.steps - start == 1) timed_tokens += tok.size() * run::config.dp;
+    last = loss;
+    if (!o.json && p.rank == 0 && ((s + 1) % 10 == 0 || s == start || s + 1 == o.steps))
+      std::printf("step %4llu/%llu  loss %.4f  grad norm %.3f\n", static_cast<unsigned long long>(s + 1),
+                  static_cast<unsigned long long>(o.steps), static_cast<double>(loss),
+                  static_cast<double>(trainer.last_grad_norm()));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ml.free_after = cu::memory_snapshot_of(p.device).free_bytes;
+  if (!o.checkpoint.empty()) {
+    std::filesystem::create_directories(o.checkpoint);
+    trainer.store_counters();
+    auto sections = trainer.state_sections();
+    m::exec::save_checkpoint(file, fingerprint, o.steps, sections);
+  }
+
+  const auto& mem = trainer.memory();
+  const std::size_t predicted_arena = run::arena.persistent + run::arena.stack;
+  const double tokens_per_s = seconds > 0 ? static_cast<double>(timed_tokens) / seconds : 0.0;
+  const std::string device = cu::device_name(p.device);
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : m::exec::dense_bf16_peak_flops(device);
+  const double mfu = m::exec::model_flops_utilisation(run::model_config, run::config.sequence, tokens_per_s, peak,
+                                                      static_cast<std::uint64_t>(p.size));
+  const bool exact = mem.high_water() == predicted_arena && mem.capacity() == predicted_arena;
+  if (p.rank == 0) {
+    if (o.json) {
+      std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, "
+                  "\"tokens_per_s\": %.1f, \"mfu\": %.6f, \"device\": \"%s\", \"peak_flops\": %.4g, \"ranks\": %d, "
+                  "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"predicted_peak\": %zu, "
+                  "\"measured_peak\": %zu}, ",
+                  Named::name.data(), static_cast<unsigned long long>(o.steps - start), static_cast<double>(first),
+                  static_cast<double>(last), tokens_per_s, mfu, device.c_str(), peak, p.size, predicted_arena,
+                  mem.high_water(), run::predicted_device_peak, ml.peak_used);
+      print_layers_json(ml, trainer.memory_report(), run::predicted_reserve);
+      std::printf("}\n");
+    } else {
+      const auto& r = trainer.memory_report();
+      std::printf("\nplan %s: %s\n", Named::name.data(), Named::description.data());
+      std::printf("device %s, %d rank(s); loss %.4f -> %.4f over %llu steps\n", device.c_str(), p.size,
+                  static_cast<double>(first), static_cast<double>(last), static_cast<unsigned long long>(o.steps - start));
+      std::printf("%.0f tokens/s, MFU %.2f%% (6N + 6LCT flops per token over %.1f TFLOP/s dense bf16%s)\n",
+                  tokens_per_s, 100.0 * mfu, peak / 1e12, peak > 0 ? "" : ": unknown device, pass --peak-tflops");
+      std::printf("arena: predicted %zu B, high-water %zu B (%s)\n", predicted_arena, mem.high_water(),
+                  exact ? "equal" : "DIFFERENT");
+      std::printf("device peak: predicted %s (arena + reserve %s), measured %s\n",
+                  cu::format_bytes(run::predicted_device_peak).c_str(), cu::format_bytes(run::predicted_reserve).c_str(),
+                  cu::format_bytes(ml.peak_used).c_str());
+      std::printf("layers: context %s, NCCL %s, cuBLASLt %s (workspace %s), scratch %s, arena %s, first-step %s\n",
+                  cu::format_bytes(ml.layers.context).c_str(), cu::format_bytes(ml.layers.communicator).c_str(),
+                  cu::format_bytes(r.libraries_measured).c_str(), cu::format_bytes(r.gemm_workspace).c_str(),
+                  cu::format_bytes(r.scratch_measured).c_str(), cu::format_bytes(r.arena_measured).c_str(),
+                  cu::format_bytes(ml.modules).c_str());
+    }
+  }
+  return exact ? 0 : 4;
+}
+
+// ---- dry run: no GPU, every rank's arena ------------------------------------------------------
+template <class Named>
+int dry_run(const options& o) {
+  using plan = typename Named::plan;
+  using run = m::exec::gpt_run_cuda<plan, device_group>;
+  constexpr m::mesh_desc mesh = plan::mesh;
+  const std::size_t predicted = run::arena.persistent + run::arena.stack;
+  std::size_t worst = 0, scratch = 0;
+  bool exact = true;
+  const std::size_t tokens = run::config.grad_accum * run::config.micro_batch * run::config.sequence;
+  const std::vector<std::int32_t> ids(tokens, 0);
+  for (std::uint64_t rank = 0; rank < mesh.world; ++rank) {
+    const int tp_rank = static_cast<int>(rank % mesh.tp), dp_rank = static_cast<int>(rank / mesh.tp);
+    device_group dp(dp_rank, static_cast<int>(mesh.dp)), tp(tp_rank, static_cast<int>(mesh.tp));
+    typename run::trainer trainer(run::config, run::arena, dp, tp, m::exec::cuda_trainer_options{true, nullptr, true});
+    for (std::uint64_t s = 0; s < std::min<std::uint64_t>(o.steps, 2); ++s) trainer.train_step(ids, ids);
+    worst = std::max(worst, trainer.memory().high_water());
+    scratch = std::max(scratch, trainer.memory_report().scratch);
+    exact = exact && trainer.memory().high_water() == predicted;
+  }
+  if (o.json)
+    std::printf("{\"plan\": \"%s\", \"dry_run\": true, \"ranks\": %llu, \"memory\": {\"predicted_arena\": %zu, "
+                "\"measured_arena\": %zu, \"predicted_peak\": %zu}, \"memory_layers\": {\"scratch_requested\": %zu}}\n",
+                Named::name.data(), static_cast<unsigned long long>(mesh.world), predicted, worst,
+                run::predicted_device_peak, scratch);
+  else
+    std::printf("plan %s (dry run, %llu rank(s), no kernels): arena predicted %zu B, high-water %zu B (%s); "
+                "device peak predicted %s; trainer scratch %zu B\n",
+                Named::name.data(), static_cast<unsigned long long>(mesh.world), predicted, worst,
+                exact ? "equal" : "DIFFERENT", cu::format_bytes(run::predicted_device_peak).c_str(), scratch);
+  return exact ? 0 : 4;
+}
+
+template <class F>
+bool for_plan(const std::string& name, F&& f) {
+  bool found = false;
+  std::apply(
+      [&](auto... p) {
+        ((!found && decltype(p)::name == name ? (found = true, f(static_cast<decltype(p)*>(nullptr)), 0) : 0), ...);
+      },
+      plans{});
+  return found;
+}
+
+void list_plans() {
+  std::apply(
+      [](auto... p) {
+        ((std::printf("%s ranks=%llu %s\n", decltype(p)::name.data(),
+                      static_cast<unsigned long long>(decltype(p)::plan::mesh.world), decltype(p)::description.data())),
+         ...);
+      },
+      plans{});
+}
+
+/// Runs the chosen plan on this process's GPU; returns the exit status.
+int run_on_gpu(const options& o, const process& p) {
+  cu::overhead_meter meter(p.device);  // context baseline (cudaFree(0), then cudaMemGetInfo)
+  measured_layers ml;
+  int result = -1;
+  const bool found = for_plan(o.plan, [&]<class Named>(Named*) {
+    constexpr m::mesh_desc mesh = Named::plan::mesh;
+    if (static_cast<std::uint64_t>(p.size) != mesh.world)
+      throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
+                        std::to_string(mesh.world) + "), this job has " + std::to_string(p.size));
+    const int tp_rank = p.rank % static_cast<int>(mesh.tp), dp_rank = p.rank / static_cast<int>(mesh.tp);
+    std::unique_ptr<device_group> dp, tp;
+#if MEMALG_TRAIN_WITH_NCCL
+    std::unique_ptr<nccl_comm> world;
+    try {
+      ncclUniqueId id{};
+      if (p.rank == 0) id = cu::nccl_unique_id();
+#if MEMALG_HAVE_MPI
+      MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+      world = std::make_unique<nccl_comm>(id, p.rank, p.size, p.device);
+      // Megatron order: tensor-parallel ranks are consecutive (ncclCommSplit, NCCL >= 2.18).
+      ncclComm_t dp_handle = nullptr, tp_handle = nullptr;
+      MEMALG_NCCL_CHECK(ncclCommSplit(world->get(), tp_rank, p.rank, &dp_handle, nullptr));
+      MEMALG_NCCL_CHECK(ncclCommSplit(world->get(), dp_rank, p.rank, &tp_handle, nullptr));
+      dp = std::make_unique<device_group>(std::make_unique<nccl_comm>(dp_handle, nullptr, true));
+      tp = std::make_unique<device_group>(std::make_unique<nccl_comm>(tp_handle, nullptr, true));
+      // NCCL sets up its connections at the first collective: measure after one on each group.
+      float* one = nullptr;
+      MEMALG_CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
+      MEMALG_CUDA_CHECK(cudaMemset(one, 0, sizeof(float)));
+      world->all_reduce(one, 1, m::exec::reduce_op::sum);
+      for (device_group* g : {dp.get(), tp.get()}) g->all_reduce(one, 1, m::exec::reduce_op::sum);
+      MEMALG_CUDA_CHECK(cudaDeviceSynchronize());
+      MEMALG_CUDA_CHECK(cudaFree(one));
+    } catch (const std::exception& e) {
+      if (p.size > 1) throw;
+      // One rank needs no collective: go on without NCCL rather than not at all.
+      std::fprintf(stderr, "train_gpt_cuda: NCCL unavailable (%s); one rank runs without it\n", e.what());
+      tp.reset();
+      dp.reset();
+      world.reset();
+    }
+    meter.measure_communicator();
+#endif
+    if (!dp) {
+      if (p.size > 1) throw usage_error("built without NCCL: only one-rank plans run");
+      dp = std::make_unique<device_group>();
+      tp = std::make_unique<device_group>();
+    }
+    ml.layers = meter.layers();
+    result = train<Named>(o, p, *dp, *tp, static_cast<std::size_t>(dp_rank), meter, ml);
+  });
+  if (!found) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  process p;
+#if MEMALG_HAVE_MPI
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p.size);
+  const auto finish = [&](int status) {
+    if (status != 0 && p.size > 1) MPI_Abort(MPI_COMM_WORLD, status);
+    MPI_Finalize();
+    return status;
+  };
+#else
+  const auto finish = [](int status) { return status; };
+#endif
+  try {
+    const options o = parse(argc, argv);
+    if (o.list) {
+      if (p.rank == 0) list_plans();
+      return finish(0);
+    }
+    if (o.dry_run) {
+      int result = 0;
+      const auto one = [&]<class Named>(Named*) {
+        if (p.rank == 0) result = std::max(result, dry_run<Named>(o));
+      };
+      if (o.plan == "all")
+        std::apply([&](auto... named) { (one(static_cast<decltype(named)*>(nullptr)), ...); }, plans{});
+      else if (!for_plan(o.plan, one))
+        throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
+      return finish(result);
+    }
+    const int devices = cu::device_count_or_zero();
+    if (devices == 0) {
+      int count = 0;
+      const cudaError_t e = cudaGetDeviceCount(&count);
+      std::fprintf(stderr, "train_gpt_cuda: SKIPPED: no CUDA device present (%s); --dry-run checks the arena without one\n",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+      return finish(77);
+    }
+#if !MEMALG_TRAIN_WITH_NCCL
+    if (p.size > 1) throw usage_error("built without NCCL: only one-rank plans run");
+#endif
+    p.device = p.rank % devices;
+    MEMALG_CUDA_CHECK(cudaSetDevice(p.device));
+    return finish(run_on_gpu(o, p));
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "train_gpt_cuda: error: %s\n", e.what());
+    return finish(2);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt_cuda: error: %s\n", e.what());
+    return finish(1);
+  }
+}

@@ -1,0 +1,79 @@
+// What the CUDA runtime accepts (exec/gpt_plan_cuda.hpp), decided on the host: fp32 and
+// mixed-bf16 only, bf16 on many ranks (NCCL reduces it), the attention kernels' head widths; and
+// the MFU arithmetic: parameter count, 6N + 6LCT flops per token, the devices' dense bf16 peaks.
+#include <doctest/doctest.h>
+
+#include <memalg/exec/gpt_plan_cuda.hpp>
+
+namespace m = memalg;
+namespace ex = memalg::exec;
+
+namespace {
+constexpr m::lm_config gpt2(std::uint64_t vocab) {
+  m::lm_config c{};
+  c.layers = 12;
+  c.hidden = 768;
+  c.heads = 12;
+  c.vocab = vocab;
+  c.positions = 1024;
+  c.logits = m::dtypes::bf16;
+  c.flash = true;
+  return c;
+}
+struct gpt2_small {
+  static constexpr m::lm_config value = gpt2(50304);
+};
+template <class Precision, class Mesh = m::parallel::mesh<>>
+constexpr ex::cuda_runtime_issue issue(m::lm_config c) {
+  using recipe = m::train::recipe<Precision, m::optim::adamw<>, m::train::batch<4, 64>, m::train::reference_kernels>;
+  c.logits = Precision::value.weights;
+  return ex::find_cuda_runtime_issue(c, recipe::value, Mesh::value);
+}
+}  // namespace
+
+TEST_CASE("the CUDA runtime implements fp32 and mixed-bf16, on one rank or many") {
+  const m::lm_config c = gpt2(50304);
+  CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::mixed_bf16>(c) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::amp_fp16>(c) == ex::cuda_runtime_issue::precision);
+  CHECK(issue<m::precision::amp_bf16>(c) == ex::cuda_runtime_issue::precision);  // fp32 gradients
+  using dp2 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>;
+  CHECK(issue<m::precision::mixed_bf16, dp2>(c) == ex::cuda_runtime_issue::none);
+  // The CPU runtime refuses the same plan: MPI has no bf16 reduction.
+  using recipe = m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<4, 64>,
+                                  m::train::reference_kernels>;
+  CHECK(ex::find_runtime_issue(c, recipe::value, dp2::value) == ex::runtime_issue::multirank);
+  using pp2 = m::parallel::mesh<m::parallel::pipeline<2>>;
+  CHECK(issue<m::precision::fp32, pp2>(c) == ex::cuda_runtime_issue::mesh);
+  CHECK_FALSE(ex::describe(ex::cuda_runtime_issue::precision).empty());
+}
+
+TEST_CASE("the CUDA attention kernels bound the head width") {
+  m::lm_config c = gpt2(256);
+  c.hidden = 256;
+  c.heads = 1;  // head width 256: too wide for flash, fine for the naive kernels
+  CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::head_width);
+  c.flash = false;
+  CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::none);
+  c.hidden = 512;
+  CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::head_width);
+}
+
+TEST_CASE("MFU: GPT-2 124M parameters and 6N + 6LCT flops per token") {
+  // Hugging Face's gpt2 (vocab 50257) has 124,439,808 parameters; llm.c pads the vocabulary to
+  // 50304 and prints num_parameters 124,475,904.
+  CHECK(ex::gpt_parameters(gpt2(50257)) == 124'439'808u);
+  CHECK(ex::gpt_parameters(gpt2(50304)) == 124'475'904u);
+  // The runtime's model descriptor counts the same parameters.
+  CHECK(m::exec::runtime_gpt<gpt2_small>::value.parameters() == ex::gpt_parameters(gpt2_small::value));
+  CHECK(ex::flops_per_token(gpt2(50304), 1024) == doctest::Approx(6.0 * 124'475'904 + 6.0 * 12 * 768 * 1024));
+  CHECK(ex::dense_bf16_peak_flops("NVIDIA H200") == doctest::Approx(989.4e12));
+  CHECK(ex::dense_bf16_peak_flops("NVIDIA H100 PCIe") == doctest::Approx(756e12));
+  CHECK(ex::dense_bf16_peak_flops("NVIDIA A100-SXM4-80GB") == doctest::Approx(312e12));
+  CHECK(ex::dense_bf16_peak_flops("NVIDIA L40S") == doctest::Approx(362e12));
+  CHECK(ex::dense_bf16_peak_flops("Unknown Accelerator") == 0.0);
+  // 100k tokens/s on one H200: 8.03e13 / 9.894e14.
+  CHECK(ex::model_flops_utilisation(gpt2(50304), 1024, 1e5, 989.4e12, 1) ==
+        doctest::Approx(ex::flops_per_token(gpt2(50304), 1024) * 1e5 / 989.4e12));
+  CHECK(ex::model_flops_utilisation(gpt2(50304), 1024, 1e5, 0.0, 1) == 0.0);
+}
