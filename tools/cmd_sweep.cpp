@@ -72,6 +72,9 @@ void add_sweep_flags(CLI::App& app, plan_flags& plan, sweep_flags& sweep) {
   app.add_option("--recompute", sweep.recompute, "recomputation: none,selective,full,every:K (default: the recipe's)");
   app.add_option("--micro-batch", sweep.micro_batch, "micro-batch sizes (default: the recipe's)");
   app.add_option("--offload", sweep.offload, "offload choices: none,optimizer,params (default none)");
+  app.add_option("--global-batch", sweep.global_batch,
+                 "sequences per optimizer step over all data-parallel ranks: each configuration accumulates "
+                 "global/(dp*micro-batch) micro-batches (default: --grad-accum for every configuration)");
   app.add_option("--top", sweep.top, "how many configurations to list, best first (default 10, at most 1000)");
   app.add_option("--sort", sweep.sort, "memory|comm|batch: least memory, least communication, largest micro-batch");
   app.add_flag("--json", sweep.json, "print one JSON object");
@@ -133,6 +136,8 @@ sweep_setup make_sweep(const plan_flags& plan, const sweep_flags& sweep) {
       space.micro_batch.push(parse_bounded(x, "--micro-batch", 1 << 20));
   space.offload = {};
   for (const std::string& x : split_list(sweep.offload, "--offload")) space.offload.push(parse_offload(x));
+
+  if (!sweep.global_batch.empty()) space.global_batch = parse_bounded(sweep.global_batch, "--global-batch", 1ULL << 32);
 
   const std::uint64_t size = space.size();
   if (size > max_sweep_configurations)
@@ -204,6 +209,7 @@ nlohmann::json strategy_json(const strategy& c, const mesh_desc& m, const traini
   j["cp"] = m.cp;
   j["ep"] = m.ep;
   j["micro_batch"] = t.micro_batch;
+  j["grad_accum"] = t.grad_accum;
   j["recompute"] = std::string(recompute_name(t.recompute));
   if (t.recompute == recompute_kind::every_k) j["recompute_every"] = t.recompute_every;
   j["offload"] = std::string(offload_name(m.offload));
@@ -250,6 +256,7 @@ nlohmann::json sweep_json(const sweep_setup& s, const sweep_report& r, bool exha
                  {"capacity", s.problem.device.capacity.value},
                  {"limit", s.problem.device.limit().value}};
   j["sort"] = std::string(order_name(s.order));
+  j["global_batch"] = s.problem.space.global_batch;
   j["evaluated"] = r.summary.evaluated;
   j["valid"] = r.summary.valid;
   j["feasible"] = r.summary.feasible;
@@ -269,6 +276,8 @@ std::string sweep_table(const sweep_setup& s, const sweep_report& r) {
   if (!p.model.name.empty()) out << " (" << p.model.name << ")";
   out << ", precision " << p.training.precision.name << ", optimizer " << p.training.optimizer.name;
   if (p.training.sequence != 0) out << ", sequence " << p.training.sequence;
+  if (p.space.global_batch != 0) out << ", " << p.space.global_batch << " sequences per step";
+  else if (p.training.grad_accum != 1) out << ", " << p.training.grad_accum << " micro-batches per step";
   out << "\nworld: " << p.space.world << " x " << p.device.name << " (limit " << gib(p.device.limit()) << " each)\n";
   out << "searched " << r.summary.evaluated << " configurations: " << r.summary.valid << " valid, " << r.summary.feasible
       << " fit (" << r.summary.planned << " planned, " << std::fixed << std::setprecision(3) << r.seconds << " s)\n";

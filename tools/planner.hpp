@@ -29,6 +29,7 @@ struct sweep_flags {
   std::string recompute;         ///< none,selective,full,every:K (default: the recipe's)
   std::string micro_batch;       ///< default: the recipe's
   std::string offload = "none";  ///< none,optimizer,params
+  std::string global_batch;      ///< sequences per step over the data-parallel ranks (default: --grad-accum)
   std::string top = "10";
   std::string sort = "memory";   ///< memory, comm or batch
   bool json = false;

@@ -207,6 +207,30 @@ TEST_CASE("pruned search = exhaustive search = brute force, on parameter-count a
   CHECK(mixed >= 2);
 }
 
+TEST_CASE("a global batch fixes the tokens per step: accumulation = global / (dp * micro-batch)") {
+  search_problem p{};
+  p.model = decoder(8, 1024, 16, 32000);
+  p.training = amp_fp16_adam();
+  p.training.sequence = 1024;
+  p.device = device::a100_40gb::value;
+  p.space = default_space(16);
+  p.space.micro_batch = {1, 2, 3, 4, 8};
+  p.space.global_batch = 64;
+  for (std::uint64_t i = 0; i < p.space.size(); ++i) {
+    const strategy c = strategy_at(p.space, i);
+    if (c.dp == 0) continue;
+    const training_desc t = apply_strategy(c, p.training);
+    const candidate k = evaluate_candidate(p, i);
+    if (64 % (c.dp * t.micro_batch) == 0) {
+      CHECK(t.grad_accum * c.dp * t.micro_batch == 64);
+    } else {
+      CHECK(t.grad_accum == 0);  // micro-batch 3, or dp * micro-batch above 64
+      CHECK_FALSE(k.valid());
+    }
+  }
+  (void)check_against_brute_force(p);
+}
+
 TEST_CASE("the pruning's premise: peak and traffic never decrease with the micro-batch") {
   search_problem p{};
   p.model = decoder(8, 1024, 16, 32000);

@@ -54,6 +54,17 @@ constexpr bool all_fit(std::index_sequence<K...>) {
 }
 static_assert(all_fit(std::make_index_sequence<found::feasible.size()>{}));
 
+// A global batch: each configuration accumulates 256 / (dp·micro-batch) micro-batches.
+using gpt2 = m::presets::gpt2_124m;
+using batch_space = s::space<8, s::zero_stages<1>, s::tensor_degrees<1, 2>, s::micro_batches<1024, 4, 8, 16>,
+                             s::global_batch<256>>;
+using batch_search = s::strategy_search<gpt2, training, batch_space, m::device::a100_40gb>;
+static_assert(batch_search::problem.space.global_batch == 256);
+using batch_best = batch_search::largest_micro_batch;
+static_assert(batch_best::plan::training.grad_accum * batch_best::plan::training.micro_batch * batch_best::plan::mesh.dp ==
+              256);
+static_assert(batch_best::plan::peak.value == batch_search::result.largest_micro_batch.key.peak);
+
 // The chosen configuration is a type like any other: usable in a plan of its own.
 using kept = m::plan<moe, best::training, best::mesh, m::device::h100_80gb>;
 static_assert(kept::fits);

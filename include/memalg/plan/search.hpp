@@ -98,6 +98,11 @@ struct search_space {
   choices<recompute_choice> recompute{};
   choices<std::uint64_t> micro_batch{};
   choices<offload_kind> offload{offload_kind::none};
+  /// Sequences per optimizer step over all data-parallel ranks (0: keep the recipe's gradient
+  /// accumulation). When set, each configuration accumulates global / (dp·micro-batch) micro-
+  /// batches, and is invalid when that does not divide: configurations then compare at the same
+  /// tokens per step (Megatron-LM's num_microbatches).
+  std::uint64_t global_batch = 0;
 
   /// Number of configurations (valid or not): the product of the dimensions' sizes.
   constexpr std::uint64_t size() const {
@@ -145,6 +150,7 @@ struct strategy {
   std::uint64_t micro_batch = 0;  ///< 0: the base recipe's
   offload_kind offload = offload_kind::none;
   bool has_recompute = false;     ///< the space chose recomputation (else the recipe's)
+  std::uint64_t global_batch = 0; ///< the space's (0: the recipe's gradient accumulation)
 };
 
 /// Configuration `index` of `space`.
@@ -152,6 +158,7 @@ constexpr strategy strategy_at(const search_space& s, std::uint64_t index) {
   const choice_digits d = digits_of(s, index);
   strategy c{};
   c.index = index;
+  c.global_batch = s.global_batch;
   if (!s.micro_batch.empty()) c.micro_batch = s.micro_batch[d.micro_batch];
   if (!s.recompute.empty()) {
     c.recompute = s.recompute[d.recompute];
@@ -192,6 +199,10 @@ constexpr training_desc apply_strategy(const strategy& c, training_desc t) {
   if (c.has_recompute) {
     t.recompute = c.recompute.kind;
     t.recompute_every = c.recompute.every;
+  }
+  if (c.global_batch != 0) {  // 0 when it does not divide: find_plan_issue calls that invalid
+    const std::uint64_t per_step = c.dp * t.micro_batch;
+    t.grad_accum = per_step != 0 && c.global_batch % per_step == 0 ? c.global_batch / per_step : 0;
   }
   return t;
 }
@@ -512,7 +523,10 @@ constexpr search_result search_range(const search_problem& p, std::uint64_t begi
   search_result r{};
   const std::uint64_t n = p.space.size();
   if (end > n) end = n;
-  const std::size_t k = p.space.micro_batch.size;
+  // Monotonicity in the micro-batch holds at a fixed gradient accumulation; under a global batch
+  // the accumulation falls as the micro-batch grows (and with it ZeRO-2/3 traffic), so every
+  // configuration is planned.
+  const std::size_t k = p.space.global_batch == 0 ? p.space.micro_batch.size : 0;
   const auto one = [&](std::uint64_t i) {
     const candidate c = evaluate_candidate(p, i);
     r.add(c);

@@ -166,6 +166,14 @@ using micro_batches = one_of<train::batch<MicroBatches, Sequence>...>;
 using recomputations = one_of<train::recompute::none, train::recompute::selective, train::recompute::full>;
 using offloads = one_of<no_offload, parallel::offload_optimizer>;
 
+/// Sequences per optimizer step over all data-parallel ranks: each configuration accumulates
+/// N / (dp·micro-batch) micro-batches (plan/search.hpp, search_space::global_batch).
+template <std::uint64_t N>
+struct global_batch {
+  static_assert(N >= 1, "search::global_batch<N>: at least one sequence per step");
+  static constexpr std::uint64_t value = N;
+};
+
 /// Mesh components or recipe options shared by every configuration of a space.
 template <class... Ts>
 struct fixed {
@@ -178,6 +186,15 @@ template <class T>
 struct is_one_of : std::false_type {};
 template <class... Ts>
 struct is_one_of<one_of<Ts...>> : std::true_type {};
+template <class T>
+struct is_global_batch : std::false_type {};
+template <std::uint64_t N>
+struct is_global_batch<global_batch<N>> : std::true_type {};
+template <class T>
+constexpr std::uint64_t global_batch_of() {
+  if constexpr (is_global_batch<T>::value) return T::value;
+  else return 0;
+}
 template <class T>
 struct is_fixed : std::false_type {};
 template <class... Ts>
@@ -310,12 +327,16 @@ struct require_some_fit {
 template <std::uint64_t World, class... Parts>
 struct space {
   static_assert(World >= 1, "search::space<World>: the world size must be at least 1");
-  static_assert(((detail::is_one_of<Parts>::value || detail::is_fixed<Parts>::value) && ...),
-                "search::space: list dimensions as search::one_of<...> (or zero_stages<>, tensor_degrees<>, ...) "
-                "and shared types as search::fixed<...>");
+  static_assert(((detail::is_one_of<Parts>::value || detail::is_fixed<Parts>::value ||
+                  detail::is_global_batch<Parts>::value) && ...),
+                "search::space: list dimensions as search::one_of<...> (or zero_stages<>, tensor_degrees<>, ...), "
+                "shared types as search::fixed<...> and the tokens per step as search::global_batch<N>");
+  static_assert((static_cast<int>(detail::is_global_batch<Parts>::value) + ... + 0) <= 1,
+                "search::space: at most one global_batch<N>");
   static_assert((static_cast<int>(detail::is_fixed<Parts>::value) + ... + 0) <= 1,
                 "search::space: at most one fixed<...>");
   static constexpr std::uint64_t world = World;
+  static constexpr std::uint64_t global = (detail::global_batch_of<Parts>() + ... + 0);
 
   template <dimension Kind>
   using dimension_t = typename detail::find_dimension<Kind, Parts...>::type;
@@ -363,6 +384,7 @@ struct space {
     fill<dimension::recompute>(s.recompute);
     fill<dimension::micro_batch>(s.micro_batch);
     fill<dimension::offload>(s.offload);
+    s.global_batch = global;
     return s;
   }();
 
@@ -450,11 +472,17 @@ struct strategy_search {
     using mesh = typename detail::mesh_with<
         hana::basic_tuple<parallel::data<(choice.dp == 0 ? 1 : choice.dp), zero>, tensor, pipeline, context, offload>,
         typename fixed_split::mesh, hana::basic_tuple<parallel::world<Space::world>>>::type;
-    /// `Training` with the fixed recipe options, then the chosen micro-batch and recomputation.
+    /// The gradient accumulation a global batch implies (1 without one; 0 when it does not divide).
+    static constexpr std::uint64_t accumulation = apply_strategy(choice, problem.training).grad_accum;
+    using accumulate = std::conditional_t<Space::global == 0, hana::basic_tuple<>,
+                                          hana::basic_tuple<train::grad_accum<(accumulation == 0 ? 1 : accumulation)>>>;
+    /// `Training` with the fixed recipe options, then the chosen micro-batch and recomputation
+    /// (and the accumulation of a global batch).
     using training = typename detail::recipe_with<
         Training, typename detail::concat<typename fixed_split::recipe,
                                           typename detail::chosen_option<dim<dimension::micro_batch>, digits.micro_batch>::type,
-                                          typename detail::chosen_option<dim<dimension::recompute>, digits.recompute>::type>::type>::type;
+                                          typename detail::chosen_option<dim<dimension::recompute>, digits.recompute>::type,
+                                          accumulate>::type>::type;
     using plan = memalg::plan<Model, training, mesh, Device>;
   };
 
