@@ -315,7 +315,7 @@ std::string sweep_table(const sweep_setup& s, const sweep_report& r) {
     unknown_traffic = unknown_traffic || !e.result.comm.activations_counted;
   }
   if (unknown_traffic)
-    out << "note: a model given by its parameter count (or a recipe without --sequence) has no activation "
+    out << "note: a model given by its parameter count (or a recipe without --seq) has no activation "
            "traffic to count: comm/step covers data parallelism only; give the layers for the rest\n";
   return out.str();
 }
