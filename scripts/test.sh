@@ -22,8 +22,8 @@ cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEMALG_WITH_C
   -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >/dev/null
 cmake --build "$asan" -j "$jobs"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$asan" --output-on-failure -j "$jobs" -L host -LE example || status=1
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$asan" --output-on-failure -j "$jobs" -L '^host$' -LE '^example$' || status=1
 # Programs linked with Open MPI (the training binary, the MPI tests) are reported for Open MPI's
 # own allocations at exit, so they run without the leak check; memalg's code is leak-checked above.
-ASAN_OPTIONS=detect_leaks=0 ctest --test-dir "$asan" --output-on-failure -j "$jobs" -L 'example|mpi' || status=1
+ASAN_OPTIONS=detect_leaks=0 ctest --test-dir "$asan" --output-on-failure -j "$jobs" -L '^(example|mpi)$' || status=1
 exit $status
