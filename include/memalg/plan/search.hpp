@@ -2,15 +2,16 @@
 //
 // A `search_space` lists the choices of each dimension — ZeRO stage, tensor (with or without
 // sequence parallelism), pipeline and context parallel degrees, recomputation, micro-batch and
-// offload — for a fixed world size. The data-parallel degree is what remains:
+// offload — for a fixed world size, and optionally a global batch (each configuration then
+// accumulates global/(dp·micro-batch) micro-batches). The data-parallel degree is what remains:
 // dp = world / (tp·pp·cp); a combination whose degrees do not divide the world is invalid.
 // Configuration i of the space is a mixed-radix decoding of i, so the space is never
 // materialised: a search is a loop over an index, which costs nothing to compile and lets
 // `memalg sweep` run the same functions at run time.
 //
-// Every configuration is planned with `evaluate` (plan/evaluate.hpp) and costed with
-// `communication` (plan/comm.hpp). The queries, each deterministic (ties broken as stated, then by
-// the lower index):
+// Every configuration is decided with `evaluate` (plan/evaluate.hpp) and, when it fits, costed
+// with `communication` (plan/comm.hpp). The queries, each deterministic (ties broken as stated,
+// then by the lower index):
 //
 //   least memory            lowest peak of the most loaded rank; ties: less communication, then
 //                           the smaller micro-batch
@@ -19,16 +20,20 @@
 //   largest micro-batch     the configuration with the largest micro-batch that fits; ties: less
 //                           memory, then less communication
 //   every feasible one      indices of all configurations that are valid and fit (list_strategies)
+//   the best K in an order  top_strategies (what `memalg sweep --top K` prints)
 //   closest                 the least memory among valid configurations, fitting or not (what to
 //                           report when nothing fits)
 //
 // and, for one configuration, `largest_fitting_micro_batch`: a binary search, valid because the
-// peak never decreases with the micro-batch.
+// peak never decreases with the micro-batch. The same monotonicity lets a search decide each group
+// of configurations that differ only in the micro-batch with a few plans (detail::search_group);
+// `find_strategies_exhaustive` and `top_strategies_exhaustive` plan everything and are what the
+// tests compare the pruned answers with.
 //
-// All of it is constexpr: `find_strategies(...)` in a constant expression is a compile-time search whose
-// results can choose types (plan/search_hana.hpp maps them back to strategy types). A byte count
-// that overflows 64 bits is a compile error there, as everywhere; at run time `memalg sweep`
-// counts such a configuration as invalid.
+// All of it is constexpr: `find_strategies(...)` in a constant expression is a compile-time
+// search whose results can choose types (plan/search_hana.hpp maps them back to strategy types).
+// A byte count that overflows 64 bits is a compile error there, as everywhere; at run time it
+// throws std::overflow_error, which `memalg sweep` reports as bad input.
 #pragma once
 
 #include <array>
