@@ -3,7 +3,7 @@
 // The CUDA trainer (exec/gpt_trainer_cuda.cuh) runs the same plans as the CPU trainer
 // (exec/gpt_plan.hpp) with two differences, both decided here so that plain g++ can check them:
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
-//     weights and optimizer states). No fp16: dynamic loss scaling is not implemented on the GPU.
+//     weights and optimizer states). No fp16: the GPU trainer has no dynamic loss scaler.
 //   * multi-rank runs may use bf16: NCCL reduces bf16 (MPI cannot, hence the CPU's fp32 rule).
 //   * head width: at most 128 with flash attention, 256 without (the kernels' register tiles).
 // Everything else — GPT-2 architecture, optimizers, fused optimizer step, reference kernel
