@@ -3,9 +3,10 @@
 // The input is split at newlines into arguments and given to the tool's own main() (compiled
 // with main renamed), so every sub-command and flag parser is exercised. Every input must end with
 // exit status 0 or 2 (a one-line usage error); status 1 (an internal error), a crash, a sanitizer
-// report or a hang is a bug. Arguments that would write files (--svg, -o/--output) are dropped so
-// the fuzzer cannot write outside its directory, and sweeps are limited to a few thousand
-// configurations so that each input runs in milliseconds.
+// report or a hang is a bug. Inputs with arguments that would write files (--svg, -o/--output)
+// are skipped so the fuzzer cannot write anywhere — a new flag that writes a file must be added
+// to that filter — and sweeps are limited to a few thousand configurations so that each input
+// runs in milliseconds.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
