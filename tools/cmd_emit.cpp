@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <utility>
 
 #include "planner.hpp"
 
@@ -64,7 +65,7 @@ bool same_dtype(const dtype& a, const dtype& b) {
   X(count) X(params) X(tp_replicated_params) X(expert_params) X(matrix_params) X(matrix_rows_plus_cols) X(gather_params)
 #define MEMALG_EMIT_SHAPE_FIELDS(X)                                                                                   \
   X(hidden) X(heads) X(kv_heads) X(head_dim) X(ffn) X(vocab) X(in) X(out) X(kernel) X(experts) X(top_k)              \
-  X(capacity_factor_percent) X(chunk) X(dropout_permille) X(flags) X(sequence) X(kv_sequence) X(positions) X(rank) \
+  X(capacity_factor_percent) X(chunk) X(dropout_permille) X(sequence) X(kv_sequence) X(positions) X(rank)           \
   X(saved_per_token)
 
 layer_desc known_fields(const layer_desc& l) {
@@ -76,6 +77,7 @@ layer_desc known_fields(const layer_desc& l) {
   c.weight_storage = l.weight_storage;
   c.group = l.group;
   c.shape.logits = l.shape.logits;
+  c.shape.flags = l.shape.flags;
 #define COPY(f) c.f = l.f;
   MEMALG_EMIT_LAYER_FIELDS(COPY)
 #undef COPY
@@ -83,6 +85,31 @@ layer_desc known_fields(const layer_desc& l) {
   MEMALG_EMIT_SHAPE_FIELDS(COPY)
 #undef COPY
   return c;
+}
+
+/// `memalg::layer_flags::gated | memalg::layer_flags::rms_norm`, with any bit without a name as a number.
+std::string flags_expression(std::uint32_t flags) {
+  static constexpr std::pair<std::uint32_t, std::string_view> names[] = {
+      {layer_flags::bias, "bias"},
+      {layer_flags::gated, "gated"},
+      {layer_flags::rms_norm, "rms_norm"},
+      {layer_flags::flash, "flash"},
+      {layer_flags::causal, "causal"},
+      {layer_flags::tied, "tied"},
+      {layer_flags::cross_attention, "cross_attention"},
+      {layer_flags::adapted, "adapted"},
+      {layer_flags::activation, "activation"},
+      {layer_flags::batchnorm, "batchnorm"},
+      {layer_flags::moe, "moe"},
+      {layer_flags::vocab_replicated, "vocab_replicated"}};
+  std::string out;
+  for (const auto& [bit, name] : names)
+    if ((flags & bit) != 0) {
+      out += (out.empty() ? "" : " | ") + std::string("memalg::layer_flags::") + std::string(name);
+      flags &= ~bit;
+    }
+  if (flags != 0 || out.empty()) out += (out.empty() ? "" : " | ") + std::to_string(flags) + "u";
+  return out;
 }
 
 std::string layer_literal(const layer_desc& l) {
@@ -98,6 +125,7 @@ std::string layer_literal(const layer_desc& l) {
   if (l.shape.f != d.shape.f) s << "      l.shape." #f " = " << u64(l.shape.f) << ";\n";
   MEMALG_EMIT_SHAPE_FIELDS(EMIT)
 #undef EMIT
+  if (l.shape.flags != d.shape.flags) s << "      l.shape.flags = " << flags_expression(l.shape.flags) << ";\n";
   if (!l.trainable) s << "      l.trainable = false;\n";
   if (!same_dtype(l.weight_storage, d.weight_storage)) s << "      l.weight_storage = " << dtype_literal(l.weight_storage) << ";\n";
   if (!same_dtype(l.shape.logits, d.shape.logits)) s << "      l.shape.logits = " << dtype_literal(l.shape.logits) << ";\n";

@@ -353,6 +353,7 @@ TEST_CASE("emit: type aliases and a static_assert; models with layers as literal
   h = emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), "my::plans", "memalg emit");
   CHECK(h.find("struct model {") != std::string::npos);
   CHECK(h.find("l.kind = memalg::layer_kind::transformer_block;") != std::string::npos);
+  CHECK(h.find("l.shape.flags = memalg::layer_flags::gated | memalg::layer_flags::rms_norm") != std::string::npos);
   CHECK(h.find("memalg::train::batch<2, 4096>, memalg::train::grad_accum<4>, memalg::train::recompute::every<4>") !=
         std::string::npos);
   CHECK(h.find("memalg::device::capped<memalg::device::with_reserve<memalg::device::a100_80gb, 1073741824ULL>") !=
