@@ -56,6 +56,7 @@
 #include "memalg/exec/arena.hpp"
 #include "memalg/exec/checkpoint.hpp"
 #include "memalg/exec/communicator.hpp"
+#include "memalg/exec/gpt_layout.hpp"
 #include "memalg/train/recipe.hpp"
 
 namespace memalg::exec {
@@ -198,9 +199,7 @@ class gpt_trainer {
   }
 
   // ---- units and their offsets ----------------------------------------------------------------
-  struct block_view {  // offsets of one block's tensors inside its unit
-    std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
-  };
+  using block_view = gpt_block_view;
   struct unit {
     unit(std::string n, std::size_t e) : name(std::move(n)), elements(e) {}
     std::string name;
@@ -212,43 +211,14 @@ class gpt_trainer {
     std::vector<std::pair<std::size_t, std::size_t>> no_decay;  ///< [begin, end) not weight-decayed
     std::vector<std::pair<std::size_t, std::size_t>> replicated;  ///< [begin, end) identical on TP ranks
   };
-  block_view block_layout() const {
-    const std::size_t C = c_.hidden, W = local_width(), F = local_ffn();
-    block_view v{};
-    std::size_t o = 0;
-    const auto take = [&](std::size_t n) { const std::size_t at = o; o += n; return at; };
-    v.ln1_w = take(C); v.ln1_b = take(C);
-    v.qkv_w = take(3 * W * C); v.qkv_b = take(3 * W);
-    v.proj_w = take(C * W); v.proj_b = take(C);
-    v.ln2_w = take(C); v.ln2_b = take(C);
-    v.fc1_w = take(F * C); v.fc1_b = take(F);
-    v.fc2_w = take(C * F); v.fc2_b = take(C);
-    v.end = o;
-    return v;
-  }
+  block_view block_layout() const { return gpt_block_layout(c_.hidden, local_width(), local_ffn()); }
   void build_units() {
-    const std::size_t C = c_.hidden;
     blk_ = block_layout();
-    units_.emplace_back("wte", c_.vocab * C);
-    units_.back().replicated = {{0, c_.vocab * C}};
-    units_.emplace_back("wpe", c_.positions * C);
-    units_.back().replicated = {{0, c_.positions * C}};
-    for (std::size_t l = 0; l < c_.layers; ++l) {
-      unit u("block" + std::to_string(l), blk_.end);
-      const block_view& v = blk_;
-      u.no_decay = {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}};
-      u.replicated = {{v.ln1_w, v.qkv_w}, {v.proj_b, v.fc1_w}, {v.fc2_b, v.end}};
-      units_.push_back(u);
-    }
-    units_.emplace_back("lnf", 2 * C);
-    units_.back().no_decay = {{0, 2 * C}};
-    units_.back().replicated = {{0, 2 * C}};
-    for (unit& u : units_) {
-      if (u.elements % c_.dp != 0)
-        throw std::invalid_argument("gpt_trainer: unit '" + u.name + "' (" + std::to_string(u.elements) +
-                                    " elements) does not split evenly over " + std::to_string(c_.dp) +
-                                    " data-parallel ranks");
-      u.shard = u.elements / c_.dp;
+    for (gpt_unit_spec& spec : gpt_units("gpt_trainer", c_.vocab, c_.positions, c_.hidden, c_.layers, blk_, c_.dp)) {
+      unit& u = units_.emplace_back(std::move(spec.name), spec.elements);
+      u.shard = spec.shard;
+      u.no_decay = std::move(spec.no_decay);
+      u.replicated = std::move(spec.replicated);
     }
   }
   void allocate_states() {

@@ -1,0 +1,84 @@
+// memalg/exec/gpt_layout.hpp — how the GPT trainers (CPU and CUDA) lay out their parameters.
+//
+// Parameters are grouped into units — the token embedding, the position embedding, each block,
+// the final norm — each one flat buffer per rank. A block's tensors sit at fixed offsets inside
+// its unit; `no_decay` lists the ranges AdamW does not decay (norms, biases) and `replicated` the
+// ranges identical on every tensor-parallel rank (norms, biases of row-parallel products,
+// embeddings), which the global gradient norm counts once. Both trainers build their units from
+// these functions, so the layout the plan is checked against is written once.
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace memalg::exec {
+
+/// Offsets of one block's tensors inside its unit (W = attention width per rank, F = MLP width
+/// per rank under tensor parallelism).
+struct gpt_block_view {
+  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
+};
+
+constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t W, std::size_t F) {
+  gpt_block_view v{};
+  std::size_t o = 0;
+  const auto take = [&](std::size_t n) {
+    const std::size_t at = o;
+    o += n;
+    return at;
+  };
+  v.ln1_w = take(C);
+  v.ln1_b = take(C);
+  v.qkv_w = take(3 * W * C);
+  v.qkv_b = take(3 * W);
+  v.proj_w = take(C * W);
+  v.proj_b = take(C);
+  v.ln2_w = take(C);
+  v.ln2_b = take(C);
+  v.fc1_w = take(F * C);
+  v.fc1_b = take(F);
+  v.fc2_w = take(C * F);
+  v.fc2_b = take(C);
+  v.end = o;
+  return v;
+}
+
+using element_ranges = std::vector<std::pair<std::size_t, std::size_t>>;
+
+struct gpt_unit_spec {
+  std::string name;
+  std::size_t elements = 0;  ///< on this rank before ZeRO sharding
+  std::size_t shard = 0;     ///< elements / dp
+  element_ranges no_decay;
+  element_ranges replicated;
+};
+
+/// The units of a GPT of `layers` blocks; throws, naming `who`, when a unit does not split evenly
+/// over `dp` data-parallel ranks.
+inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vocab, std::size_t positions,
+                                            std::size_t hidden, std::size_t layers, const gpt_block_view& v,
+                                            std::size_t dp) {
+  const std::size_t C = hidden;
+  std::vector<gpt_unit_spec> units;
+  units.push_back({"wte", vocab * C, 0, {}, {{0, vocab * C}}});
+  units.push_back({"wpe", positions * C, 0, {}, {{0, positions * C}}});
+  for (std::size_t l = 0; l < layers; ++l)
+    units.push_back({"block" + std::to_string(l), v.end, 0,
+                     {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}},
+                     {{v.ln1_w, v.qkv_w}, {v.proj_b, v.fc1_w}, {v.fc2_b, v.end}}});
+  units.push_back({"lnf", 2 * C, 0, {{0, 2 * C}}, {{0, 2 * C}}});
+  for (gpt_unit_spec& u : units) {
+    if (u.elements % dp != 0)
+      throw std::invalid_argument(std::string(who) + ": unit '" + u.name + "' (" + std::to_string(u.elements) +
+                                  " elements) does not split evenly over " + std::to_string(dp) +
+                                  " data-parallel ranks");
+    u.shard = u.elements / dp;
+  }
+  return units;
+}
+
+}  // namespace memalg::exec
