@@ -28,14 +28,19 @@ namespace detail {
   throw std::domain_error("memalg: division of a byte count by zero");
 }
 
+// The largest count, as a constant: the byte algebra checks against it hundreds of thousands of
+// times in one compile-time search, where every function call (numeric_limits<>::max()) costs
+// microseconds.
+inline constexpr std::uint64_t max_count = std::numeric_limits<std::uint64_t>::max();
+
 // Plain comparisons rather than __builtin_*_overflow: nvcc's front end does not evaluate those
 // builtins in constant expressions.
 constexpr std::uint64_t checked_add(std::uint64_t a, std::uint64_t b) {
-  if (b > std::numeric_limits<std::uint64_t>::max() - a) byte_count_overflows_64_bits();
+  if (b > max_count - a) byte_count_overflows_64_bits();
   return a + b;
 }
 constexpr std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b) {
-  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) byte_count_overflows_64_bits();
+  if (a != 0 && b > max_count / a) byte_count_overflows_64_bits();
   return a * b;
 }
 constexpr std::uint64_t checked_sub(std::uint64_t a, std::uint64_t b) {
@@ -60,16 +65,49 @@ struct bytes {
   // Written out rather than defaulted: nvcc 13 mis-orders defaulted comparison operators.
   friend constexpr bool operator==(bytes a, bytes b) { return a.value == b.value; }
   friend constexpr std::strong_ordering operator<=>(bytes a, bytes b) { return a.value <=> b.value; }
+  // The relational operators written out as well: through <=> each comparison is three calls,
+  // which a compile-time search pays thousands of times.
+  friend constexpr bool operator<(bytes a, bytes b) { return a.value < b.value; }
+  friend constexpr bool operator<=(bytes a, bytes b) { return a.value <= b.value; }
+  friend constexpr bool operator>(bytes a, bytes b) { return a.value > b.value; }
+  friend constexpr bool operator>=(bytes a, bytes b) { return a.value >= b.value; }
 
-  friend constexpr bytes operator+(bytes a, bytes b) { return bytes{detail::checked_add(a.value, b.value)}; }
-  friend constexpr bytes operator-(bytes a, bytes b) { return bytes{detail::checked_sub(a.value, b.value)}; }
-  friend constexpr bytes operator*(bytes a, std::uint64_t n) { return bytes{detail::checked_mul(a.value, n)}; }
+  // The checks are written into each operator rather than called: a compile-time search applies
+  // these operators hundreds of thousands of times, and in constant evaluation every call counts.
+  friend constexpr bytes operator+(bytes a, bytes b) {
+    if (b.value > detail::max_count - a.value) detail::byte_count_overflows_64_bits();
+    a.value += b.value;
+    return a;
+  }
+  friend constexpr bytes operator-(bytes a, bytes b) {
+    if (b.value > a.value) detail::byte_count_underflows_below_zero();
+    a.value -= b.value;
+    return a;
+  }
+  friend constexpr bytes operator*(bytes a, std::uint64_t n) {
+    if (a.value != 0 && n > detail::max_count / a.value) detail::byte_count_overflows_64_bits();
+    a.value *= n;
+    return a;
+  }
   friend constexpr bytes operator*(std::uint64_t n, bytes a) { return a * n; }
-  constexpr bytes& operator+=(bytes b) { return *this = *this + b; }
-  constexpr bytes& operator-=(bytes b) { return *this = *this - b; }
+  constexpr bytes& operator+=(bytes b) {
+    if (b.value > detail::max_count - value) detail::byte_count_overflows_64_bits();
+    value += b.value;
+    return *this;
+  }
+  constexpr bytes& operator-=(bytes b) {
+    if (b.value > value) detail::byte_count_underflows_below_zero();
+    value -= b.value;
+    return *this;
+  }
 
   /// Ceiling division: what the most loaded of `n` equal shards holds.
-  constexpr bytes shard(std::uint64_t n) const { return bytes{detail::ceil_div(value, n)}; }
+  constexpr bytes shard(std::uint64_t n) const {
+    if (n == 0) detail::division_by_zero_shard_degree();
+    bytes r = *this;
+    r.value = value / n + (value % n != 0 ? 1 : 0);
+    return r;
+  }
   /// Exact ratio as a double (for headroom percentages; never used to decide fit).
   constexpr double ratio(bytes denominator) const {
     return denominator.value == 0 ? 0.0 : static_cast<double>(value) / static_cast<double>(denominator.value);

@@ -67,25 +67,48 @@ struct breakdown {
   constexpr bytes operator[](category c) const { return const_cast<breakdown&>(*this)[c]; }
 
   /// Weights + gradients + master weights + optimizer states (ZeRO's "model states").
-  constexpr bytes model_states() const { return weights + gradients + master_weights + optimizer_states; }
-  constexpr bytes total() const {
-    return model_states() + activations + temporaries + comm_buffers + reserve;
-  }
+  constexpr bytes model_states() const { return sum(4); }
+  constexpr bytes total() const { return sum(category_count); }
 
-  friend constexpr breakdown operator+(breakdown a, const breakdown& b) {
-    for (std::size_t i = 0; i < category_count; ++i) a[category(i)] += b[category(i)];
-    return a;
+  // The arithmetic below loops over the members with the overflow checks written inline: a
+  // compile-time search adds breakdowns thousands of times, and in constant evaluation every
+  // function call (operator[], a checked add) costs microseconds.
+  friend constexpr breakdown operator+(breakdown a, const breakdown& b) { return a += b; }
+  constexpr breakdown& operator+=(const breakdown& b) {
+    for (bytes breakdown::*m : members) {
+      if ((b.*m).value > detail::max_count - (this->*m).value) detail::byte_count_overflows_64_bits();
+      (this->*m).value += (b.*m).value;
+    }
+    return *this;
   }
-  constexpr breakdown& operator+=(const breakdown& b) { return *this = *this + b; }
   friend constexpr breakdown operator*(breakdown a, std::uint64_t n) {
-    for (std::size_t i = 0; i < category_count; ++i) a[category(i)] = a[category(i)] * n;
+    for (bytes breakdown::*m : members) {
+      if (n != 0 && (a.*m).value > detail::max_count / n) detail::byte_count_overflows_64_bits();
+      (a.*m).value *= n;
+    }
     return a;
   }
   /// What the most loaded of `n` shards of every category holds.
   constexpr breakdown shard(std::uint64_t n) const {
-    breakdown r{};
-    for (std::size_t i = 0; i < category_count; ++i) r[category(i)] = (*this)[category(i)].shard(n);
+    if (n == 0) detail::division_by_zero_shard_degree();
+    breakdown r = *this;
+    for (bytes breakdown::*m : members) (r.*m).value = (r.*m).value / n + ((r.*m).value % n != 0 ? 1 : 0);
     return r;
+  }
+
+ private:
+  /// The members in category order (model states first).
+  static constexpr bytes breakdown::*members[category_count] = {
+      &breakdown::weights,     &breakdown::gradients,   &breakdown::master_weights, &breakdown::optimizer_states,
+      &breakdown::activations, &breakdown::temporaries, &breakdown::comm_buffers,   &breakdown::reserve};
+  constexpr bytes sum(std::size_t first_members) const {
+    bytes t{};
+    for (std::size_t i = 0; i < first_members; ++i) {
+      const std::uint64_t v = (this->*members[i]).value;
+      if (v > detail::max_count - t.value) detail::byte_count_overflows_64_bits();
+      t.value += v;
+    }
+    return t;
   }
 };
 
