@@ -124,15 +124,17 @@ inline constexpr std::size_t max_model_entries = 48;
 
 struct model_desc {
   std::string_view name{};
-  std::array<layer_desc, max_model_entries> entries{};
+  /// A built-in array rather than std::array: in constant evaluation every std::array subscript
+  /// is a function call, and a compile-time search subscripts entries hundreds of thousands of times.
+  layer_desc entries[max_model_entries]{};
   std::size_t size = 0;
 
   constexpr void push(const layer_desc& l) {
     if (size >= max_model_entries) too_many_model_entries();
     entries[size++] = l;
   }
-  constexpr const layer_desc* begin() const { return entries.data(); }
-  constexpr const layer_desc* end() const { return entries.data() + size; }
+  constexpr const layer_desc* begin() const { return entries; }
+  constexpr const layer_desc* end() const { return entries + size; }
 
   /// Total parameters over every instance of every entry.
   constexpr std::uint64_t parameters() const {

@@ -455,14 +455,16 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
 /// Per-instance activations of every entry, in model order (computed once per plan; stages only
 /// multiply them).
 struct activation_table {
-  std::array<layer_activations, max_model_entries> entries{};
+  layer_activations entries[max_model_entries]{};  ///< a built-in array, as model_desc::entries
   std::size_t size = 0;
   bytes stage_boundary{};  ///< a pipeline send/receive buffer: one hidden-state tensor
 };
 
-constexpr activation_table activation_table_of(const model_desc& model, const training_desc& t, const mesh_desc& m) {
+/// The context is taken by value: g++ memoizes a constexpr call whose arguments are constants, so
+/// in a compile-time search the configurations that differ only in what activations do not read
+/// (ZeRO stage, pipeline degree, offload) share one table.
+constexpr activation_table activation_table_of(const model_desc& model, const activation_context c) {
   activation_table table{};
-  const activation_context c = activation_context_of(t, m);
   bool gradient_flows = false;
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
@@ -476,6 +478,9 @@ constexpr activation_table activation_table_of(const model_desc& model, const tr
   }
   table.size = model.size;
   return table;
+}
+constexpr activation_table activation_table_of(const model_desc& model, const training_desc& t, const mesh_desc& m) {
+  return activation_table_of(model, activation_context_of(t, m));
 }
 
 /// Chunk-micro-batches whose activations stage `stage` holds at its peak (see the header): with
@@ -509,16 +514,26 @@ struct stage_activations {
 };
 
 namespace detail {
-constexpr breakdown moment(bytes activations, bytes temporaries, bytes comm) {
-  breakdown b{};
-  b.activations = activations;
-  b.temporaries = temporaries;
-  b.comm_buffers = comm;
-  return b;
-}
-constexpr void keep_larger(breakdown& best, const breakdown& candidate) {
-  if (candidate.total() > best.total()) best = candidate;
-}
+/// The largest moment of a sweep so far: its activations, temporaries and communication buffers,
+/// and their sum. (Three counts rather than a breakdown: this runs for every entry of every plan,
+/// and in a constant expression each of a breakdown's eight members is an object of its own.)
+struct peak_moment {
+  bytes activations{};
+  bytes temporaries{};
+  bytes comm{};
+  bytes total{};
+  constexpr void offer(bytes a, bytes t, bytes c) {
+    const bytes sum = a + t + c;
+    if (sum > total) *this = peak_moment{a, t, c, sum};
+  }
+  constexpr breakdown as_breakdown() const {
+    breakdown b{};
+    b.activations = activations;
+    b.temporaries = temporaries;
+    b.comm_buffers = comm;
+    return b;
+  }
+};
 }  // namespace detail
 
 namespace detail {
@@ -554,14 +569,16 @@ constexpr unit_transients entry_unit_transients(const model_desc& model, const l
 constexpr stage_activations activations_on_stage(const model_desc& model, const activation_table& table,
                                                  const training_desc& t, const mesh_desc& m, std::uint64_t stage) {
   stage_activations out{};
-  std::array<bytes, max_model_entries> kept{};      // per entry on this stage, one micro-batch
-  std::array<bytes, max_model_entries> rebuilt{};   // recomputed in backward (transient)
+  detail::peak_moment forward{}, backward{};
+  bytes kept[max_model_entries]{};     // per entry on this stage, one micro-batch
+  bytes rebuilt[max_model_entries]{};  // recomputed in backward (transient)
+  std::uint64_t held[max_model_entries]{};  // instances on this stage
   bytes total{}, largest_instance{}, teacher_logits{};
   const recompute_kind rk = t.recompute;
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
     const layer_activations& a = table.entries[i];
-    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    const std::uint64_t n = held[i] = instances_on_stage(l, stage, m.pp);
     if (n == 0 || l.place == placement::spread) continue;
     if (l.group == layer_group::teacher) {
       teacher_logits += a.held_until_loss;
@@ -612,40 +629,42 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
   const bool offload = t.offload_activations;
   const bytes window = largest_instance * 2;
   const auto on_device = [&](bytes saved) { return offload && window < saved ? window : saved; };
+  // ZeRO-2/3 units of memalg's runtime (else nothing: skip the call, as this loop runs per plan).
+  const bool units = t.kernels == kernel_profile::reference && m.zero_stage >= 2;
   if (offload) out.host = at_end;
 
   // Teachers run first, between earlier micro-batches' saved tensors and the student's forward.
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
-    if (l.group != layer_group::teacher || instances_on_stage(l, stage, m.pp) == 0) continue;
+    if (l.group != layer_group::teacher || held[i] == 0) continue;
     const layer_activations& a = table.entries[i];
-    detail::keep_larger(out.forward, detail::moment(on_device(prior), a.forward_temporary, a.comm + boundary));
+    forward.offer(on_device(prior), a.forward_temporary, a.comm + boundary);
   }
   bytes cumulative{};
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
-    if (l.group == layer_group::teacher || l.place == placement::spread || instances_on_stage(l, stage, m.pp) == 0)
-      continue;
+    if (l.group == layer_group::teacher || l.place == placement::spread || held[i] == 0) continue;
     const layer_activations& a = table.entries[i];
     cumulative += kept[i];
-    bytes temporary = a.forward_temporary + teacher_logits + detail::entry_unit_transients(model, l, t, m).forward;
+    bytes temporary = a.forward_temporary + teacher_logits;
+    if (units) temporary += detail::entry_unit_transients(model, l, t, m).forward;
     if (rk == recompute_kind::selective) temporary += a.recompute_core;  // computed, then dropped
-    detail::keep_larger(out.forward, detail::moment(on_device(prior + cumulative), temporary, a.comm + boundary));
+    forward.offer(on_device(prior + cumulative), temporary, a.comm + boundary);
   }
   for (std::size_t j = model.size; j-- > 0;) {
     const layer_desc& l = model.entries[j];
-    if (l.group == layer_group::teacher || l.place == placement::spread || instances_on_stage(l, stage, m.pp) == 0)
-      continue;
+    if (l.group == layer_group::teacher || l.place == placement::spread || held[j] == 0) continue;
     const layer_activations& a = table.entries[j];
     if (a.backward) {
-      const bytes temporary = a.backward_temporary + rebuilt[j] +
-                              (l.kind == layer_kind::output ? teacher_logits : bytes{}) +
-                              detail::entry_unit_transients(model, l, t, m).backward;
-      detail::keep_larger(out.backward,
-                          detail::moment(on_device(prior + cumulative), temporary, a.comm + boundary));
+      bytes temporary = a.backward_temporary + rebuilt[j];
+      if (l.kind == layer_kind::output) temporary += teacher_logits;
+      if (units) temporary += detail::entry_unit_transients(model, l, t, m).backward;
+      backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary);
     }
     cumulative -= kept[j];
   }
+  out.forward = forward.as_breakdown();
+  out.backward = backward.as_breakdown();
   return out;
 }
 
