@@ -258,6 +258,44 @@ TEST_CASE("the pruning's premise: peak and traffic never decrease with the micro
   }
 }
 
+TEST_CASE("peak_bytes, what the search ranks by, is the peak of the whole plan") {
+  // Every valid configuration of a space with pipelines (two candidate stages), recomputation,
+  // offload, and both kernel profiles (the reference one adds per-entry ZeRO units).
+  for (kernel_profile kernels : {kernel_profile::generic, kernel_profile::reference}) {
+    CAPTURE(static_cast<int>(kernels));
+    search_problem p{};
+    p.model = decoder(8, 1024, 16, 32000);
+    p.training = amp_fp16_adam();
+    p.training.sequence = 1024;
+    p.training.grad_accum = 4;
+    p.training.kernels = kernels;
+    p.device = device::a100_40gb::value;
+    p.space = default_space(8);
+    p.space.micro_batch = {1, 4};
+    p.space.recompute = {recompute_choice{recompute_kind::none}, recompute_choice{recompute_kind::selective},
+                         recompute_choice{recompute_kind::every_k, 3}};
+    p.space.offload = {offload_kind::none, offload_kind::optimizer};
+    std::uint64_t compared = 0;
+    for (std::uint64_t i = 0; i < p.space.size(); ++i) {
+      const candidate c = evaluate_candidate(p, i, false);
+      if (!c.valid()) continue;
+      const strategy s = strategy_at(p.space, i);
+      const training_desc t = apply_strategy(s, p.training);
+      const mesh_desc m = apply_strategy(s, p.mesh);
+      CHECK(peak_bytes(p.model, t, m, p.device) == c.plan.peak());
+      ++compared;
+    }
+    CHECK(compared > 100);
+  }
+  // A model given by its parameter count has no activation table.
+  const model_desc by_count = parameter_count_model(7'500'000'000);
+  training_desc t = amp_fp16_adam();
+  mesh_desc m{};
+  m.dp = m.world = 64;
+  m.zero_stage = 3;
+  CHECK(peak_bytes(by_count, t, m, device::a100_80gb::value) == evaluate(by_count, t, m, device::a100_80gb::value).peak());
+}
+
 TEST_CASE("the largest micro-batch that fits, by binary search, equals a linear scan") {
   const model_desc model = decoder(16, 2048, 16, 50000);
   training_desc t = amp_fp16_adam();

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 
 #include "memalg/plan/issues.hpp"
@@ -161,12 +162,26 @@ constexpr plan_result evaluate_stages(const model_desc& model, const training_de
 }
 }  // namespace detail
 
+/// The peak of the most loaded rank, `evaluate(model, t, m, d).peak()`, without the rest of the
+/// plan: what a search ranks configurations by (plan/search.hpp), from the same stage timelines.
+constexpr bytes peak_bytes(const model_desc& model, const training_desc& t, const mesh_desc& m, const device_desc& d) {
+  const bool activations = t.sequence != 0 && has_layer_structure(model);
+  const activation_table acts = activations ? activation_table_of(model, activation_context_of(t, m)) : activation_table{};
+  bytes peak{};
+  for (const std::uint64_t stage : {std::uint64_t{0}, m.pp - 1}) {
+    const timeline tl = stage_timeline(model, t, m, d, stage, activations ? &acts : nullptr);
+    for (const breakdown& moment : tl.at) peak = max(peak, moment.total());
+    if (m.pp <= 1) break;
+  }
+  return peak;
+}
+
 constexpr plan_result evaluate(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                const device_desc& d) {
   // Activations exist only with layer structure and a sequence length; a parameter-count model
   // skips their algebra entirely (which keeps compile-time searches over such models cheap).
   if (t.sequence == 0 || !has_layer_structure(model)) return detail::evaluate_stages(model, t, m, d, nullptr);
-  const activation_table acts = activation_table_of(model, t, m);
+  const activation_table acts = activation_table_of(model, activation_context_of(t, m));
   return detail::evaluate_stages(model, t, m, d, &acts);
 }
 

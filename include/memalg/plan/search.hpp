@@ -59,7 +59,7 @@ inline constexpr std::size_t max_choices = 32;
 /// A short, fixed-capacity list of the choices of one dimension (a literal type).
 template <class T>
 struct choices {
-  std::array<T, max_choices> items{};
+  T items[max_choices]{};  // built-in: std::array subscripts are calls in constant evaluation
   std::size_t size = 0;
 
   constexpr choices() = default;
@@ -71,8 +71,8 @@ struct choices {
     items[size++] = v;
   }
   constexpr const T& operator[](std::size_t i) const { return items[i]; }
-  constexpr const T* begin() const { return items.data(); }
-  constexpr const T* end() const { return items.data() + size; }
+  constexpr const T* begin() const { return items; }
+  constexpr const T* end() const { return items + size; }
   constexpr bool empty() const { return size == 0; }
 };
 
@@ -365,24 +365,32 @@ struct verdict {
   ranking_key key{};
   bool fits = false;
 };
-/// Plans configuration `index`, known to be valid.
+/// Plans configuration `index`, known to be valid (its communication is left to `cost`).
 constexpr verdict judge(const search_problem& p, std::uint64_t index) {
   const strategy c = strategy_at(p.space, index);
-  const mesh_desc m = apply_strategy(c, p.mesh);
   const training_desc t = apply_strategy(c, p.training);
-  const plan_result r = evaluate(p.model, t, m, p.device);
   verdict v{};
   v.key.index = index;
-  v.key.peak = r.peak().value;
+  v.key.peak = peak_bytes(p.model, t, apply_strategy(c, p.mesh), p.device).value;
   v.key.micro_batch = t.micro_batch;
-  v.fits = r.fits;
-  if (r.fits) v.key.comm = communication(p.model, t, m).total().value;
+  v.fits = v.key.peak <= p.device.limit().value;
   return v;
 }
+/// The bytes configuration `index` sends per step (its most communicating rank).
+constexpr std::uint64_t cost(const search_problem& p, std::uint64_t index) {
+  const strategy c = strategy_at(p.space, index);
+  return communication(p.model, apply_strategy(c, p.training), apply_strategy(c, p.mesh)).total().value;
+}
 
+/// Positions in a dimension (a built-in array, cheap to subscript in constant evaluation).
+struct positions {
+  std::size_t at[max_choices]{};
+  constexpr std::size_t operator[](std::size_t i) const { return at[i]; }
+};
 /// Positions of the micro-batch choices in ascending order of value (stable).
-constexpr std::array<std::size_t, max_choices> micro_batch_order(const search_space& s) {
-  std::array<std::size_t, max_choices> order{};
+constexpr positions micro_batch_order(const search_space& s) {
+  positions p{};
+  std::size_t* order = p.at;
   for (std::size_t i = 0; i < s.micro_batch.size; ++i) order[i] = i;
   for (std::size_t i = 1; i < s.micro_batch.size; ++i)  // insertion sort: at most max_choices
     for (std::size_t j = i; j > 0 && s.micro_batch[order[j]] < s.micro_batch[order[j - 1]]; --j) {
@@ -390,7 +398,7 @@ constexpr std::array<std::size_t, max_choices> micro_batch_order(const search_sp
       order[j] = order[j - 1];
       order[j - 1] = x;
     }
-  return order;
+  return p;
 }
 
 }  // namespace detail
@@ -423,13 +431,14 @@ namespace detail {
 /// monotonicity allows: the peak and the traffic never decrease with the micro-batch, so the
 /// fitting ones are a prefix of the valid ones in ascending micro-batch order. Plans: the smallest
 /// (it answers least memory, least communication and closest for the group), the largest, and a
-/// binary search between them for the largest that fits (it answers largest micro-batch).
+/// binary search between them for the largest that fits (it answers largest micro-batch); the
+/// communication only of the smallest, and of the largest fitting one when it could rank first.
 /// `on_feasible(index)` is called for every fitting configuration. A ranked list (`top`, may be
 /// null) takes the group's members in their order of rank until one does not enter: in memory or
 /// communication order smaller micro-batches rank first within a group, in micro-batch order
 /// larger ones, so no later member could enter either.
 template <class OnFeasible>
-constexpr void search_group(const search_problem& p, const std::array<std::size_t, max_choices>& order,
+constexpr void search_group(const search_problem& p, const positions& order,
                             std::uint64_t first_index, search_result& r, OnFeasible&& on_feasible, top_list* top) {
   const std::size_t k = p.space.micro_batch.size;
   r.evaluated += k;
@@ -442,20 +451,28 @@ constexpr void search_group(const search_problem& p, const std::array<std::size_
   training_desc t = apply_strategy(first, p.training);
   t.micro_batch = p.space.micro_batch[order[zero_batches]];
   if (find_plan_issue(p.model, t, apply_strategy(first, p.mesh), p.device) != plan_issue::none) return;
-  std::array<std::uint64_t, max_choices> valid{};  // indices of the valid ones, ascending micro-batch
+  std::uint64_t valid[max_choices]{};  // indices of the valid ones, ascending micro-batch
   std::size_t n = 0;
   for (std::size_t i = zero_batches; i < k; ++i) valid[n++] = first_index + order[i];
   r.valid += n;
 
-  std::array<verdict, max_choices> known{};  // plans computed so far, by position in `valid`
-  std::array<bool, max_choices> have{};
-  const auto at = [&](std::size_t i) -> const verdict& {
+  verdict known[max_choices]{};  // plans computed so far, by position in `valid`
+  bool have[max_choices]{}, costed[max_choices]{};
+  const auto decided = [&](std::size_t i) -> verdict& {  // fits or not; no communication yet
     if (!have[i]) {
       known[i] = judge(p, valid[i]);
       have[i] = true;
       ++r.planned;
     }
     return known[i];
+  };
+  const auto at = [&](std::size_t i) -> const verdict& {  // with its communication when it fits
+    verdict& v = decided(i);
+    if (v.fits && !costed[i]) {
+      v.key.comm = cost(p, valid[i]);
+      costed[i] = true;
+    }
+    return v;
   };
 
   const verdict& smallest = at(0);
@@ -465,13 +482,13 @@ constexpr void search_group(const search_problem& p, const std::array<std::size_
   r.least_communication.offer(smallest.key, search_order::communication);
   std::size_t last_fit = 0;  // position in `valid` of the largest that fits
   if (n > 1) {
-    if (at(n - 1).fits) {
+    if (decided(n - 1).fits) {
       last_fit = n - 1;
     } else {
       std::size_t lo = 0, hi = n - 1;  // fits(lo), !fits(hi)
       while (hi - lo > 1) {
         const std::size_t mid = lo + (hi - lo) / 2;
-        if (at(mid).fits) lo = mid;
+        if (decided(mid).fits) lo = mid;
         else hi = mid;
       }
       last_fit = lo;
@@ -482,10 +499,17 @@ constexpr void search_group(const search_problem& p, const std::array<std::size_
   while (largest > 0 && p.space.micro_batch[valid[largest - 1] - first_index] ==
                             p.space.micro_batch[valid[last_fit] - first_index])
     --largest;
-  ranking_key large_key = at(last_fit).key;
+  ranking_key large_key = decided(last_fit).key;
   for (std::size_t i = largest; i < last_fit; ++i)
     large_key.index = valid[i] < large_key.index ? valid[i] : large_key.index;
-  r.largest_micro_batch.offer(large_key, search_order::micro_batch);
+  // Its communication decides only against a best with the same micro-batch and the same memory:
+  // it is computed only when this one could rank first.
+  const ranking_key& best = r.largest_micro_batch.key;
+  if (!r.largest_micro_batch.found() || large_key.micro_batch > best.micro_batch ||
+      (large_key.micro_batch == best.micro_batch && large_key.peak <= best.peak)) {
+    large_key.comm = at(last_fit).key.comm;
+    r.largest_micro_batch.offer(large_key, search_order::micro_batch);
+  }
   r.feasible += last_fit + 1;
   for (std::size_t i = 0; i <= last_fit; ++i) on_feasible(valid[i]);
 
@@ -496,7 +520,7 @@ constexpr void search_group(const search_problem& p, const std::array<std::size_
       std::size_t lo = hi - 1;
       while (lo > 0 && p.space.micro_batch[valid[lo - 1] - first_index] == p.space.micro_batch[valid[hi - 1] - first_index])
         --lo;
-      std::array<std::uint64_t, max_choices> same{};
+      std::uint64_t same[max_choices]{};
       std::size_t m = 0;
       for (std::size_t i = lo; i < hi; ++i) same[m++] = valid[i];
       for (std::size_t i = 1; i < m; ++i)
@@ -547,7 +571,7 @@ constexpr search_result search_range(const search_problem& p, std::uint64_t begi
     }
     return r;
   }
-  const std::array<std::size_t, max_choices> order = micro_batch_order(p.space);
+  const positions order = micro_batch_order(p.space);
   std::uint64_t i = begin;
   for (; i < end && i % k != 0; ++i) one(i);  // a partial group at the start: one by one
   for (std::uint64_t groups = 0; i + k <= end; i += k, ++groups) {

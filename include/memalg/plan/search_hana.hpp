@@ -25,7 +25,7 @@
 // This is what keeps a 1,000-configuration search within a few seconds of g++ (bench/RESULTS.md):
 // instantiating a plan type per configuration costs an order of magnitude more.
 //
-// The search runs in chunks of `chunk_size` configurations, each its own constant expression
+// The search runs in chunks of at most `chunk_size` configurations, each its own constant expression
 // (clang stops one constant expression after 2^20 steps; a plan takes thousands), merged at the
 // end. Host only: Hana is heavy under nvcc, so the umbrella header does not include this one.
 #pragma once
@@ -436,10 +436,19 @@ struct strategy_search {
     return p;
   }();
   static constexpr std::uint64_t size = problem.space.size();
-  static constexpr std::size_t chunks = static_cast<std::size_t>((size + chunk_size - 1) / chunk_size);
+  /// Configurations per chunk: whole micro-batch groups (plan/search.hpp, detail::search_group),
+  /// as many as fit in chunk_size — a group cut by a chunk boundary would be planned one by one.
+  static constexpr std::uint64_t chunk_span = [] {
+    const std::uint64_t group = problem.space.global_batch == 0 && problem.space.micro_batch.size > 1
+                                    ? problem.space.micro_batch.size
+                                    : 1;
+    return group >= chunk_size ? group : chunk_size / group * group;
+  }();
+  static constexpr std::size_t chunks = static_cast<std::size_t>((size + chunk_span - 1) / chunk_span);
 
   template <std::size_t C>
-  static constexpr search_listing<chunk_size> chunk = list_strategies<chunk_size>(problem, C * chunk_size, (C + 1) * chunk_size);
+  static constexpr search_listing<chunk_size> chunk =
+      list_strategies<chunk_size>(problem, C * chunk_span, (C + 1) * chunk_span);
 
  private:
   template <std::size_t... C>
