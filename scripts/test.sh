@@ -12,6 +12,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 
 status=0
 ctest --test-dir "$build" --output-on-failure -j "$jobs" || status=1
+# What the compile-time budget measured on this machine (ctest prints a passing test's output only
+# with -V; bench/RESULTS.md has the reference figures).
+grep -h "ms (budget" "$build/Testing/Temporary/LastTest.log" 2>/dev/null || true
 
 echo
 echo "== sanitizers: AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU code"
