@@ -4,13 +4,13 @@
 // command-line tool computes at run time: the same function, so the two can never disagree.
 // It validates the configuration (`plan_error`), evaluates the timeline of the pipeline stages
 // that can be the most loaded — the first and the last; every stage in between holds at most what
-// the first holds (see evaluate_stages) — and reports the most loaded one. Per-entry activations
-// are computed once per plan.
+// the first holds (see detail::candidate_stages) — and reports the most loaded one. Per-entry
+// activations are computed once per plan.
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <string_view>
 
 #include "memalg/plan/issues.hpp"
@@ -133,23 +133,33 @@ constexpr std::string_view plan_error(const model_desc& model, const training_de
 }
 
 namespace detail {
+/// The pipeline stages that can be the most loaded: the first and the last. Every stage i in
+/// between holds at most what stage 0 holds, in every phase: no more instances of any repeated
+/// entry (earlier stages take the remainder of an uneven split), no more micro-batches in flight
+/// (1F1B p − i, interleaved decreasing in i, GPipe equal), and a subset of stage 0's entries
+/// (stage 0 adds the first-stage ones).
+struct candidate_stages {
+  std::uint64_t at[2] = {0, 0};
+  std::size_t count = 1;
+  constexpr explicit candidate_stages(const mesh_desc& m) {
+    if (m.pp > 1) {
+      at[1] = m.pp - 1;
+      count = 2;
+    }
+  }
+};
+
 constexpr plan_result evaluate_stages(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                       const device_desc& d, const activation_table* acts) {
   plan_result r{};
   r.parameters = model.parameters();
   r.limit = d.limit();
   r.usable = d.usable();
-
-  // Only the first and the last stage can be the most loaded. Every stage i in between holds at
-  // most what stage 0 holds, in every phase: no more instances of any repeated entry (earlier
-  // stages take the remainder of an uneven split), no more micro-batches in flight (1F1B p − i,
-  // interleaved decreasing in i, GPipe equal), and a subset of stage 0's entries (stage 0 adds the
-  // first-stage ones). Ties keep stage 0.
-  const std::uint64_t stages[2] = {0, m.pp - 1};
-  for (std::size_t i = 0; i < (m.pp > 1 ? 2u : 1u); ++i) {
-    const std::uint64_t stage = stages[i];
+  const candidate_stages stages(m);
+  for (std::size_t i = 0; i < stages.count; ++i) {
+    const std::uint64_t stage = stages.at[i];
     const timeline tl = stage_timeline(model, t, m, d, stage, acts);
-    if (i == 0 || tl.peak().total() > r.per_rank.total()) {
+    if (i == 0 || tl.peak().total() > r.per_rank.total()) {  // ties keep stage 0
       r.most_loaded_stage = stage;
       r.most_loaded = tl;
       r.per_rank = tl.peak();
@@ -165,22 +175,20 @@ constexpr plan_result evaluate_stages(const model_desc& model, const training_de
 /// The peak of the most loaded rank, `evaluate(model, t, m, d).peak()`, without the rest of the
 /// plan: what a search ranks configurations by (plan/search.hpp), from the same stage timelines.
 constexpr bytes peak_bytes(const model_desc& model, const training_desc& t, const mesh_desc& m, const device_desc& d) {
-  const bool activations = t.sequence != 0 && has_layer_structure(model);
+  const bool activations = has_activations(model, t);
   const activation_table acts = activations ? activation_table_of(model, activation_context_of(t, m)) : activation_table{};
+  const detail::candidate_stages stages(m);
   bytes peak{};
-  for (const std::uint64_t stage : {std::uint64_t{0}, m.pp - 1}) {
-    const timeline tl = stage_timeline(model, t, m, d, stage, activations ? &acts : nullptr);
+  for (std::size_t i = 0; i < stages.count; ++i) {
+    const timeline tl = stage_timeline(model, t, m, d, stages.at[i], activations ? &acts : nullptr);
     for (const breakdown& moment : tl.at) peak = max(peak, moment.total());
-    if (m.pp <= 1) break;
   }
   return peak;
 }
 
 constexpr plan_result evaluate(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                const device_desc& d) {
-  // Activations exist only with layer structure and a sequence length; a parameter-count model
-  // skips their algebra entirely (which keeps compile-time searches over such models cheap).
-  if (t.sequence == 0 || !has_layer_structure(model)) return detail::evaluate_stages(model, t, m, d, nullptr);
+  if (!has_activations(model, t)) return detail::evaluate_stages(model, t, m, d, nullptr);
   const activation_table acts = activation_table_of(model, activation_context_of(t, m));
   return detail::evaluate_stages(model, t, m, d, &acts);
 }

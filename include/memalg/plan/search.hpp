@@ -546,16 +546,21 @@ constexpr void search_group(const search_problem& p, const positions& order,
   }
 }
 
+/// Configurations decided together by search_group: the micro-batch choices, when the pruning
+/// applies — at least two of them and no global batch (monotonicity in the micro-batch holds at a
+/// fixed gradient accumulation; under a global batch the accumulation falls as the micro-batch
+/// grows, and ZeRO-2/3 traffic with it) — and otherwise 1: every configuration is planned.
+constexpr std::uint64_t group_size(const search_space& s) {
+  return s.global_batch == 0 && s.micro_batch.size >= 2 ? s.micro_batch.size : 1;
+}
+
 template <class OnFeasible, class OnProgress>
 constexpr search_result search_range(const search_problem& p, std::uint64_t begin, std::uint64_t end,
                                      OnFeasible&& on_feasible, top_list* top, OnProgress&& on_progress) {
   search_result r{};
   const std::uint64_t n = p.space.size();
   if (end > n) end = n;
-  // Monotonicity in the micro-batch holds at a fixed gradient accumulation; under a global batch
-  // the accumulation falls as the micro-batch grows (and with it ZeRO-2/3 traffic), so every
-  // configuration is planned.
-  const std::size_t k = p.space.global_batch == 0 ? p.space.micro_batch.size : 0;
+  const std::uint64_t k = group_size(p.space);
   const auto one = [&](std::uint64_t i) {
     const candidate c = evaluate_candidate(p, i);
     r.add(c);

@@ -439,9 +439,7 @@ struct strategy_search {
   /// Configurations per chunk: whole micro-batch groups (plan/search.hpp, detail::search_group),
   /// as many as fit in chunk_size — a group cut by a chunk boundary would be planned one by one.
   static constexpr std::uint64_t chunk_span = [] {
-    const std::uint64_t group = problem.space.global_batch == 0 && problem.space.micro_batch.size > 1
-                                    ? problem.space.micro_batch.size
-                                    : 1;
+    const std::uint64_t group = memalg::detail::group_size(problem.space);
     return group >= chunk_size ? group : chunk_size / group * group;
   }();
   static constexpr std::size_t chunks = static_cast<std::size_t>((size + chunk_span - 1) / chunk_span);

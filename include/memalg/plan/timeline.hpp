@@ -132,9 +132,15 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   return tl;
 }
 
+/// Activations exist only with layer structure and a sequence length; a parameter-count model
+/// skips their algebra entirely (which keeps compile-time searches over such models cheap).
+constexpr bool has_activations(const model_desc& model, const training_desc& t) {
+  return t.sequence != 0 && has_layer_structure(model);
+}
+
 constexpr timeline stage_timeline(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                   const device_desc& d, std::uint64_t stage) {
-  if (t.sequence == 0 || !has_layer_structure(model)) return stage_timeline(model, t, m, d, stage, nullptr);
+  if (!has_activations(model, t)) return stage_timeline(model, t, m, d, stage, nullptr);
   const activation_table acts = activation_table_of(model, t, m);
   return stage_timeline(model, t, m, d, stage, &acts);
 }
