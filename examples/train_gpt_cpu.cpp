@@ -17,20 +17,17 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <iterator>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "train_common.hpp"
+
 namespace m = memalg;
 using namespace memalg::literals;
+using namespace train_common;
 
 namespace {
 
@@ -40,19 +37,6 @@ struct cpu_budget {
   static constexpr m::device_desc value{"cpu-1gib", 1_GiB, m::bytes{}};
 };
 
-constexpr m::lm_config gpt_bytes(m::dtype logits, bool flash = false, std::uint64_t dropout_permille = 0) {
-  m::lm_config c{};
-  c.name = "gpt-bytes";
-  c.layers = 4;
-  c.hidden = 64;
-  c.heads = 4;
-  c.vocab = 256;
-  c.positions = 64;
-  c.logits = logits;
-  c.flash = flash;
-  c.dropout_permille = dropout_permille;
-  return c;
-}
 struct gpt_fp32 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32); };
 struct gpt_bf16 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16); };
 struct gpt_fp16_flash { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp16, true); };
@@ -63,13 +47,6 @@ using cpu_plan = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, cpu_budget>
 template <class Precision, class Optimizer, class... Options>
 using recipe = m::train::recipe<Precision, Optimizer, m::train::batch<8, 64>, m::train::reference_kernels, Options...>;
 using single = m::parallel::mesh<>;
-
-#define MEMALG_NAMED_PLAN(id, text_name, text_description, ...)       \
-  struct id {                                                         \
-    static constexpr std::string_view name = text_name;               \
-    static constexpr std::string_view description = text_description; \
-    using plan = __VA_ARGS__;                                         \
-  }
 
 MEMALG_NAMED_PLAN(tiny_fp32, "tiny-fp32", "fp32, AdamW, 1 rank",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
@@ -100,84 +77,14 @@ MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x
 using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2>;
 
 // ---- command line ---------------------------------------------------------------------------
-struct options {
-  std::string plan = "tiny-fp32";
-  std::uint64_t steps = 50;
-  std::uint64_t seed = 1;
-  std::string checkpoint;
-  bool resume = false;
-  bool json = false;
-  bool list = false;
-  std::string data = "/usr/share/common-licenses/GPL-3";
-};
-
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::uint64_t parse_positive(std::string_view flag, const char* text) {
-  const std::string s = text ? text : "";
-  if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos || s == "0" ||
-      (s.size() > 1 && s[0] == '0'))
-    throw usage_error(std::string(flag) + " needs a positive integer, not '" + s + "'");
-  return std::stoull(s);
-}
+constexpr const char* help_text =
+    "usage: train_gpt_cpu [--list-plans] [--plan NAME] [--steps N] [--seed S] [--checkpoint DIR "
+    "[--resume]] [--data FILE] [--json]\n"
+    "  --steps N   the step the run ends at (with --resume: continue from the checkpoint)\n"
+    "  multi-rank plans run under MPI: mpirun -np <ranks> train_gpt_cpu --plan NAME\n";
 
 options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    const auto value = [&]() -> const char* {
-      if (i + 1 >= argc) throw usage_error(std::string(a) + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--plan") o.plan = value();
-    else if (a == "--steps") o.steps = parse_positive(a, value());
-    else if (a == "--seed") o.seed = parse_positive(a, value());
-    else if (a == "--checkpoint") o.checkpoint = value();
-    else if (a == "--data") o.data = value();
-    else if (a == "--resume") o.resume = true;
-    else if (a == "--json") o.json = true;
-    else if (a == "--list-plans") o.list = true;
-    else if (a == "--help" || a == "-h") {
-      std::cout << "usage: train_gpt_cpu [--list-plans] [--plan NAME] [--steps N] [--seed S] [--checkpoint DIR "
-                   "[--resume]] [--data FILE] [--json]\n"
-                   "  --steps N   the step the run ends at (with --resume: continue from the checkpoint)\n"
-                   "  multi-rank plans run under MPI: mpirun -np <ranks> train_gpt_cpu --plan NAME\n";
-      std::exit(0);
-    } else
-      throw usage_error("unknown argument '" + std::string(a) + "' (see --help)");
-  }
-  if (o.resume && o.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR");
-  return o;
-}
-
-// ---- data -----------------------------------------------------------------------------------
-std::vector<std::int32_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("cannot read the training text " + path + " (use --data FILE)");
-  std::vector<std::int32_t> out;
-  for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) out.push_back(static_cast<unsigned char>(*it));
-  if (out.size() < 4096) throw usage_error("the training text " + path + " is too short");
-  return out;
-}
-
-/// Tokens and next-byte targets of this rank for step `step`: a deterministic window per global
-/// sequence, so any split of the batch over ranks sees the same data as one rank.
-void batch_for(const std::vector<std::int32_t>& text, const m::exec::gpt_config& c, std::uint64_t seed, std::uint64_t step,
-               std::size_t dp_rank, std::vector<std::int32_t>& tok, std::vector<std::int32_t>& tgt) {
-  const std::size_t S = c.sequence, B = c.micro_batch;
-  tok.clear();
-  tgt.clear();
-  for (std::size_t k = 0; k < c.grad_accum; ++k)
-    for (std::size_t b = 0; b < B; ++b) {
-      const std::uint64_t g = ((step * c.grad_accum + k) * c.dp + dp_rank) * B + b;
-      const std::size_t start = m::splitmix64(seed * 0x9E3779B97F4A7C15ULL + g) % (text.size() - S - 1);
-      for (std::size_t t = 0; t < S; ++t) {
-        tok.push_back(text[start + t]);
-        tgt.push_back(text[start + t + 1]);
-      }
-    }
+  return parse_options<options>(argc, argv, help_text, [](options&, std::string_view, const auto&) { return false; });
 }
 
 // ---- one plan -------------------------------------------------------------------------------
@@ -187,17 +94,14 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank
   using plan = typename Named::plan;
   const std::vector<std::int32_t> text = read_bytes(o.data);
   typename run::trainer trainer(run::config, run::arena, dp, tp);
-  const std::string fingerprint = std::string(Named::name) + " rank " + std::to_string(world.rank()) + "/" +
-                                  std::to_string(world.size()) + " seed " + std::to_string(o.seed);
-  const std::filesystem::path file =
-      o.checkpoint.empty() ? std::filesystem::path{} : std::filesystem::path(o.checkpoint) / ("rank" + std::to_string(world.rank()) + ".ckpt");
+  const checkpoint_place ckpt = checkpoint_of(o, Named::name, world.rank(), world.size());
   std::uint64_t start = 0;
   if (o.resume) {
     auto sections = trainer.state_sections();
-    start = m::exec::load_checkpoint(file, fingerprint, sections);
+    start = m::exec::load_checkpoint(ckpt.file, ckpt.fingerprint, sections);
     trainer.restore_counters();
   }
-  if (start >= o.steps) throw usage_error("the checkpoint is at step " + std::to_string(start) + ", not before --steps " + std::to_string(o.steps));
+  require_steps_after(start, o);
 
   std::vector<std::int32_t> tok, tgt;
   float first = 0, last = 0;
@@ -217,7 +121,7 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank
   if (!o.checkpoint.empty()) {
     trainer.store_counters();
     auto sections = trainer.state_sections();
-    m::exec::save_checkpoint(file, fingerprint, o.steps, sections);
+    m::exec::save_checkpoint(ckpt.file, ckpt.fingerprint, o.steps, sections);
   }
   const auto& mem = trainer.memory();
   const std::uint64_t predicted_arena = run::arena.persistent + run::arena.stack;
@@ -248,8 +152,7 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank
 template <class Comm, class Split>
 int dispatch(const options& o, Comm& world, Split&& split) {
   int result = -1;
-  const auto try_one = [&]<class Named>(Named*) {
-    if (result != -1 || Named::name != o.plan) return;
+  const bool found = for_plan<plans>(o.plan, [&]<class Named>(Named*) {
     constexpr m::mesh_desc mesh = Named::plan::mesh;
     if (static_cast<std::uint64_t>(world.size()) != mesh.world)
       throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
@@ -257,20 +160,9 @@ int dispatch(const options& o, Comm& world, Split&& split) {
     const int tp_rank = world.rank() % static_cast<int>(mesh.tp), dp_rank = world.rank() / static_cast<int>(mesh.tp);
     auto [dp, tp] = split(dp_rank, tp_rank);
     result = train<Named>(o, world, dp, tp, static_cast<std::size_t>(dp_rank));
-  };
-  std::apply([&](auto... p) { (try_one(static_cast<decltype(p)*>(nullptr)), ...); }, plans{});
-  if (result == -1) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
+  });
+  if (!found) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
   return result;
-}
-
-void list_plans() {
-  std::apply(
-      [](auto... p) {
-        ((std::printf("%s ranks=%llu %s\n", decltype(p)::name.data(),
-                      static_cast<unsigned long long>(decltype(p)::plan::mesh.world), decltype(p)::description.data())),
-         ...);
-      },
-      plans{});
 }
 
 }  // namespace
@@ -282,7 +174,7 @@ int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
     if (o.list) {
-      list_plans();
+      list_plans<plans>();
       return 0;
     }
 #if MEMALG_HAVE_MPI

@@ -25,9 +25,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,26 +32,16 @@
 #include <utility>
 #include <vector>
 
+#include "train_common.hpp"
+
 namespace m = memalg;
 namespace cu = memalg::backend::cuda;
 using namespace memalg::literals;
+using namespace train_common;
 
 namespace {
 
 // ---- the plans ------------------------------------------------------------------------------
-constexpr m::lm_config gpt_bytes(m::dtype logits, bool flash = false, std::uint64_t dropout_permille = 0) {
-  m::lm_config c{};
-  c.name = "gpt-bytes";
-  c.layers = 4;
-  c.hidden = 64;
-  c.heads = 4;
-  c.vocab = 256;
-  c.positions = 64;
-  c.logits = logits;
-  c.flash = flash;
-  c.dropout_permille = dropout_permille;
-  return c;
-}
 /// GPT-2 small's shape (Radford et al. 2019; 124M parameters with the vocabulary padded to
 /// 50304 = 393·128, as llm.c pads it), bf16 logits, flash attention.
 constexpr m::lm_config gpt2_small() {
@@ -83,13 +70,6 @@ template <class Precision, class Optimizer, class Batch, class... Options>
 using recipe = m::train::recipe<Precision, Optimizer, Batch, m::train::reference_kernels, Options...>;
 using tiny_batch = m::train::batch<8, 64>;
 using single = m::parallel::mesh<>;
-
-#define MEMALG_NAMED_PLAN(id, text_name, text_description, ...)       \
-  struct id {                                                         \
-    static constexpr std::string_view name = text_name;               \
-    static constexpr std::string_view description = text_description; \
-    using plan = __VA_ARGS__;                                         \
-  }
 
 MEMALG_NAMED_PLAN(tiny_fp32, "tiny-fp32", "fp32, AdamW, 1 rank (train_gpt_cpu's tiny-fp32)",
                   gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>, single>);
@@ -132,30 +112,10 @@ using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_selective, tiny_recompute, d
                          tp2, dp2_tp2_zero2, gpt2_124m_plan>;
 
 // ---- command line ---------------------------------------------------------------------------
-struct options {
-  std::string plan = "tiny-fp32";
-  std::uint64_t steps = 50;
-  std::uint64_t seed = 1;
-  std::string checkpoint;
-  bool resume = false;
-  bool json = false;
-  bool list = false;
+struct cuda_options : options {
   bool dry_run = false;
   double peak_tflops = 0;  ///< 0: from the device name
-  std::string data = "/usr/share/common-licenses/GPL-3";
 };
-
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::uint64_t parse_positive(std::string_view flag, const char* text) {
-  const std::string s = text ? text : "";
-  if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos || s == "0" ||
-      (s.size() > 1 && s[0] == '0'))
-    throw usage_error(std::string(flag) + " needs a positive integer, not '" + s + "'");
-  return std::stoull(s);
-}
 
 double parse_tflops(const char* text) {
   const std::string s = text ? text : "";
@@ -181,60 +141,13 @@ constexpr const char* help_text =
     "  (llm.c's count), peak the dense bf16 tensor-core rate (989.4 TFLOP/s on H100/H200 SXM).\n"
     "  Multi-rank plans: mpirun -np <ranks> train_gpt_cuda --plan NAME (built with MPI and NCCL).\n";
 
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    const auto value = [&]() -> const char* {
-      if (i + 1 >= argc) throw usage_error(std::string(a) + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--plan") o.plan = value();
-    else if (a == "--steps") o.steps = parse_positive(a, value());
-    else if (a == "--seed") o.seed = parse_positive(a, value());
-    else if (a == "--checkpoint") o.checkpoint = value();
-    else if (a == "--data") o.data = value();
-    else if (a == "--peak-tflops") o.peak_tflops = parse_tflops(value());
-    else if (a == "--resume") o.resume = true;
-    else if (a == "--json") o.json = true;
+cuda_options parse(int argc, char** argv) {
+  return parse_options<cuda_options>(argc, argv, help_text, [](cuda_options& o, std::string_view a, const auto& value) {
+    if (a == "--peak-tflops") o.peak_tflops = parse_tflops(value());
     else if (a == "--dry-run") o.dry_run = true;
-    else if (a == "--list-plans") o.list = true;
-    else if (a == "--help" || a == "-h") {
-      std::cout << help_text;
-      std::exit(0);
-    } else
-      throw usage_error("unknown argument '" + std::string(a) + "' (see --help)");
-  }
-  if (o.resume && o.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR");
-  return o;
-}
-
-// ---- data (as train_gpt_cpu reads it) ---------------------------------------------------------
-std::vector<std::int32_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error("cannot read the training text " + path + " (use --data FILE)");
-  std::vector<std::int32_t> out;
-  for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) out.push_back(static_cast<unsigned char>(*it));
-  if (out.size() < 4096) throw usage_error("the training text " + path + " is too short");
-  return out;
-}
-
-/// A deterministic window per global sequence, so any split of the batch over ranks sees the
-/// same data as one rank (and the same data as train_gpt_cpu with the same seed).
-void batch_for(const std::vector<std::int32_t>& text, const m::exec::gpt_config& c, std::uint64_t seed,
-               std::uint64_t step, std::size_t dp_rank, std::vector<std::int32_t>& tok, std::vector<std::int32_t>& tgt) {
-  const std::size_t S = c.sequence, B = c.micro_batch;
-  tok.clear();
-  tgt.clear();
-  for (std::size_t k = 0; k < c.grad_accum; ++k)
-    for (std::size_t b = 0; b < B; ++b) {
-      const std::uint64_t g = ((step * c.grad_accum + k) * c.dp + dp_rank) * B + b;
-      const std::size_t start = m::splitmix64(seed * 0x9E3779B97F4A7C15ULL + g) % (text.size() - S - 1);
-      for (std::size_t t = 0; t < S; ++t) {
-        tok.push_back(text[start + t]);
-        tgt.push_back(text[start + t + 1]);
-      }
-    }
+    else return false;
+    return true;
+  });
 }
 
 // ---- the process: rank, device, communicators -------------------------------------------------
@@ -346,26 +259,20 @@ void print_layers_json(const measured_layers& ml, const m::exec::cuda_trainer_me
 
 // ---- one plan on a GPU ----------------------------------------------------------------------
 template <class Named>
-int train(const options& o, const process& p, device_group& dp, device_group& tp, std::size_t dp_rank,
+int train(const cuda_options& o, const process& p, device_group& dp, device_group& tp, std::size_t dp_rank,
           cu::overhead_meter& meter, measured_layers& ml) {
   using run = m::exec::gpt_run_cuda<typename Named::plan, device_group>;
   const std::vector<std::int32_t> text = read_bytes(o.data);
   typename run::trainer trainer(run::config, run::arena, dp, tp, m::exec::cuda_trainer_options{false, &meter, true});
-  const std::string fingerprint = std::string(Named::name) + " rank " + std::to_string(p.rank) + "/" +
-                                  std::to_string(p.size) + " seed " + std::to_string(o.seed);
-  const std::filesystem::path file = o.checkpoint.empty() ? std::filesystem::path{}
-                                                          : std::filesystem::path(o.checkpoint) /
-                                                                ("rank" + std::to_string(p.rank) + ".ckpt");
+  const checkpoint_place ckpt = checkpoint_of(o, Named::name, p.rank, p.size);
   std::uint64_t start = 0;
   if (o.resume) {
     auto sections = trainer.state_sections();
-    start = m::exec::load_checkpoint(file, fingerprint, sections);
+    start = m::exec::load_checkpoint(ckpt.file, ckpt.fingerprint, sections);
     trainer.upload_state();
     trainer.restore_counters();
   }
-  if (start >= o.steps)
-    throw usage_error("the checkpoint is at step " + std::to_string(start) + ", not before --steps " +
-                      std::to_string(o.steps));
+  require_steps_after(start, o);
 
   std::vector<std::int32_t> tok, tgt;
   float first = 0, last = 0;
@@ -394,7 +301,7 @@ int train(const options& o, const process& p, device_group& dp, device_group& tp
     std::filesystem::create_directories(o.checkpoint);
     trainer.store_counters();
     auto sections = trainer.state_sections();
-    m::exec::save_checkpoint(file, fingerprint, o.steps, sections);
+    m::exec::save_checkpoint(ckpt.file, ckpt.fingerprint, o.steps, sections);
   }
 
   const auto& mem = trainer.memory();
@@ -440,7 +347,7 @@ int train(const options& o, const process& p, device_group& dp, device_group& tp
 
 // ---- dry run: no GPU, every rank's arena ------------------------------------------------------
 template <class Named>
-int dry_run(const options& o) {
+int dry_run(const cuda_options& o) {
   using plan = typename Named::plan;
   using run = m::exec::gpt_run_cuda<plan, device_group>;
   constexpr m::mesh_desc mesh = plan::mesh;
@@ -471,33 +378,12 @@ int dry_run(const options& o) {
   return exact ? 0 : 4;
 }
 
-template <class F>
-bool for_plan(const std::string& name, F&& f) {
-  bool found = false;
-  std::apply(
-      [&](auto... p) {
-        ((!found && decltype(p)::name == name ? (found = true, f(static_cast<decltype(p)*>(nullptr)), 0) : 0), ...);
-      },
-      plans{});
-  return found;
-}
-
-void list_plans() {
-  std::apply(
-      [](auto... p) {
-        ((std::printf("%s ranks=%llu %s\n", decltype(p)::name.data(),
-                      static_cast<unsigned long long>(decltype(p)::plan::mesh.world), decltype(p)::description.data())),
-         ...);
-      },
-      plans{});
-}
-
 /// Runs the chosen plan on this process's GPU; returns the exit status.
-int run_on_gpu(const options& o, const process& p) {
+int run_on_gpu(const cuda_options& o, const process& p) {
   cu::overhead_meter meter(p.device);  // context baseline (cudaFree(0), then cudaMemGetInfo)
   measured_layers ml;
   int result = -1;
-  const bool found = for_plan(o.plan, [&]<class Named>(Named*) {
+  const bool found = for_plan<plans>(o.plan, [&]<class Named>(Named*) {
     constexpr m::mesh_desc mesh = Named::plan::mesh;
     if (static_cast<std::uint64_t>(p.size) != mesh.world)
       throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
@@ -566,9 +452,9 @@ int main(int argc, char** argv) {
   const auto finish = [](int status) { return status; };
 #endif
   try {
-    const options o = parse(argc, argv);
+    const cuda_options o = parse(argc, argv);
     if (o.list) {
-      if (p.rank == 0) list_plans();
+      if (p.rank == 0) list_plans<plans>();
       return finish(0);
     }
     if (o.dry_run) {
@@ -578,7 +464,7 @@ int main(int argc, char** argv) {
       };
       if (o.plan == "all")
         std::apply([&](auto... named) { (one(static_cast<decltype(named)*>(nullptr)), ...); }, plans{});
-      else if (!for_plan(o.plan, one))
+      else if (!for_plan<plans>(o.plan, one))
         throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
       return finish(result);
     }
