@@ -70,19 +70,20 @@ struct breakdown {
   constexpr bytes model_states() const { return sum(4); }
   constexpr bytes total() const { return sum(category_count); }
 
+  using member = bytes breakdown::*;
   // The arithmetic below loops over the members with the overflow checks written inline: a
   // compile-time search adds breakdowns thousands of times, and in constant evaluation every
   // function call (operator[], a checked add) costs microseconds.
   friend constexpr breakdown operator+(breakdown a, const breakdown& b) { return a += b; }
   constexpr breakdown& operator+=(const breakdown& b) {
-    for (bytes breakdown::*m : members) {
+    for (const member m : members) {
       if ((b.*m).value > detail::max_count - (this->*m).value) detail::byte_count_overflows_64_bits();
       (this->*m).value += (b.*m).value;
     }
     return *this;
   }
   friend constexpr breakdown operator*(breakdown a, std::uint64_t n) {
-    for (bytes breakdown::*m : members) {
+    for (const member m : members) {
       if (n != 0 && (a.*m).value > detail::max_count / n) detail::byte_count_overflows_64_bits();
       (a.*m).value *= n;
     }
@@ -92,13 +93,13 @@ struct breakdown {
   constexpr breakdown shard(std::uint64_t n) const {
     if (n == 0) detail::division_by_zero_shard_degree();
     breakdown r = *this;
-    for (bytes breakdown::*m : members) (r.*m).value = (r.*m).value / n + ((r.*m).value % n != 0 ? 1 : 0);
+    for (const member m : members) (r.*m).value = (r.*m).value / n + ((r.*m).value % n != 0 ? 1 : 0);
     return r;
   }
 
  private:
   /// The members in category order (model states first).
-  static constexpr bytes breakdown::*members[category_count] = {
+  static constexpr member members[category_count] = {
       &breakdown::weights,     &breakdown::gradients,   &breakdown::master_weights, &breakdown::optimizer_states,
       &breakdown::activations, &breakdown::temporaries, &breakdown::comm_buffers,   &breakdown::reserve};
   constexpr bytes sum(std::size_t first_members) const {
