@@ -45,7 +45,7 @@ TEST_CASE("the CUDA runtime implements fp32 and mixed-bf16, on one rank or many"
   CHECK(ex::find_runtime_issue(c, recipe::value, dp2::value) == ex::runtime_issue::multirank);
   using pp2 = m::parallel::mesh<m::parallel::pipeline<2>>;
   CHECK(issue<m::precision::fp32, pp2>(c) == ex::cuda_runtime_issue::mesh);
-  CHECK_FALSE(ex::describe(ex::cuda_runtime_issue::precision).empty());
+  CHECK_FALSE(ex::describe_cuda(ex::cuda_runtime_issue::precision).empty());
 }
 
 TEST_CASE("the CUDA attention kernels bound the head width") {

@@ -40,6 +40,8 @@ struct runtime_gpt {
   static constexpr model_desc value = runtime_gpt_model(config);
 };
 
+/// Why a runtime cannot run a configuration. One list for both trainers: the CPU one never reports
+/// head_width, the CUDA one never multirank (exec/gpt_plan_cuda.hpp).
 enum class runtime_issue : int {
   none = 0,
   precision,
@@ -56,6 +58,7 @@ enum class runtime_issue : int {
   prefetch,
   multirank,
   offload,
+  head_width,
 };
 
 constexpr std::string_view describe(runtime_issue i) {
@@ -75,6 +78,7 @@ constexpr std::string_view describe(runtime_issue i) {
     case runtime_issue::prefetch: return "the CPU runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>";
     case runtime_issue::multirank: return "multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1";
     case runtime_issue::offload: return "the CPU runtime keeps activations in its arena";
+    case runtime_issue::head_width: return "the CPU runtime takes any head width";  // never reported
   }
   return "unknown";
 }

@@ -21,100 +21,69 @@
 
 namespace memalg::exec {
 
-enum class cuda_runtime_issue : int {
-  none = 0,
-  precision,
-  activations,
-  states,
-  optimizer,
-  unfused,
-  architecture,
-  heads,
-  chunked,
-  logits,
-  dropout,
-  mesh,
-  prefetch,
-  offload,
-  head_width,
-};
+/// The CUDA runtime's reasons are runtime_issue's (it never reports multirank: NCCL reduces bf16).
+using cuda_runtime_issue = runtime_issue;
 
-constexpr std::string_view describe(cuda_runtime_issue i) {
+/// The sentence for the CUDA runtime (describe(runtime_issue) speaks of the CPU runtime).
+constexpr std::string_view describe_cuda(runtime_issue i) {
   switch (i) {
-    case cuda_runtime_issue::none: return {};
-    case cuda_runtime_issue::precision: return "the CUDA runtime implements fp32 and mixed-bf16 (bf16 weights and gradients, fp32 master weights)";
-    case cuda_runtime_issue::activations: return "the CUDA runtime keeps activations in the weight dtype";
-    case cuda_runtime_issue::states: return "the CUDA runtime keeps optimizer states in fp32";
-    case cuda_runtime_issue::optimizer: return "the CUDA runtime implements sgd, momentum, adam and adamw";
-    case cuda_runtime_issue::unfused: return "the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe";
-    case cuda_runtime_issue::architecture: return "the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions";
-    case cuda_runtime_issue::heads: return "the CUDA runtime's GPT uses multi-head attention with head width hidden / heads";
-    case cuda_runtime_issue::chunked: return "the CUDA runtime computes the loss unchunked";
-    case cuda_runtime_issue::logits: return "the CUDA runtime keeps logits in the weight dtype: set lm_config::logits";
-    case cuda_runtime_issue::dropout: return "dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)";
-    case cuda_runtime_issue::mesh: return "the CUDA runtime implements data parallelism with ZeRO and tensor parallelism only";
-    case cuda_runtime_issue::prefetch: return "the CUDA runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>";
-    case cuda_runtime_issue::offload: return "the CUDA runtime keeps activations in its arena";
-    case cuda_runtime_issue::head_width: return "the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)";
+    case runtime_issue::none: return {};
+    case runtime_issue::precision: return "the CUDA runtime implements fp32 and mixed-bf16 (bf16 weights and gradients, fp32 master weights)";
+    case runtime_issue::activations: return "the CUDA runtime keeps activations in the weight dtype";
+    case runtime_issue::states: return "the CUDA runtime keeps optimizer states in fp32";
+    case runtime_issue::optimizer: return "the CUDA runtime implements sgd, momentum, adam and adamw";
+    case runtime_issue::unfused: return "the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe";
+    case runtime_issue::architecture: return "the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions";
+    case runtime_issue::heads: return "the CUDA runtime's GPT uses multi-head attention with head width hidden / heads";
+    case runtime_issue::chunked: return "the CUDA runtime computes the loss unchunked";
+    case runtime_issue::logits: return "the CUDA runtime keeps logits in the weight dtype: set lm_config::logits";
+    case runtime_issue::dropout: return "dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)";
+    case runtime_issue::mesh: return "the CUDA runtime implements data parallelism with ZeRO and tensor parallelism only";
+    case runtime_issue::prefetch: return "the CUDA runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>";
+    case runtime_issue::multirank: return "the CUDA runtime reduces bf16 with NCCL";  // never reported
+    case runtime_issue::offload: return "the CUDA runtime keeps activations in its arena";
+    case runtime_issue::head_width: return "the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)";
   }
   return "unknown";
 }
 
 namespace detail {
 /// Instantiated with the issue; only the matching assertion fires, with the sentence.
-template <cuda_runtime_issue I>
+template <runtime_issue I>
 struct cuda_runtime_check {
-  static_assert(I != cuda_runtime_issue::precision, "gpt_run_cuda: the CUDA runtime implements fp32 and mixed-bf16 (bf16 weights and gradients, fp32 master weights)");
-  static_assert(I != cuda_runtime_issue::activations, "gpt_run_cuda: the CUDA runtime keeps activations in the weight dtype");
-  static_assert(I != cuda_runtime_issue::states, "gpt_run_cuda: the CUDA runtime keeps optimizer states in fp32");
-  static_assert(I != cuda_runtime_issue::optimizer, "gpt_run_cuda: the CUDA runtime implements sgd, momentum, adam and adamw");
-  static_assert(I != cuda_runtime_issue::unfused, "gpt_run_cuda: the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe");
-  static_assert(I != cuda_runtime_issue::architecture, "gpt_run_cuda: the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions");
-  static_assert(I != cuda_runtime_issue::heads, "gpt_run_cuda: the CUDA runtime's GPT uses multi-head attention with head width hidden / heads");
-  static_assert(I != cuda_runtime_issue::chunked, "gpt_run_cuda: the CUDA runtime computes the loss unchunked");
-  static_assert(I != cuda_runtime_issue::logits, "gpt_run_cuda: the CUDA runtime keeps logits in the weight dtype: set lm_config::logits");
-  static_assert(I != cuda_runtime_issue::dropout, "gpt_run_cuda: dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)");
-  static_assert(I != cuda_runtime_issue::mesh, "gpt_run_cuda: the CUDA runtime implements data parallelism with ZeRO and tensor parallelism only");
-  static_assert(I != cuda_runtime_issue::prefetch, "gpt_run_cuda: the CUDA runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>");
-  static_assert(I != cuda_runtime_issue::offload, "gpt_run_cuda: the CUDA runtime keeps activations in its arena");
-  static_assert(I != cuda_runtime_issue::head_width, "gpt_run_cuda: the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)");
-  static constexpr bool value = I == cuda_runtime_issue::none;
+  static_assert(I != runtime_issue::precision, "gpt_run_cuda: the CUDA runtime implements fp32 and mixed-bf16 (bf16 weights and gradients, fp32 master weights)");
+  static_assert(I != runtime_issue::activations, "gpt_run_cuda: the CUDA runtime keeps activations in the weight dtype");
+  static_assert(I != runtime_issue::states, "gpt_run_cuda: the CUDA runtime keeps optimizer states in fp32");
+  static_assert(I != runtime_issue::optimizer, "gpt_run_cuda: the CUDA runtime implements sgd, momentum, adam and adamw");
+  static_assert(I != runtime_issue::unfused, "gpt_run_cuda: the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe");
+  static_assert(I != runtime_issue::architecture, "gpt_run_cuda: the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions");
+  static_assert(I != runtime_issue::heads, "gpt_run_cuda: the CUDA runtime's GPT uses multi-head attention with head width hidden / heads");
+  static_assert(I != runtime_issue::chunked, "gpt_run_cuda: the CUDA runtime computes the loss unchunked");
+  static_assert(I != runtime_issue::logits, "gpt_run_cuda: the CUDA runtime keeps logits in the weight dtype: set lm_config::logits");
+  static_assert(I != runtime_issue::dropout, "gpt_run_cuda: dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)");
+  static_assert(I != runtime_issue::mesh, "gpt_run_cuda: the CUDA runtime implements data parallelism with ZeRO and tensor parallelism only");
+  static_assert(I != runtime_issue::prefetch, "gpt_run_cuda: the CUDA runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>");
+  static_assert(I != runtime_issue::offload, "gpt_run_cuda: the CUDA runtime keeps activations in its arena");
+  static_assert(I != runtime_issue::head_width, "gpt_run_cuda: the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)");
+  static constexpr bool value = I == runtime_issue::none;
 };
-
-constexpr cuda_runtime_issue to_cuda_issue(runtime_issue i) {
-  switch (i) {
-    case runtime_issue::none: return cuda_runtime_issue::none;
-    case runtime_issue::precision: return cuda_runtime_issue::precision;
-    case runtime_issue::activations: return cuda_runtime_issue::activations;
-    case runtime_issue::states: return cuda_runtime_issue::states;
-    case runtime_issue::optimizer: return cuda_runtime_issue::optimizer;
-    case runtime_issue::unfused: return cuda_runtime_issue::unfused;
-    case runtime_issue::architecture: return cuda_runtime_issue::architecture;
-    case runtime_issue::heads: return cuda_runtime_issue::heads;
-    case runtime_issue::chunked: return cuda_runtime_issue::chunked;
-    case runtime_issue::logits: return cuda_runtime_issue::logits;
-    case runtime_issue::dropout: return cuda_runtime_issue::dropout;
-    case runtime_issue::mesh: return cuda_runtime_issue::mesh;
-    case runtime_issue::prefetch: return cuda_runtime_issue::prefetch;
-    case runtime_issue::multirank: return cuda_runtime_issue::none;  // NCCL reduces bf16
-    case runtime_issue::offload: return cuda_runtime_issue::offload;
-  }
-  return cuda_runtime_issue::architecture;
-}
 }  // namespace detail
 
-/// The first reason the CUDA runtime cannot run a configuration (cuda_runtime_issue::none if it can).
-constexpr cuda_runtime_issue find_cuda_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
+/// The first reason the CUDA runtime cannot run a configuration (runtime_issue::none if it can).
+constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
   const precision_policy& p = t.precision;
   const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
-  if (!fp32 && !mixed_bf16) return cuda_runtime_issue::precision;
+  if (!fp32 && !mixed_bf16) return runtime_issue::precision;
   const runtime_issue shared = find_runtime_issue(c, t, m);
-  if (shared == runtime_issue::multirank && t.offload_activations) return cuda_runtime_issue::offload;
-  if (const cuda_runtime_issue i = detail::to_cuda_issue(shared); i != cuda_runtime_issue::none) return i;
+  if (shared == runtime_issue::multirank) {  // NCCL reduces bf16; offload is checked after it
+    if (t.offload_activations) return runtime_issue::offload;
+  } else if (shared != runtime_issue::none) {
+    return shared;
+  }
   const std::uint64_t head_width = c.heads != 0 ? c.hidden / c.heads : 0;
-  if (head_width == 0 || head_width > (c.flash ? 128u : 256u)) return cuda_runtime_issue::head_width;
-  return cuda_runtime_issue::none;
+  if (head_width == 0 || head_width > (c.flash ? 128u : 256u)) return runtime_issue::head_width;
+  return runtime_issue::none;
 }
 
 // ---- throughput ---------------------------------------------------------------------------------
