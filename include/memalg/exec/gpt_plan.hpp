@@ -140,6 +140,14 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
 }
 
 namespace detail {
+/// The lm_config of a runtime_gpt model type.
+template <class M>
+struct config_of;
+template <class C>
+struct config_of<runtime_gpt<C>> {
+  static constexpr lm_config value = C::value;
+};
+
 template <class Plan>
 struct storage_of {
   using type = float;
@@ -199,19 +207,12 @@ constexpr arena_sizes planned_arena() {
 /// runtime does not implement.
 template <class Plan, class Comm>
 class gpt_run {
-  template <class M>
-  struct config_of;
-  template <class C>
-  struct config_of<runtime_gpt<C>> {
-    static constexpr lm_config value = C::value;
-  };
-
  public:
   using plan = Plan;
   using storage = typename detail::storage_of<Plan>::type;
   using trainer = gpt_trainer<storage, Comm>;
 
-  static constexpr lm_config model_config = config_of<typename Plan::model_type>::value;
+  static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
   static constexpr runtime_issue issue = find_runtime_issue(model_config, Plan::training, Plan::mesh);
   static_assert(detail::runtime_check<issue>::value, "gpt_run: the CPU runtime does not implement this plan");
   static_assert(require_fits<Plan>());

@@ -1216,19 +1216,12 @@ struct cuda_storage_of<Plan> {
 /// CUDA runtime does not implement (a sentence says what).
 template <class Plan, class Comm>
 class gpt_run_cuda {
-  template <class M>
-  struct config_of;
-  template <class C>
-  struct config_of<runtime_gpt<C>> {
-    static constexpr lm_config value = C::value;
-  };
-
  public:
   using plan = Plan;
   using storage = typename detail::cuda_storage_of<Plan>::type;
   using trainer = gpt_trainer_cuda<storage, Comm>;
 
-  static constexpr lm_config model_config = config_of<typename Plan::model_type>::value;
+  static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
   static constexpr cuda_runtime_issue issue = find_cuda_runtime_issue(model_config, Plan::training, Plan::mesh);
   static_assert(detail::cuda_runtime_check<issue>::value, "gpt_run_cuda: the CUDA runtime does not implement this plan");
   static_assert(require_fits<Plan>());
