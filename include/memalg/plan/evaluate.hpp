@@ -176,7 +176,8 @@ constexpr plan_result evaluate_stages(const model_desc& model, const training_de
 /// plan: what a search ranks configurations by (plan/search.hpp), from the same stage timelines.
 constexpr bytes peak_bytes(const model_desc& model, const training_desc& t, const mesh_desc& m, const device_desc& d) {
   const bool activations = has_activations(model, t);
-  const activation_table acts = activations ? activation_table_of(model, activation_context_of(t, m)) : activation_table{};
+  const activation_table acts =
+      activations ? activation_table_of(model, activation_context_of(t, m)) : activation_table{};
   const detail::candidate_stages stages(m);
   bytes peak{};
   for (std::size_t i = 0; i < stages.count; ++i) {

@@ -25,9 +25,9 @@
 // This is what keeps a 1,000-configuration search within a few seconds of g++ (bench/RESULTS.md):
 // instantiating a plan type per configuration costs an order of magnitude more.
 //
-// The search runs in chunks of at most `chunk_size` configurations, each its own constant expression
-// (clang stops one constant expression after 2^20 steps; a plan takes thousands), merged at the
-// end. Host only: Hana is heavy under nvcc, so the umbrella header does not include this one.
+// The search runs in chunks of at most `chunk_size` configurations, each its own constant
+// expression (clang stops one constant expression after 2^20 steps; a plan takes thousands),
+// merged at the end. Host only: Hana is heavy under nvcc, so the umbrella header does not include this one.
 #pragma once
 
 #include <array>
