@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Compiles SOURCE (-O0, to an object) with COMPILER and fails when it takes longer than
 # BUDGET_SECONDS of wall-clock time, or does not compile.
 string(TIMESTAMP _start "%s%f")

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Compile-time cost of checking a GPT-3 175B plan with activations: Megatron-LM's 1024-GPU
 // configuration (Narayanan et al. 2021; Korthikanti et al. 2022): tensor 8 with sequence
 // parallelism, pipeline 16 (1F1B), data 8 with the distributed optimizer (ZeRO-1), micro-batch 1 of

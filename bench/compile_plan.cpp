@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Compile-time cost of including the umbrella header and checking one model-state plan.
 #include <memalg/memalg.hpp>
 namespace m = memalg;

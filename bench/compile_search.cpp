@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Compile-time cost of a 1,000-configuration strategy search on a layer-level model (Llama-2 7B,
 // activations included): every configuration is decided at compile time, the least-memory one
 // becomes a plan type, and require_fits checks it.

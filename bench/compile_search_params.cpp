@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Compile-time cost of a 1,000-configuration strategy search on a model given by its parameter
 // count (the ZeRO paper's 7.5B; model states only): the same space as compile_search.cpp.
 #include <memalg/memalg.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The design plan/search_hana.hpp avoids, measured for bench/RESULTS.md: the same 1,000
 // configurations as compile_search_params.cpp expanded as a Hana cartesian product of strategy
 // types, one plan type per configuration, counted with hana::count_if.

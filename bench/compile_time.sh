@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSL-1.0
 # Median wall-clock compile time (-c -O0 to an object) of each source, g++ and nvcc, N runs each.
 #   bench/compile_time.sh [N] [sources...]     (default: 5 runs of bench/compile_*.cpp)
 # Prints one Markdown table row per source: name | g++ median ms | nvcc median ms.

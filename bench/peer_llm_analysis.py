@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSL-1.0
 """Side-by-side throughput of a Python peer estimator on memalg's configurations.
 
 The peer is llm-analysis (PyPI `llm-analysis`, cli99/llm-analysis), a pure-Python estimator of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Run-time throughput of the strategy search `memalg sweep` runs (plan/search.hpp), on one core.
 //
 //   build/bench/sweep_throughput [--dump FILE | --time-list FILE]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Runs a training binary (COMMAND, a ;-list) with --json and checks its summary: the loss fell,
 # and the arena and the peak the runtime measured equal the plan's predictions.
 execute_process(COMMAND ${COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // examples/model_states.cpp — a plan that fits, checked at compile time, and its breakdown.
 //
 // A 7.5-billion-parameter model (the ZeRO paper's Figure 1) trained with mixed-precision Adam on

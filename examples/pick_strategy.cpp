@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // examples/pick_strategy.cpp — choose a parallel strategy at compile time, and say why.
 //
 // Llama-2 7B, sequence 4096, amp-bf16 AdamW, on 8 A100 80 GB. The space: ZeRO stages 0-3, tensor

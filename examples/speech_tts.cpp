@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // examples/speech_tts.cpp — a speech-synthesis model that runs out of memory, and what fixes it.
 //
 // A ~500M-parameter transformer text-to-speech model (memalg::presets::speech_tts_500m: a phoneme

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // examples/train_common.hpp — what the two training binaries (train_gpt_cpu, train_gpt_cuda)
 // share: the byte-level GPT they train, how a named plan is declared, listed and found, their
 // common flags, and the data. One data path is what makes the binaries comparable: the same seed

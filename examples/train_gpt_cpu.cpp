@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // examples/train_gpt_cpu.cpp — the CPU reference training binary.
 //
 // A small GPT trained byte-level on a text every Debian system ships (the GPL-3 among the common

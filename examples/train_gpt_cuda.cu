@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // examples/train_gpt_cuda.cu — the GPU reference training binary (train_gpt_cpu's flags and JSON).
 //
 // A GPT trained byte-level on the GPL-3 text every Debian system ships, by the CUDA trainer

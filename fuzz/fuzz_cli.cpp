@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // fuzz/fuzz_cli.cpp — libFuzzer target: arbitrary bytes as a `memalg` command line.
 //
 // The input is split at newlines into arguments and given to the tool's own main() (compiled

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // fuzz/fuzz_hf_config.cpp — libFuzzer target: arbitrary bytes as a Hugging Face config.json.
 //
 // Every input must end in a model or in a usage_error (one sentence for the user); anything else

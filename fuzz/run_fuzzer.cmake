@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # A bounded fuzzing run: SECONDS of FUZZER from CORPUS (read only), new inputs and any crash
 # reproducer in WORKDIR. Fails, printing the reproducer, when the fuzzer finds a crash or a hang.
 file(REMOVE_RECURSE ${WORKDIR})

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSL-1.0
 # The main job: set up, build, then show what memalg does — compile-time-checked plans (the
 # examples), the command-line planner, and a short run of the CPU reference trainer.
 set -euo pipefail

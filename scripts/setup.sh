@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSL-1.0
 # Set-up shared by the two README commands: install the Debian packages memalg needs (when run as
 # root and something is missing), configure and build. Idempotent; a second run only rebuilds.
 #   BUILD_DIR    build directory (default: build)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSL-1.0
 # The whole test suite: set up, build (with the CUDA backend when nvcc is present), run every test
 # with ctest; then build the host code again with AddressSanitizer and UndefinedBehaviorSanitizer
 # and run the CPU tests (host, examples, MPI) under them. GPU tests report themselves as skipped

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Runs EXE with ARGS. EXPECT=bad: exit status non-zero, exactly one line on stderr starting with
 # "memalg: error:", nothing on stdout. EXPECT=ok: exit 0 and stdout matching MATCH.
 separate_arguments(_args UNIX_COMMAND "${ARGS}")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # `memalg emit ARGS` writes a header; a translation unit including it must compile (EXPECT=fits),
 # or fail with the plan's peak, as `memalg plan ARGS --json` reports it, in need_bytes<...>
 # (EXPECT=oom).

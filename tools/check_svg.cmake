@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Runs EXE with ARGS (which write SVG), then checks the file: it exists, is one <svg> document
 # with at least one bar, and (when XMLLINT is set) is well-formed XML.
 separate_arguments(_args UNIX_COMMAND "${ARGS}")

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/cli.cpp — strict parsing and the flags → descriptors translation shared by sub-commands.
 #include "cli.hpp"
 #include "planner.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/cli.hpp — shared pieces of the `memalg` command-line tool: strict parsing of numbers,
 // building the plan's literal descriptors from flags, and JSON output. Every sub-command calls the
 // same constexpr `memalg::evaluate` as the compile-time plan.

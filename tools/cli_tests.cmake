@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Tests of the command-line tool: its functions through doctest, the binary through ctest.
 add_executable(test_cli test_cli.cpp)
 target_link_libraries(test_cli PRIVATE memalg_cli memalg_doctest_main doctest::doctest)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/cmd_emit.cpp — `memalg emit`: a C++ header whose types are the plan of the flags, with a
 // static_assert that it fits.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/cmd_plan.cpp — `memalg plan`: the memory of the most loaded rank for one configuration.
 #include <iostream>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/cmd_sweep.cpp — `memalg sweep`: the strategy search of plan/search.hpp at run time.
 #include <unistd.h>
 

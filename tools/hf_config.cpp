@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/hf_config.cpp — a Hugging Face `config.json` read as a layer-level model.
 //
 // The parameter count of each family is computed from the module shapes of its `transformers`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/main.cpp — the `memalg` command-line planner.
 //
 // Exit status: 0 success (whether a plan fits is in its output), 2 bad input (one line on stderr),

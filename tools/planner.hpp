@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/planner.hpp — the planner's sub-commands beyond `plan`: `sweep` (the strategy search at run
 // time), `emit` (a C++ header that checks a plan at compile time), `import` (a Hugging Face
 // config.json as a model), and SVG charts of per-rank memory. Every number comes from the same

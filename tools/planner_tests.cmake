@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Tests of the planner sub-commands (sweep, emit, import, charts): their functions through doctest,
 # the binary through ctest.
 add_executable(test_planner test_planner.cpp)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // tools/svg.cpp — stacked-bar charts of per-rank memory (`--svg FILE` on `plan` and `sweep`).
 //
 // One bar per configuration, one colour per category (weights, gradients, master weights,

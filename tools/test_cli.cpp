@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Unit tests of the command-line tool's parsing and JSON (the binary itself is tested by ctest).
 #include <doctest/doctest.h>
 

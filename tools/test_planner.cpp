@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Unit tests of the planner sub-commands: Hugging Face import against published parameter counts,
 // the sweep against `plan` and against itself exhaustive, the progress line, SVG charts, emit.
 #include <doctest/doctest.h>

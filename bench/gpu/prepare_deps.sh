@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSL-1.0
 # bench/gpu/prepare_deps.sh — copies the header-only dependencies into .deps/ (ignored by git) so
 # that bench/gpu/run.sh can configure and build on a machine that has a CUDA toolkit, CMake and
 # ninja but not these packages. Run it here, where they are installed; carry .deps/ along.

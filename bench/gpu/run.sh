@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSL-1.0
 # bench/gpu/run.sh — the GPU benchmark in one command, run from the repository root:
 #
 #   bash bench/gpu/run.sh            (OUT=/some/dir to keep the logs and JSON there)

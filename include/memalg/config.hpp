@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/config.hpp — portability macros shared by host and device code.
 //
 // Everything under core/ model/ train/ parallel/ device/ plan/ compiles with a plain C++20 host

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/memalg.hpp — everything host-side: the memory algebra, plans and their diagnostics.
 // CUDA headers (backend/cuda/*.cuh) are included separately, by CUDA translation units only, and
 // so is the Boost.Hana type-level search (plan/search_hana.hpp), which is host only.

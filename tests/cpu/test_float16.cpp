@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Bit-exact tests of the bf16 / fp16 conversions: known patterns, ties to even, subnormals,
 // overflow, inf/NaN, round trips over every 16-bit pattern, and a comparison with an independent
 // nearest-value search for a million random floats.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Finite-difference gradient checks in fp64 (T = double) for every kernel with a backward.
 // Each test uses the scalar L = Σ out·r with a fixed random r, runs the backward with dout = r and
 // compares every analytic gradient with central differences. Parameter gradients start from

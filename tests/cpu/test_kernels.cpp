@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Cross-checks between kernels that must agree (naive vs flash attention, chunked vs unchunked
 // lm-head + cross-entropy), the dropout mask contract, and small hand-checked cases.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN

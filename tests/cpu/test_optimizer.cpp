@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Optimizer steps against hand-computed values, the dynamic loss scaler state machine, gradient
 // norm clipping through the single-rank communicator, and the local communicator itself.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN

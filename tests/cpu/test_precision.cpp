@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // 16-bit storage paths against the fp32 path.
 //
 // Inputs are first rounded to the 16-bit type and the fp32 path is fed the same (exactly widened)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Shared helpers of the CPU backend tests: deterministic random data and a central-difference
 // gradient check.
 #pragma once

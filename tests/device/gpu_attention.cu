@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // GPU tests of attention.cuh (naive and flash, forward and backward, GQA, causal or not) against the
 // CPU reference (in double).
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // GPU tests of gemm.cuh and lm_head.cuh against the CPU reference (run in double).
 #include <doctest/doctest.h>
 

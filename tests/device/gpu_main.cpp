@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // doctest main of the GPU tests: without a CUDA device (or driver) it prints a visible SKIPPED line
 // and exits with 77, which ctest reports as skipped (SKIP_RETURN_CODE), never as passed.
 #define DOCTEST_CONFIG_IMPLEMENT

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // GPU test of memory.cuh and arena.cuh.
 #include <doctest/doctest.h>
 

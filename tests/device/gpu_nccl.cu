@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // GPU test of nccl_communicator.cuh: one communicator per visible GPU in this process
 // (ncclCommInitAll), driven from one thread with group calls; works with a single GPU.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // GPU tests of layernorm.cuh, rmsnorm.cuh and embedding.cuh against the CPU reference (in double).
 #include <doctest/doctest.h>
 

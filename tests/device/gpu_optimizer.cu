@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // GPU tests of optimizer.cuh and grad_norm.cuh against the CPU reference (in double).
 #include <doctest/doctest.h>
 

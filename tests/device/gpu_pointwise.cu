@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // GPU tests of activation.cuh, dropout.cuh, softmax.cuh and cross_entropy.cuh against the CPU
 // reference (in double; softmax, which the CPU backend has no kernel for, against a loop here).
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Helpers of the GPU tests: device buffers, random inputs, conversions to the CPU reference's
 // double precision, and the relative-error check with a tolerance per storage type.
 //

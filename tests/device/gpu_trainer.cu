@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The CUDA trainer (exec/gpt_trainer_cuda.cuh) against the CPU trainer (exec/gpt_trainer.hpp).
 //
 //   * loss trajectory, fp32: the same model, initialisation and data for 8 steps on both

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Host tests of dtype.cuh (library enums, conversions that agree bit for bit with the CPU backend's
 // 16-bit types) and of the error and memory messages of check.cuh, memory.cuh and arena.cuh.
 // No GPU needed.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Host tests of the CUDA backend's launch arithmetic (launch.cuh and the size helpers built on it):
 // grid sizes, vector widths, attention layouts, flash tiling, workspaces. No GPU needed.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: byte_count_overflows_64_bits
 // 2^63 parameters of fp32 need 2^65 bytes: more than a 64-bit byte count holds.
 #include <memalg/memalg.hpp>

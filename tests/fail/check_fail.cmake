@@ -1,10 +1,13 @@
+# SPDX-License-Identifier: BSL-1.0
 # Compiles SOURCE with COMPILER and passes only when the compilation fails and its output matches
 # every regular expression of the file's leading `// expect: <regex>` lines (each on its own, in
 # any order: g++ prints the instantiation before the message, nvcc after it).
-file(STRINGS ${SOURCE} _lines LIMIT_COUNT 8)
+file(STRINGS ${SOURCE} _lines LIMIT_COUNT 9)
 set(_expects)
 foreach(_line IN LISTS _lines)
-  if(_line MATCHES "^// expect: (.+)$")
+  if(_line MATCHES "^// SPDX-License-Identifier:")
+    continue()  # the license line comes first, then the expectations
+  elseif(_line MATCHES "^// expect: (.+)$")
     list(APPEND _expects "${CMAKE_MATCH_1}")
   else()
     break()

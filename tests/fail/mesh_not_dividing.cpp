@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: do not multiply to the declared world<N> size
 // 3 data-parallel × 2 tensor-parallel ranks are 6, not the 8 the mesh declares.
 #include <memalg/memalg.hpp>

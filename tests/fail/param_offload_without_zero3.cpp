@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: parameter offload needs ZeRO stage 3
 #include <memalg/memalg.hpp>
 using namespace memalg;

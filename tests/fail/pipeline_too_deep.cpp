@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: the pipeline has more stages than the model has layers
 // GPT-2 124M has 12 blocks: a 16-stage pipeline would leave stages without a layer.
 #include <memalg/memalg.hpp>

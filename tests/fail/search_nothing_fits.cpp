@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: no configuration of the space fits.*closest_need_bytes<350541065216|closest_need_bytes<350541065216.*no configuration of the space fits
 // GPT-3 175B by parameter count on 8 A100 80 GB: no ZeRO stage makes it fit; the search says so
 // at compile time, with the closest configuration's need and the limit.

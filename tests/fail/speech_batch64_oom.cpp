@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: the most loaded rank does not fit in device memory
 // expect: need_bytes<121129563152
 // expect: limit_bytes<85899345920

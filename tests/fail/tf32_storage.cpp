@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: tf32 is a compute format and cannot be a storage dtype
 #include <memalg/memalg.hpp>
 using namespace memalg;

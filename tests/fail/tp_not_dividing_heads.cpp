@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: the tensor-parallel degree does not divide the attention heads
 // Llama-2 7B has 32 attention heads: 3 tensor-parallel ranks cannot split them.
 #include <memalg/memalg.hpp>

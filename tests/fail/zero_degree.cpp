@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // expect: the data-parallel degree must be at least 1
 #include <memalg/memalg.hpp>
 using namespace memalg;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Saved activations per layer against Korthikanti et al. 2022 (arXiv 2205.05198), Table 2 and §4,
 // and the layer variants, recomputation, context parallelism and pipeline schedules.
 #include <doctest/doctest.h>

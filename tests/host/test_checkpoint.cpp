@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Checkpoints: round trip, atomic replacement, refusal of corrupt, truncated and foreign files.
 #include <doctest/doctest.h>
 

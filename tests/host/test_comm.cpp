@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The communication-volume model against the ring formulas and the published ratios.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Frozen and compressed weights: frozen layers, QLoRA, structured pruning, 2:4 sparsity and
 // knowledge distillation.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Model-state algebra against its published sources.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Presets: exact parameter counts from the published configurations.
 #include <doctest/doctest.h>
 

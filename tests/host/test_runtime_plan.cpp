@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The CPU runtime against its plan: for every configuration of the matrix, the arena the trainer
 // allocates is the plan's prediction (by construction) and the high-water mark of everything it
 // holds during real training steps equals the plan's peak, category by category, to the byte.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The strategy search: decoding of the space, the queries against brute force, the pruned search
 // against the exhaustive one, and the monotonicity the pruning relies on.
 #include <doctest/doctest.h>

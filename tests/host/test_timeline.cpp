@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The step timeline: transients where they live, the peak as a maximum over the phases, and the
 // configurations that cannot be planned.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Runs COMMAND (a ;-list) and succeeds only if it exits non-zero and its output contains EXPECT:
 # a deliberately failing rank must fail the whole MPI job, not just print a message.
 execute_process(COMMAND ${COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)

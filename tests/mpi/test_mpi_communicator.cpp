@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The MPI communicator against expected values, run on 2 and 4 ranks: every collective for float
 // and double (including the in-place forms), broadcast from every root, a send/recv ring,
 // sub-group splits (tensor-parallel × data-parallel grid), error reporting, and the global gradient

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // The same model and data on one rank and on data parallel (ZeRO-0/1/2/3), tensor parallel and
 // both combined, as real MPI jobs: the loss trajectories must agree within a relative 2e-5 over
 // 8 steps (fp32; the ranks sum gradients in another order than one rank does, which changes the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSL-1.0
 # Installs the build tree into a scratch prefix and builds a tiny consumer against it with
 # find_package(memalg CONFIG REQUIRED), then runs the consumer.
 file(REMOVE_RECURSE ${WORKDIR})

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Passes by compiling: the activation algebra at compile time, O(1) repeats, every layer type
 // and model transformation as a compile-time literal, and what counts as a part of a model.
 #include <memalg/memalg.hpp>

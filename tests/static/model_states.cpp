@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Passes by compiling: the model-state algebra checked at compile time, and configurations that
 // must not be expressible.
 #include <memalg/memalg.hpp>

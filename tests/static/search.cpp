@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // Compile-time strategy search: passes by compiling.
 #include <type_traits>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/core/bytes.hpp — a strong quantity for memory sizes.
 //
 // `bytes` is an unsigned 64-bit count with checked arithmetic: an overflow during constant

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/core/dtype.hpp — number formats with exact storage sizes.
 //
 // A dtype is a literal struct (usable at compile time and at run time): its name, its bit width,

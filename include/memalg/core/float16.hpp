@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/core/float16.hpp — 16-bit floating-point storage types shared by every backend.
 //
 // `bf16` (bfloat16: 1 sign, 8 exponent, 7 mantissa bits) and `fp16` (IEEE 754 binary16: 1, 5, 10)

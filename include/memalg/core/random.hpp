@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/core/random.hpp — a counter-based random stream shared by every backend.
 //
 // Dropout masks must be identical on the CPU reference and on the GPU so that the two backends

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/device/device.hpp — devices: capacity, a reserve for runtime overheads, a memory cap.
 //
 // capacity: the total memory the driver reports for the board (nvidia-smi "Total" in MiB, or

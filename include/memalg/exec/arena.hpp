@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/arena.hpp — one allocation, laid out by the plan.
 //
 // The executor allocates a single arena of exactly the planned size and places every tensor in it:

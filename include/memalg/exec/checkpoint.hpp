@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/checkpoint.hpp — checkpoints that resume bit-identically and never destroy the
 // previous one.
 //

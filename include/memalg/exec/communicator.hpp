@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/communicator.hpp — the collective-communication concept every backend implements.
 //
 // The executor is written against this concept only; the CPU backend implements it over MPI (and a

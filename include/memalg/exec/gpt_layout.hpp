@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/gpt_layout.hpp — how the GPT trainers (CPU and CUDA) lay out their parameters.
 //
 // Parameters are grouped into units — the token embedding, the position embedding, each block,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/gpt_plan.hpp — from a compile-time plan to the CPU trainer that runs it.
 //
 // `runtime_gpt<Config>` is the model the CPU runtime trains, as a model type: the decoder-only

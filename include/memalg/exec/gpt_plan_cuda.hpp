@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/gpt_plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
 //
 // The CUDA trainer (exec/gpt_trainer_cuda.cuh) runs the same plans as the CPU trainer

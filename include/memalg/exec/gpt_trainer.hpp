@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/gpt_trainer.hpp — a GPT trained by the CPU reference backend, in one arena laid out
 // by its plan, on one rank or many (data parallel with ZeRO-0/1/2/3, tensor parallel).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/exec/gpt_trainer_cuda.cuh — the GPT of exec/gpt_trainer.hpp trained on a GPU, in one
 // device arena laid out by its plan, on one rank or many (NCCL: data parallel with ZeRO-0/1/2/3,
 // tensor parallel).

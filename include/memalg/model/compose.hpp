@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/compose.hpp — composing layers into models, and transforming them.
 //
 //   sequential<Parts...>         the parts one after the other

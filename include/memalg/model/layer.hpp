@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/layer.hpp — the literal description every model flattens to.
 //
 // A model is a short list of `layer_desc` entries with multiplicities: `repeat<96, block>` is one

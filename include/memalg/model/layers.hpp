@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/layers.hpp — descriptors of the individual layers.
 //
 // Each layer is a constexpr builder returning a `layer_desc` literal (what the command-line tool

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/parameters.hpp — a model given by its parameter count alone.
 //
 // Enough for model-state questions (the ZeRO paper's Figure 1 is one): Ψ parameters, of which

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/presets.hpp — every preset, and lookup by name for the command-line tool.
 #pragma once
 

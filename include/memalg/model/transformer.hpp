@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/transformer.hpp — the pre-norm transformer block and decoder-only language models.
 //
 // A block is ONE `layer_desc` (kind transformer_block) whose shape carries everything the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/parallel/mesh.hpp — the parallel mesh: how ranks split the data, the model and its states.
 //
 //   world = dp · cp · tp · pp       (Megatron-LM's rank order; expert parallelism lives inside dp·cp)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/activations.hpp — saved activations and transient buffers of every layer, and what a
 // pipeline stage holds of them over a step.
 //

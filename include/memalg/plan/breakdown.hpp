@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/breakdown.hpp — bytes per category, the value the memory algebra computes with.
 //
 // A breakdown forms a commutative monoid under + (sequential composition), scales by a count

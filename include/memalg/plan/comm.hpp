@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/comm.hpp — bytes each rank sends per training step: the communication-volume model
 // the strategy search ranks configurations by.
 //

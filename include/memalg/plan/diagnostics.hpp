@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/diagnostics.hpp — compile-time out-of-memory diagnostics.
 //
 // nvcc prints the values of a failed static_assert only as template arguments of the template

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/evaluate.hpp — the whole plan as one constexpr function of four literals.
 //
 // `evaluate(model, training, mesh, device)` is what `plan<>` computes at compile time and what the

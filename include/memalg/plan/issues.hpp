@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/issues.hpp — the reasons a configuration cannot be planned.
 //
 // One enumeration, one sentence each. The command-line tool prints the sentence; a type-level plan

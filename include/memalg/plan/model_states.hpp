@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/model_states.hpp — weights, gradients, master weights and optimizer states of one
 // rank, and the transient buffers ZeRO-3 needs to run a layer.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/plan.hpp — `plan<Model, Training, Mesh, Device>`: the compile-time memory plan.
 //
 //   using p = memalg::plan<model::parameters<7'500'000'000>, train::recipe<precision::amp_fp16,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/report.hpp — human-readable tables of a plan (used by the examples and the CLI).
 #pragma once
 

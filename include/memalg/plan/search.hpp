@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/search.hpp — search over a declared space of parallel strategies and recipes.
 //
 // A `search_space` lists the choices of each dimension — ZeRO stage, tensor (with or without

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/search_hana.hpp — compile-time strategy search over a space of strategy *types*.
 //
 //   namespace s = memalg::search;

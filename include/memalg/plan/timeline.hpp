@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/plan/timeline.hpp — the phases of one training step on one rank, and their peak.
 //
 //   steady state    model states + reserve (between steps; the gradient buffer is persistent,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/train/optimizer.hpp — optimizers and the bytes of their states.
 //
 // State elements per parameter (Ψ parameters, of which Ψ_m lie in matrices of shape r×c):

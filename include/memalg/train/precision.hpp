@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/train/precision.hpp — mixed-precision policies: which dtype each model state lives in.
 //
 // A policy is a literal `precision_policy`; a policy *type* is any type with

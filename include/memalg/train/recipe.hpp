@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/train/recipe.hpp — the training recipe: precision policy, optimizer, batch shape,
 // gradient accumulation and activation recomputation.
 //

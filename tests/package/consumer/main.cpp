@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // A project that only knows `find_package(memalg CONFIG REQUIRED)`.
 #include <memalg/memalg.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/activation.hpp — GELU and SwiGLU (reference).
 //
 // GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/attention.hpp — multi-head scaled dot-product attention with grouped-query
 // key/value heads (reference).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/cpu.hpp — the whole CPU reference backend.
 //
 // The MPI communicator is included only when <mpi.h> is reachable (build with MPI's include path,

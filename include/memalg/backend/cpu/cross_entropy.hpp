@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/cross_entropy.hpp — softmax cross-entropy, and the chunked tied lm-head + CE
 // (reference).
 //

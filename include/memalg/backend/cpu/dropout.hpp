@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/dropout.hpp — inverted dropout (Srivastava et al. 2014), reference.
 //
 //   forward:  keep_i = dropout_keep(seed, i, p) (i = flat element index), out_i = keep_i ? in_i/(1−p) : 0,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/embedding.hpp — token + position embedding (reference implementation).
 //
 //   forward:  out[n, :] = wte[tok[n], :] + wpe[n % S, :]          (wpe may be null)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/grad_norm.hpp — global gradient-norm clipping (Pascanu et al. 2013).
 //
 //   local:  Σ g² over the gradient elements this rank owns (accum_t<T>)

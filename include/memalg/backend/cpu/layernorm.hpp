@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/layernorm.hpp — layer normalisation over the channel axis (reference).
 //
 //   forward:  μ = mean(x), rstd = 1/sqrt(var(x) + 1e-5) (biased variance), x̂ = (x − μ)·rstd,

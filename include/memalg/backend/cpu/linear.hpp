@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/linear.hpp — fully connected layer, PyTorch nn.Linear layout (reference).
 //
 //   forward:  out[N, OC] = in[N, IC] · W[OC, IC]ᵀ + bias[OC]      (bias may be null)

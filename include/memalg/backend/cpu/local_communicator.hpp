@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/local_communicator.hpp — the communicator of a group of one rank.
 //
 // Lets the executor run the same code path without MPI: every collective over a single rank is an

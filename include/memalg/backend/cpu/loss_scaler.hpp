@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/loss_scaler.hpp — dynamic loss scaling for fp16 training (Micikevicius et al.
 // 2018; same state machine as PyTorch's GradScaler).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/mpi_communicator.hpp — memalg::exec::communicator over MPI, for float and
 // double buffers in host memory.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/optimizer.hpp — SGD, SGD with momentum and AdamW parameter updates (reference).
 //
 // Every step first forms g = grad·grad_scale, where grad_scale = clip_coef / loss_scale folds the

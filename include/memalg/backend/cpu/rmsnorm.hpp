@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/rmsnorm.hpp — root-mean-square normalisation (Zhang & Sennrich 2019), reference.
 //
 //   forward:  rstd = 1/sqrt(mean(x²) + 1e-6), out = x·rstd·w; saves rstd[N] in accum_t<T>

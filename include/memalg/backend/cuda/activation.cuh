@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/activation.cuh — GeLU (tanh approximation) and SwiGLU, forward and backward.
 //
 //   gelu:    out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))          din = dout·gelu'(x)  (=)

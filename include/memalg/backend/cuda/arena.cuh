@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/arena.cuh — one device allocation that a memory plan carves up.
 //
 // device_arena makes a single cudaMalloc of the plan's size (RAII, move-only) and hands out typed

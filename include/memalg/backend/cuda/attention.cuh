@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/attention.cuh — multi-head attention with GQA, naive and flash-style.
 //
 // Layouts (launch.cuh: attention_shape, the same fields as the CPU backend's): qkv[N,(H+2Hkv)·D]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/check.cuh — error checking for CUDA runtime, cuBLAS(Lt) and NCCL calls.
 //
 // Every failing call throws std::runtime_error naming the file, line, expression and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/cross_entropy.cuh — fused softmax + cross-entropy + backward over logits.
 //
 //   loss[n]     = lse(logits[n,:]) − logits[n, targets[n]]     (float)

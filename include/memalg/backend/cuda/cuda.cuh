@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/cuda.cuh — the whole CUDA backend (kernels in namespace memalg::backend::cuda).
 //
 // Each header also compiles on its own; include only what a translation unit needs to keep nvcc

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/device.cuh — small device queries shared by the kernels and wrappers.
 #pragma once
 

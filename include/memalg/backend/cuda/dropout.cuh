@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/dropout.cuh — inverted dropout with a counter-based mask.
 //
 //   forward:  keep = memalg::dropout_keep(seed, offset + i, p); out = keep ? in/(1−p) : 0;

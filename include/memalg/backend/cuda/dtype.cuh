@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/dtype.cuh — storage types of the CUDA backend and their library enums.
 //
 // Kernels are templated on a storage type T ∈ {float, __nv_bfloat16, __half}; arithmetic is done

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/embedding.cuh — token (+ position) embedding, forward and backward.
 //
 //   forward:  out[n,:] = wte[tok[n],:] + wpe[n % s,:]          (wpe may be null)

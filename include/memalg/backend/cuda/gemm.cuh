@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/gemm.cuh — the linear layer on cuBLASLt.
 //
 // Row-major, PyTorch nn.Linear convention:

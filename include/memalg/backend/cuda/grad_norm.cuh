@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/grad_norm.cuh — global gradient squared norm, clip coefficient, overflow check.
 //
 // squared_norm_accumulate() adds Σ g² of one gradient tensor to a float on the device in a fixed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/launch.cuh — launch configurations and index arithmetic of the CUDA kernels.
 //
 // Everything here is constexpr, marked for host and device and free of CUDA headers, so that the

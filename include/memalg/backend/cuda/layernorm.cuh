@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/layernorm.cuh — LayerNorm over the last dimension, forward and backward.
 //
 //   forward:  μ = mean(in), rstd = 1/sqrt(mean((in−μ)²) + eps), out = (in−μ)·rstd·w + b;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/lm_head.cuh — chunked LM head fused with cross-entropy.
 //
 // hidden[N,C] times the tied embedding wte[V,C]ᵀ gives logits[N,V]; instead of materialising

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/memory.cuh — measuring device memory and checking that a plan fits.
 //
 // What a training process can give its arena is the device capacity minus layers of overhead

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/nccl_communicator.cuh — memalg::exec::communicator over NCCL.
 //
 // nccl_communicator wraps one NCCL communicator (one rank on one GPU) and the CUDA stream its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/optimizer.cuh — fused SGD, SGD with momentum and AdamW updates.
 //
 // Same entry points, hyper-parameters and mathematics as the CPU backend. Each kernel loads the

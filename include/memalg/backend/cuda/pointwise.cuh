@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/pointwise.cuh — vectorised element-wise kernels.
 //
 // An element-wise operation is a functor with `template <int W> __device__ void operator()(i)`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/reduce.cuh — warp, block and column reductions used by the kernels.
 //
 // All reductions have a fixed order (butterfly shuffles, fixed block shapes, no atomics), so a

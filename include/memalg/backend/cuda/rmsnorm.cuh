@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/rmsnorm.cuh — RMSNorm over the last dimension, forward and backward.
 //
 //   forward:  rstd = 1/sqrt(mean(in²) + eps), out = in·rstd·w; saves rstd[N] (float, may be null)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/softmax.cuh — row softmax over the last dimension, forward and backward.
 //
 //   forward:  out[n,:] = softmax(scale·in[n,:])                   (float statistics, one rounding)

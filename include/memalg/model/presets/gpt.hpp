@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/presets/gpt.hpp — GPT-2 (Radford et al. 2019) and GPT-3 175B (Brown et al. 2020).
 //
 // Hugging Face `GPT2Config` / the papers: LayerNorm, GeLU MLP of 4h, biases everywhere, learned

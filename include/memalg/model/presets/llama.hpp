@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/presets/llama.hpp — Llama 2 (Touvron et al. 2023, arXiv 2307.09288) and Llama 3
 // (Meta 2024; Hugging Face `config.json` of meta-llama/Meta-Llama-3-*).
 //

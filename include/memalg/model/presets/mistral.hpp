@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/presets/mistral.hpp — Mistral 7B (Jiang et al. 2023, arXiv 2310.06825) and
 // Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088).
 //

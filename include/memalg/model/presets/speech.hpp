@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSL-1.0
 // memalg/model/presets/speech.hpp — a ~500M-parameter transformer text-to-speech model.
 //
 // The shape of Transformer TTS (Li et al. 2019, arXiv 1809.08895) at a larger width: a phoneme
