@@ -72,3 +72,9 @@ add_test(NAME cli.shape_json COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg
          "-DARGS=plan --layers 24 --hidden 1024 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000 --swiglu --untied --norm rmsnorm --attention flash --dropout 0.1 --micro-batch 4 --seq 2048 --grad-accum 8 --recompute every:2 --tp 2 --sp --pp 2 --pp-schedule interleaved:3 --cp 2 --json"
          -DEXPECT=ok "-DMATCH=\"per_layer\"" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
 set_tests_properties(cli.preset_table cli.shape_json PROPERTIES LABELS "host;cli")
+
+# The version: `memalg --version` prints the CMake project version (through the generated
+# memalg/version.hpp) and exits 0.
+add_test(NAME cli.version COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=--version"
+         -DEXPECT=ok "-DMATCH=^memalg ${PROJECT_VERSION}\n$" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+set_tests_properties(cli.version PROPERTIES LABELS "host;cli")

@@ -6,6 +6,8 @@
 #include <exception>
 #include <iostream>
 
+#include <memalg/version.hpp>
+
 #include "cli.hpp"
 #include "planner.hpp"
 
@@ -14,6 +16,7 @@ int main(int argc, char** argv) {
   CLI::App app{"memalg — GPU memory of every rank of a training step, computed before you run it"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "print help for every sub-command");
+  app.set_version_flag("--version", "memalg " MEMALG_VERSION_STRING, "print the version and exit");
 
   plan_flags flags;
   bool json = false;
@@ -65,6 +68,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "memalg: error: " << e.what() << "\n";

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
-// A project that only knows `find_package(memalg CONFIG REQUIRED)`.
+// A project that only knows `find_package(memalg CONFIG REQUIRED)`. It prints the version of the
+// headers it compiled against, then the peak of a plan checked at compile time.
 #include <memalg/memalg.hpp>
+#include <memalg/version.hpp>
 
 #include <cstdio>
 
@@ -11,6 +13,6 @@ using plan = memalg::plan<memalg::model::parameters<1'000'000'000>,
 static_assert(memalg::require_fits<plan>());
 
 int main() {
-  std::printf("%s\n", memalg::to_string(plan::peak).c_str());
+  std::printf("memalg %s: %s\n", MEMALG_VERSION_STRING, memalg::to_string(plan::peak).c_str());
   return plan::fits ? 0 : 1;
 }
