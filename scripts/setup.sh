@@ -4,6 +4,7 @@
 # root and something is missing), configure and build. Idempotent; a second run only rebuilds.
 #   BUILD_DIR    build directory (default: build)
 #   MEMALG_CUDA  ON/OFF to force the CUDA backend (default: on when nvcc is found)
+#   BUILD_TARGETS  space-separated targets to build (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,4 +32,6 @@ if [[ -n ${MEMALG_CUDA:-} ]]; then
 fi
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_flag[@]}" "$@"
-cmake --build "$build" -j "$jobs"
+targets=()
+for t in ${BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$jobs" "${targets[@]}"
