@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -156,9 +158,9 @@ sweep_setup make_sweep(const plan_flags& plan, const sweep_flags& sweep) {
 }
 
 namespace {
-sweep_entry entry_at(const search_problem& p, std::uint64_t index) {
+sweep_entry entry_of(const search_problem& p, candidate c) {
   sweep_entry e{};
-  e.result = evaluate_candidate(p, index);
+  e.result = c;
   if (e.result.valid() && !e.result.plan.fits) {  // evaluate_candidate costs only what fits
     e.result.comm = communication(p.model, apply_strategy(e.result.config, p.training),
                                   apply_strategy(e.result.config, p.mesh));
@@ -167,19 +169,275 @@ sweep_entry entry_at(const search_problem& p, std::uint64_t index) {
   e.training = apply_strategy(e.result.config, p.training);
   return e;
 }
+sweep_entry entry_at(const search_problem& p, std::uint64_t index) { return entry_of(p, evaluate_candidate(p, index)); }
+
+bool equal_timelines(const timeline& a, const timeline& b) {
+  for (std::size_t i = 0; i < phase_count; ++i)
+    if (!(a.at[i] == b.at[i])) return false;
+  return a.host == b.host && a.parameters == b.parameters && a.chunks_in_flight == b.chunks_in_flight &&
+         a.activations_per_micro_batch == b.activations_per_micro_batch;
+}
+bool equal_plans(const plan_result& a, const plan_result& b) {
+  return a.parameters == b.parameters && a.most_loaded_stage == b.most_loaded_stage &&
+         equal_timelines(a.most_loaded, b.most_loaded) && a.per_rank == b.per_rank &&
+         a.host_per_rank == b.host_per_rank && a.peak_phase == b.peak_phase && a.limit == b.limit &&
+         a.usable == b.usable && a.fits == b.fits;
+}
+bool equal_comm(const comm_volume& a, const comm_volume& b) {
+  return a.data_parallel == b.data_parallel && a.tensor_parallel == b.tensor_parallel && a.pipeline == b.pipeline &&
+         a.context_parallel == b.context_parallel && a.expert_parallel == b.expert_parallel &&
+         a.activations_counted == b.activations_counted;
+}
+layer_rows rows_of(const sweep_setup& s, const sweep_entry& e) {
+  return memalg::layer_table(s.base.model, e.training, e.mesh, e.result.plan.most_loaded_stage);
+}
+bool equal_rows(const layer_rows& a, const layer_rows& b) {
+  if (a.size != b.size) return false;
+  for (std::size_t i = 0; i < a.size; ++i) {
+    const layer_row &x = a.rows[i], &y = b.rows[i];
+    if (x.name != y.name || x.kind != y.kind || x.count != y.count || x.weights != y.weights ||
+        x.activations != y.activations)
+      return false;
+  }
+  return true;
+}
+/// Everything of same_plan but the per-layer table (which costs about a plan to compute).
+bool same_numbers(const sweep_entry& a, const sweep_entry& b) {
+  return a.result.issue == b.result.issue && a.training.micro_batch == b.training.micro_batch &&
+         a.training.grad_accum == b.training.grad_accum && equal_comm(a.result.comm, b.result.comm) &&
+         equal_plans(a.result.plan, b.result.plan);
+}
+
+int offload_rank(offload_kind k) {
+  switch (k) {
+    case offload_kind::none: return 0;
+    case offload_kind::optimizer: return 1;
+    case offload_kind::params: return 2;
+  }
+  return 3;
+}
+int recompute_rank(recompute_kind k) {
+  switch (k) {
+    case recompute_kind::none: return 0;
+    case recompute_kind::selective: return 1;
+    case recompute_kind::full: return 2;
+    case recompute_kind::every_k: return 3;
+  }
+  return 4;
+}
+int schedule_rank(pipeline_schedule k) {
+  switch (k) {
+    case pipeline_schedule::one_f_one_b: return 0;
+    case pipeline_schedule::interleaved: return 1;
+    case pipeline_schedule::gpipe: return 2;
+  }
+  return 3;
+}
+}  // namespace
+
+bool same_plan(const sweep_setup& s, const sweep_entry& a, const sweep_entry& b) {
+  return same_numbers(a, b) && equal_rows(rows_of(s, a), rows_of(s, b));
+}
+
+bool simpler_spelling(const sweep_entry& a, const sweep_entry& b) {
+  const mesh_desc &x = a.mesh, &y = b.mesh;
+  const training_desc &u = a.training, &v = b.training;
+  const auto knobs = [](const mesh_desc& m, const training_desc& t, std::uint64_t index) {
+    return std::array<std::uint64_t, 11>{static_cast<std::uint64_t>(m.zero_stage),
+                                         static_cast<std::uint64_t>(offload_rank(m.offload)),
+                                         static_cast<std::uint64_t>(recompute_rank(t.recompute)),
+                                         t.recompute == recompute_kind::every_k ? t.recompute_every : 0,
+                                         m.sequence_parallel ? 1u : 0u,
+                                         m.tp,
+                                         m.pp,
+                                         m.cp,
+                                         static_cast<std::uint64_t>(schedule_rank(m.schedule)),
+                                         m.virtual_stages,
+                                         index};
+  };
+  return knobs(x, u, a.result.config.index) < knobs(y, v, b.result.config.index);
+}
+
+namespace {
+/// Ranks by peak, communication and micro-batch as the search does, ignoring the index: equal
+/// plans have equal values, so only configurations of one such run can be the same plan.
+bool values_before(ranking_key a, ranking_key b, search_order order) {
+  a.index = b.index = 0;
+  return ranks_before(a, b, order);
+}
+bool same_values(const ranking_key& a, const ranking_key& b) {
+  return a.peak == b.peak && a.comm == b.comm && a.micro_batch == b.micro_batch;
+}
+
+/// One distinct plan: the spelling shown (with the count of the others), its rank (its values, and
+/// the lowest index among its spellings, so that distinct plans of equal values keep the search's
+/// index order) and its per-layer table, computed once when a possible duplicate first needs it.
+struct plan_group {
+  sweep_entry shown{};
+  ranking_key key{};
+  std::unique_ptr<layer_rows> rows;  // 2 KB, for the few that need it
+};
+using plan_groups = std::vector<std::unique_ptr<plan_group>>;  // pointers: cheap to insert into
+
+/// Folds `e` into the group of its plan among groups[lo, hi) (all with `e`'s values); false when
+/// none has its plan.
+bool fold_into(const sweep_setup& s, plan_groups& groups, std::size_t lo, std::size_t hi, const sweep_entry& e) {
+  std::optional<layer_rows> rows;
+  for (std::size_t g = lo; g < hi; ++g) {
+    plan_group& group = *groups[g];
+    if (!same_numbers(group.shown, e)) continue;
+    if (!group.rows) group.rows = std::make_unique<layer_rows>(rows_of(s, group.shown));
+    if (!rows) rows = rows_of(s, e);
+    if (!equal_rows(*group.rows, *rows)) continue;
+    const std::uint64_t folded = group.shown.folded + 1;
+    if (simpler_spelling(e, group.shown)) {
+      group.shown = e;
+      *group.rows = *rows;
+    }
+    group.shown.folded = folded;
+    return true;
+  }
+  return false;
+}
+
+/// The distinct plans of `keys`, ranked (best first, ties by index) and holding every spelling of
+/// the plans they hold: runs of equal values are folded whole, up to the run that makes `top`.
+void fold_ranked(const sweep_setup& s, const std::vector<ranking_key>& keys, plan_groups& groups) {
+  groups.clear();
+  for (std::size_t i = 0; i < keys.size() && groups.size() < s.top;) {
+    std::size_t end = i + 1;
+    while (end < keys.size() && same_values(keys[end], keys[i])) ++end;
+    const std::size_t first = groups.size();
+    for (std::size_t k = i; k < end; ++k) {
+      const sweep_entry e = entry_at(s.problem, keys[k].index);
+      if (!fold_into(s, groups, first, groups.size(), e))
+        groups.push_back(std::make_unique<plan_group>(plan_group{e, keys[k], nullptr}));
+    }
+    i = end;
+  }
+}
+
+/// The pruned search (plan/search.hpp's top_strategies) over `chunks` consecutive ranges of the
+/// space, each keeping its best `capacity`; `keys` gets the configurations that rank strictly
+/// before the values at which any range's list was cut — of those it holds every one, so every
+/// spelling of their plans — ranked. Returns whether a list was cut.
+bool ranked_chunks(const sweep_setup& s, std::size_t capacity, std::uint64_t chunks, search_result& summary,
+                   std::vector<ranking_key>& keys, const progress_callback& progress) {
+  static thread_local top_list list;  // 32 KB: not on the stack
+  const search_problem& p = s.problem;
+  const std::uint64_t n = p.space.size(), k = detail::group_size(p.space);
+  const std::uint64_t groups = (n + k - 1) / k;
+  summary = search_result{};
+  keys.clear();
+  std::optional<ranking_key> cut;
+  for (std::uint64_t c = 0; c < chunks; ++c) {
+    const std::uint64_t begin = std::min(n, groups / chunks * c * k + std::min(c, groups % chunks) * k);
+    const std::uint64_t end = std::min(n, begin + (groups / chunks + (c < groups % chunks ? 1 : 0)) * k);
+    list = top_list{};
+    list.order = s.order;
+    list.capacity = capacity;
+    const search_result r = detail::search_range(p, begin, end, [](std::uint64_t) {}, &list,
+                                                 [&](std::uint64_t decided, std::uint64_t) {
+                                                   if (progress) progress(begin + decided, n);
+                                                 });
+    summary = merge(summary, r);
+    keys.insert(keys.end(), list.keys.begin(), list.keys.begin() + static_cast<std::ptrdiff_t>(list.size));
+    if (list.size < r.feasible && (!cut || values_before(list.keys[list.size - 1], *cut, s.order)))
+      cut = list.keys[list.size - 1];
+  }
+  if (cut)
+    keys.erase(std::remove_if(keys.begin(), keys.end(),
+                              [&](const ranking_key& x) { return !values_before(x, *cut, s.order); }),
+               keys.end());
+  std::sort(keys.begin(), keys.end(),
+            [&](const ranking_key& a, const ranking_key& b) { return ranks_before(a, b, s.order); });
+  return cut.has_value();
+}
+
+/// Plans every configuration in index order, keeping the best `top` distinct plans as they come
+/// (`--exhaustive`, the reference the pruned search is tested against, and the last resort of the
+/// pruned one, in bounded memory).
+search_result fold_exhaustive(const sweep_setup& s, plan_groups& groups, const progress_callback& progress) {
+  groups.clear();
+  search_result r{};
+  const search_problem& p = s.problem;
+  const std::uint64_t n = p.space.size();
+  const auto before = [&](const std::unique_ptr<plan_group>& g, const ranking_key& x) {
+    return values_before(g->key, x, s.order);
+  };
+  const auto after = [&](const ranking_key& x, const std::unique_ptr<plan_group>& g) {
+    return values_before(x, g->key, s.order);
+  };
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if ((i & 0xfff) == 0 && progress) progress(i, n);
+    const candidate c = evaluate_candidate(p, i);
+    r.add(c);
+    if (!c.feasible()) continue;
+    const ranking_key k = key_of(c);
+    const bool full = groups.size() >= s.top;
+    if (full && values_before(groups.back()->key, k, s.order)) continue;  // ranks after every listed plan
+    // The groups of k's values; their first spellings have lower indices than k.
+    const auto lo =
+        static_cast<std::size_t>(std::lower_bound(groups.begin(), groups.end(), k, before) - groups.begin());
+    const auto hi =
+        static_cast<std::size_t>(std::upper_bound(groups.begin(), groups.end(), k, after) - groups.begin());
+    if (full && hi == groups.size() && lo == hi) continue;
+    const sweep_entry e = entry_of(p, c);
+    if (fold_into(s, groups, lo, hi, e)) continue;
+    if (full && hi == groups.size()) continue;  // a new plan ranking after every listed one
+    groups.insert(groups.begin() + static_cast<std::ptrdiff_t>(hi),
+                  std::make_unique<plan_group>(plan_group{e, k, nullptr}));
+    if (groups.size() > s.top) groups.pop_back();
+  }
+  return r;
+}
 }  // namespace
 
 sweep_report run_sweep_search(const sweep_setup& s, bool exhaustive, const progress_callback& progress) {
   sweep_report out{};
   const auto start = std::chrono::steady_clock::now();
-  const auto on_progress = [&](std::uint64_t decided, std::uint64_t total) {
-    if (progress) progress(decided, total);
-  };
-  static thread_local top_list list;  // 32 KB: not on the stack
+  plan_groups groups;
   try {
-    out.summary = exhaustive ? top_strategies_exhaustive(s.problem, s.order, s.top, list, on_progress)
-                             : top_strategies(s.problem, s.order, s.top, list, on_progress);
-    for (std::size_t i = 0; i < list.size; ++i) out.ranked.push_back(entry_at(s.problem, list.keys[i].index));
+    if (exhaustive) {
+      out.summary = fold_exhaustive(s, groups, progress);
+    } else {
+      // A ranked list a few times `top` long usually holds `top` distinct plans (spellings of one
+      // plan differ in a ZeRO stage or offload that makes no difference). When it does not, the
+      // list grows, up to max_top, and then the space is searched in more and more ranges, each
+      // with its own list, until the configurations ranking before every range's cut hold `top`
+      // distinct plans (or no list is cut: every configuration that fits is then known).
+      std::size_t capacity = std::min(max_top, s.top * 2 + 8);
+      std::uint64_t chunks = 1;
+      const std::uint64_t n = s.problem.space.size(), k = detail::group_size(s.problem.space);
+      std::vector<ranking_key> keys;
+      for (;;) {
+        const bool cut = ranked_chunks(s, capacity, chunks, out.summary, keys, progress);
+        fold_ranked(s, keys, groups);
+        if (!cut || groups.size() >= s.top) break;
+        // Configurations per distinct plan so far, with a margin, give the length needed.
+        const std::uint64_t seen = std::max<std::uint64_t>(keys.size(), capacity);
+        const std::uint64_t needed =
+            groups.empty() ? seen * 4 : (seen * s.top * 5 + 4 * groups.size() - 1) / (4 * groups.size());
+        if (capacity < max_top && needed <= max_top) {
+          capacity = std::max<std::size_t>(std::min(max_top, capacity * 2), needed);
+        } else {
+          capacity = max_top;
+          chunks = std::min((n + k - 1) / k, std::max(chunks * 2, (2 * needed + max_top - 1) / max_top));
+        }
+        if (chunks > max_sweep_ranges) {  // nearly every configuration repeats a plan: plan them all
+          const search_result pruned = out.summary;
+          fold_exhaustive(s, groups, progress);
+          out.summary = pruned;  // the same counts; `planned` stays the pruned search's
+          break;
+        }
+      }
+    }
+    if (groups.size() > s.top) groups.resize(s.top);
+    out.ranked.reserve(groups.size());
+    for (const std::unique_ptr<plan_group>& g : groups) {
+      out.folded += g->shown.folded;
+      out.ranked.push_back(g->shown);
+    }
     if (out.summary.feasible == 0 && out.summary.closest.found())
       out.closest = entry_at(s.problem, out.summary.closest.index());
   } catch (const std::overflow_error&) {
@@ -237,6 +495,7 @@ nlohmann::json entry_json(const sweep_setup& s, const sweep_entry& e) {
   nlohmann::json j = plan_json(in, e.result.plan);
   j["config"] = strategy_json(e.result.config, e.mesh, e.training);
   j["communication_per_step"] = comm_json(e.result.comm);
+  j["folded"] = e.folded;
   return j;
 }
 std::string_view order_name(search_order o) {
@@ -264,6 +523,8 @@ nlohmann::json sweep_json(const sweep_setup& s, const sweep_report& r, bool exha
   j["planned"] = r.summary.planned;
   j["exhaustive"] = exhaustive;
   j["seconds"] = r.seconds;
+  j["distinct"] = r.ranked.size();
+  j["folded"] = r.folded;
   j["results"] = nlohmann::json::array();
   for (const sweep_entry& e : r.ranked) j["results"].push_back(entry_json(s, e));
   j["closest"] = r.closest ? entry_json(s, *r.closest) : nlohmann::json(nullptr);
@@ -315,6 +576,9 @@ std::string sweep_table(const sweep_setup& s, const sweep_report& r) {
         << phase_name(e.result.plan.peak_phase) << "\n";
     unknown_traffic = unknown_traffic || !e.result.comm.activations_counted;
   }
+  if (r.folded != 0)
+    out << "folded " << r.folded << " more configuration" << (r.folded == 1 ? "" : "s")
+        << " with the plan of a listed one: each plan is listed once, in its simplest spelling\n";
   if (unknown_traffic)
     out << "note: a model given by its parameter count (or a recipe without --seq) has no activation "
            "traffic to count: comm/step covers data parallelism only; give the layers for the rest\n";

@@ -57,20 +57,43 @@ sweep_setup make_sweep(const plan_flags& plan, const sweep_flags& sweep);
 /// Hard limit on the configurations of one sweep (a usage error above it); a fuzzing harness lowers it.
 inline std::uint64_t max_sweep_configurations = 1'000'000'000;
 
+/// Most ranges a pruned sweep is split into to fill its listing with distinct plans (each range
+/// ranks up to max_top configurations); past it every configuration is planned. A test lowers it.
+inline std::uint64_t max_sweep_ranges = 1024;
+
 /// One ranked configuration with its full plan.
 struct sweep_entry {
   candidate result{};
   mesh_desc mesh{};
   training_desc training{};
+  std::uint64_t folded = 0;  ///< other configurations with the identical plan, folded into this one
 };
 struct sweep_report {
   search_result summary{};
-  std::vector<sweep_entry> ranked;    ///< the best `top`, best first
+  std::vector<sweep_entry> ranked;    ///< the best `top` distinct plans, best first, each in its simplest spelling
   std::optional<sweep_entry> closest; ///< when nothing fits: the valid configuration needing least memory
+  std::uint64_t folded = 0;           ///< configurations folded into the listed ones (the sum of their `folded`)
   double seconds = 0;
 };
 
+/// True when the two configurations have the same plan: every number the sweep reports or ranks
+/// them by is equal — validity, the whole plan_result (the most loaded rank's stage, its breakdown
+/// at every phase and at the peak, host bytes, parameters, micro-batches in flight, limit, fits),
+/// every dimension of the communication, the micro-batch and accumulation, and the per-layer
+/// table. The knobs that spell the configuration (ZeRO stage, degrees, offload, ...) are not
+/// compared: two spellings of one plan are what the sweep folds.
+bool same_plan(const sweep_setup& s, const sweep_entry& a, const sweep_entry& b);
+/// The order that chooses which spelling of one plan is listed (it never decides equality): the
+/// lower ZeRO stage, then no offload before optimizer before params, then less recomputation
+/// (none, selective, full, every:K by ascending K), then sequence parallelism off before on, then
+/// the smaller tensor, pipeline and context degrees, then the 1F1B, interleaved, GPipe schedule
+/// and fewer virtual stages, then the lower index in the space (a choice listed twice).
+bool simpler_spelling(const sweep_entry& a, const sweep_entry& b);
+
 using progress_callback = std::function<void(std::uint64_t decided, std::uint64_t total)>;
+/// The search, then its best `top` distinct plans: configurations whose plans are identical
+/// (same_plan) are listed once, in the simplest spelling (simpler_spelling), and the listing is
+/// filled with distinct plans before it is cut to `top`. `summary` counts every configuration.
 sweep_report run_sweep_search(const sweep_setup& s, bool exhaustive, const progress_callback& progress = {});
 
 nlohmann::json strategy_json(const strategy& c, const mesh_desc& m, const training_desc& t);

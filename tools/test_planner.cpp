@@ -3,6 +3,7 @@
 // the sweep against `plan` and against itself exhaustive, the progress line, SVG charts, emit.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -227,6 +228,218 @@ TEST_CASE("sweep: the results are memalg plan's numbers, pruned and exhaustive a
   // Sorted by memory.
   for (std::size_t i = 1; i < j["results"].size(); ++i)
     CHECK(j["results"][i - 1]["per_rank"]["total"].get<std::uint64_t>() <= j["results"][i]["per_rank"]["total"].get<std::uint64_t>());
+}
+
+namespace {
+/// A result of the sweep's JSON without what spells its configuration: what two spellings of one
+/// plan have in common.
+nlohmann::json plan_of(nlohmann::json r) {
+  for (const char* knob : {"index", "dp", "zero", "tp", "sequence_parallel", "pp", "cp", "ep", "recompute",
+                           "recompute_every", "offload"})
+    r["config"].erase(knob);
+  r.erase("folded");
+  return r;
+}
+void check_pairwise_distinct(const nlohmann::json& results) {
+  for (std::size_t i = 0; i < results.size(); ++i)
+    for (std::size_t k = i + 1; k < results.size(); ++k) {
+      CAPTURE(i);
+      CAPTURE(k);
+      CHECK(plan_of(results[i]) != plan_of(results[k]));
+    }
+}
+/// The raw ranked list of plan/search.hpp (every configuration, duplicates included).
+std::vector<std::uint64_t> raw_top(const sweep_setup& s, std::size_t count) {
+  static top_list list;
+  top_strategies(s.problem, s.order, count, list);
+  std::vector<std::uint64_t> out;
+  for (std::size_t i = 0; i < list.size; ++i) out.push_back(list.keys[i].index);
+  return out;
+}
+sweep_entry entry_of_index(const sweep_setup& s, std::uint64_t index) {
+  sweep_entry e{};
+  e.result = evaluate_candidate(s.problem, index);
+  e.mesh = apply_strategy(e.result.config, s.problem.mesh);
+  e.training = apply_strategy(e.result.config, s.problem.training);
+  return e;
+}
+}  // namespace
+
+TEST_CASE("sweep: configurations with identical plans are listed once, in their simplest spelling") {
+  // Llama-2 7B on 8 GPUs: at dp = 1 (and cp = 1) ZeRO-0, 1 and 2 are one plan — ZeRO shards over
+  // dp × cp — which the search ranks as three configurations.
+  plan_flags model = llama_flags();
+  sweep_flags sweep;
+  sweep.world = "8";
+  sweep.micro_batch = "1,2,4,8";
+  sweep.recompute = "none,selective,full";
+  sweep.global_batch = "64";
+  const sweep_setup s = make_sweep(model, sweep);
+
+  const std::vector<std::uint64_t> raw = raw_top(s, 10);
+  REQUIRE(raw.size() == 10);
+  const sweep_entry zero0 = entry_of_index(s, raw[0]), zero1 = entry_of_index(s, raw[1]),
+                    zero2 = entry_of_index(s, raw[2]);
+  REQUIRE(zero0.mesh.dp == 1);
+  REQUIRE(zero0.mesh.zero_stage == 0);
+  REQUIRE(zero1.mesh.zero_stage == 1);
+  REQUIRE(zero2.mesh.zero_stage == 2);
+  CHECK(same_plan(s, zero0, zero1));
+  CHECK(same_plan(s, zero1, zero2));
+  CHECK(simpler_spelling(zero0, zero1));
+  CHECK_FALSE(simpler_spelling(zero1, zero0));
+  // The raw list's fourth, ZeRO-3 on the same mesh, holds ZeRO-3's gathered layers: another plan.
+  sweep_entry zero3{};
+  for (std::uint64_t i : raw)
+    if (entry_of_index(s, i).mesh.zero_stage == 3) zero3 = entry_of_index(s, i);
+  REQUIRE(zero3.mesh.zero_stage == 3);
+  CHECK_FALSE(same_plan(s, zero0, zero3));
+
+  const sweep_report fast = run_sweep_search(s, false);
+  const sweep_report slow = run_sweep_search(s, true);
+  CHECK(fast.summary.evaluated == s.problem.space.size());  // every configuration still counted
+  CHECK(fast.summary.evaluated == 2304);
+  CHECK(fast.summary.feasible == 754);
+  CHECK(fast.summary.feasible == slow.summary.feasible);
+  REQUIRE(fast.ranked.size() == 10);  // filled with distinct plans
+  REQUIRE(slow.ranked.size() == 10);
+  for (std::size_t i = 0; i < fast.ranked.size(); ++i) {
+    CHECK(fast.ranked[i].result.config.index == slow.ranked[i].result.config.index);
+    CHECK(fast.ranked[i].folded == slow.ranked[i].folded);
+  }
+  // One row where the search ranks three, in its ZeRO-0 spelling; the next row is the next plan.
+  CHECK(fast.ranked[0].result.config.index == raw[0]);
+  CHECK(fast.ranked[0].folded == 2);
+  CHECK(fast.ranked[1].result.config.index == raw[3]);
+  CHECK(fast.ranked[1].mesh.pp == 2);
+  for (std::size_t i = 1; i < fast.ranked.size(); ++i) CHECK_FALSE(same_plan(s, fast.ranked[0], fast.ranked[i]));
+  CHECK(fast.folded > 0);
+  CHECK(fast.folded == slow.folded);
+
+  const nlohmann::json j = sweep_json(s, fast, false);
+  CHECK(j["evaluated"] == 2304);
+  CHECK(j["distinct"] == 10);
+  CHECK(j["folded"] == fast.folded);
+  REQUIRE(j["results"].size() == 10);
+  CHECK(j["results"][0]["config"]["zero"] == 0);
+  CHECK(j["results"][0]["config"]["dp"] == 1);
+  CHECK(j["results"][0]["folded"] == 2);
+  check_pairwise_distinct(j["results"]);
+  // Still ranked by memory.
+  for (std::size_t i = 1; i < j["results"].size(); ++i)
+    CHECK(j["results"][i - 1]["per_rank"]["total"].get<std::uint64_t>() <=
+          j["results"][i]["per_rank"]["total"].get<std::uint64_t>());
+  // The table says how many were folded.
+  CHECK(sweep_table(s, fast).find("folded " + std::to_string(fast.folded) + " more configurations") !=
+        std::string::npos);
+
+  // --top 3: three distinct plans, where the search's best three are one.
+  sweep.top = "3";
+  const sweep_report three = run_sweep_search(make_sweep(model, sweep), false);
+  REQUIRE(three.ranked.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(three.ranked[i].result.config.index == fast.ranked[i].result.config.index);
+}
+
+TEST_CASE("sweep: where ZeRO shards, every stage is its own plan") {
+  plan_flags model;
+  model.params = "1.5e9";
+  sweep_flags sweep;
+  sweep.world = "8";
+  sweep.tp = "1";
+  sweep.pp = "1";
+  sweep.cp = "1";
+  const sweep_setup s = make_sweep(model, sweep);
+  const sweep_report r = run_sweep_search(s, false);
+  CHECK(r.summary.evaluated == 4);
+  REQUIRE(r.ranked.size() == 4);
+  CHECK(r.folded == 0);
+  std::vector<int> stages;
+  for (const sweep_entry& e : r.ranked) {
+    CHECK(e.mesh.dp == 8);
+    CHECK(e.folded == 0);
+    stages.push_back(e.mesh.zero_stage);
+  }
+  std::sort(stages.begin(), stages.end());
+  CHECK(stages == std::vector<int>{0, 1, 2, 3});
+  check_pairwise_distinct(sweep_json(s, r, false)["results"]);
+  CHECK(sweep_table(s, r).find("folded") == std::string::npos);
+}
+
+TEST_CASE("sweep: folding agrees with planning everything, also when duplicates overflow the ranked list") {
+  // A model by its parameter count: without activations the tensor and pipeline degrees, ZeRO at
+  // dp = 1 and a micro-batch listed twice all spell the same plans, so most of the space folds and
+  // a ranked list of max_top holds fewer distinct plans than asked for.
+  plan_flags model;
+  model.params = "7e9";
+  sweep_flags sweep;
+  sweep.world = "256";
+  sweep.micro_batch = "1,2,2,4";
+  sweep.recompute = "none,full";
+  sweep.offload = "none,optimizer,params";
+  sweep.top = "1000";
+  const sweep_setup all = make_sweep(model, sweep);
+  const sweep_report every = run_sweep_search(all, false);
+  const std::uint64_t n = all.problem.space.size();
+  CHECK(every.summary.evaluated == n);
+  REQUIRE(every.ranked.size() < 1000);  // every distinct plan that fits
+
+  // Brute force: each listed row stands for exactly the configurations that fit with its plan, it
+  // is the simplest of them, and together they are every configuration that fits.
+  std::vector<sweep_entry> feasible;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    sweep_entry e = entry_of_index(all, i);
+    if (e.result.feasible()) feasible.push_back(e);
+  }
+  CHECK(feasible.size() == every.summary.feasible);
+  std::uint64_t spellings = 0;
+  for (const sweep_entry& row : every.ranked) {
+    std::uint64_t same = 0;
+    for (const sweep_entry& e : feasible) {
+      if (e.result.plan.peak() != row.result.plan.peak() || !same_plan(all, e, row)) continue;
+      ++same;
+      CHECK_FALSE(simpler_spelling(e, row));
+    }
+    CHECK(same == row.folded + 1);
+    spellings += same;
+  }
+  CHECK(spellings == every.summary.feasible);
+  CHECK(every.folded + every.ranked.size() == every.summary.feasible);
+
+  for (const char* order : {"memory", "comm", "batch"})
+    for (const char* top : {"1", "10", "100", "1000"}) {
+      CAPTURE(order);
+      CAPTURE(top);
+      sweep.sort = order;
+      sweep.top = top;
+      const sweep_setup s = make_sweep(model, sweep);
+      const sweep_report fast = run_sweep_search(s, false);
+      const sweep_report slow = run_sweep_search(s, true);
+      CHECK(fast.summary.evaluated == n);
+      CHECK(fast.summary.valid == slow.summary.valid);
+      CHECK(fast.summary.feasible == slow.summary.feasible);
+      CHECK(fast.ranked.size() == std::min<std::size_t>(s.top, every.ranked.size()));
+      REQUIRE(fast.ranked.size() == slow.ranked.size());
+      for (std::size_t i = 0; i < fast.ranked.size(); ++i) {
+        CHECK(fast.ranked[i].result.config.index == slow.ranked[i].result.config.index);
+        CHECK(fast.ranked[i].folded == slow.ranked[i].folded);
+      }
+      CHECK(fast.folded == slow.folded);
+      CHECK(fast.folded > 0);
+      const nlohmann::json j = sweep_json(s, fast, false);
+      CHECK(j["distinct"] == fast.ranked.size());
+      if (s.top <= 100) check_pairwise_distinct(j["results"]);
+      // The same when the ranges give out at once and the pruned sweep plans everything.
+      const std::uint64_t ranges = max_sweep_ranges;
+      max_sweep_ranges = 1;
+      const sweep_report last = run_sweep_search(s, false);
+      max_sweep_ranges = ranges;
+      CHECK(last.summary.feasible == fast.summary.feasible);
+      REQUIRE(last.ranked.size() == fast.ranked.size());
+      for (std::size_t i = 0; i < last.ranked.size(); ++i) {
+        CHECK(last.ranked[i].result.config.index == fast.ranked[i].result.config.index);
+        CHECK(last.ranked[i].folded == fast.ranked[i].folded);
+      }
+    }
 }
 
 TEST_CASE("sweep: bad dimensions are one sentence each") {
