@@ -92,7 +92,7 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_flag("--untied", untied, "output layer not tied to the token embedding");
   app.add_flag("--no-bias", no_bias, "linear layers and norms without biases");
   app.add_option("--norm", norm, "layernorm|rmsnorm");
-  app.add_option("--attention", attention, "naive (scores saved) | flash (output and log-sum-exp saved)");
+  app.add_option("--attention", attention, "naive (scores saved; Hugging Face eager) | flash (output and log-sum-exp saved; SDPA, the default with --config)");
   app.add_option("--dropout", dropout, "dropout probability in [0, 1) (default 0, presets their own)");
   app.add_option("--micro-batch", micro_batch, "sequences per micro-batch per data-parallel rank (default 1)");
   app.add_option("--seq", seq, "tokens per sequence (activations need it)");
@@ -109,10 +109,17 @@ std::uint64_t suffix_count(std::string_view text, std::string_view prefix, std::
   return parse_positive(text.substr(prefix.size()), what);
 }
 
+/// Flags that describe the layers' shapes (a config.json describes them itself).
 bool layer_shape_given(const plan_flags& f) {
   return !f.layers.empty() || !f.hidden.empty() || !f.heads.empty() || !f.kv_heads.empty() || !f.ffn.empty() ||
-         !f.vocab.empty() || f.swiglu || f.untied || f.no_bias || !f.norm.empty() || !f.attention.empty() ||
-         !f.dropout.empty();
+         !f.vocab.empty() || f.swiglu || f.untied || f.no_bias || !f.norm.empty() || !f.dropout.empty();
+}
+
+/// --attention: naive (Hugging Face "eager", the scores saved) or flash (SDPA / FlashAttention).
+bool parse_flash(const std::string& attention) {
+  if (attention == "naive") return false;
+  if (attention == "flash") return true;
+  throw usage_error("unknown --attention '" + attention + "' (naive|flash)");
 }
 
 std::uint64_t parse_dropout_permille(std::string_view text) {
@@ -144,12 +151,14 @@ model_desc layer_model(const plan_flags& f) {
     const presets::named_preset* p = presets::find(f.preset);
     if (p == nullptr) throw usage_error("unknown --preset '" + f.preset + "' (" + preset_names() + ")");
     if (p->config == nullptr) {
-      if (layer_shape_given(f))
+      if (layer_shape_given(f) || !f.attention.empty())
         throw usage_error("--preset " + f.preset + " is not a decoder-only transformer: layer-shape flags do not apply to it");
       return *p->model;
     }
     c = *p->config;
   } else {
+    if (!f.attention.empty() && f.layers.empty() && f.hidden.empty() && f.heads.empty() && f.vocab.empty())
+      throw usage_error("--attention applies to a layer-level model: give --config, --preset or the layer shape");
     if (f.layers.empty() || f.hidden.empty() || f.heads.empty() || f.vocab.empty())
       throw usage_error("a transformer needs --layers, --hidden, --heads and --vocab (or use --preset NAME)");
     c.name = "transformer";
@@ -168,11 +177,7 @@ model_desc layer_model(const plan_flags& f) {
     else if (f.norm == "rmsnorm") c.rms_norm = true;
     else throw usage_error("unknown --norm '" + f.norm + "' (layernorm|rmsnorm)");
   }
-  if (!f.attention.empty()) {
-    if (f.attention == "naive") c.flash = false;
-    else if (f.attention == "flash") c.flash = true;
-    else throw usage_error("unknown --attention '" + f.attention + "' (naive|flash)");
-  }
+  if (!f.attention.empty()) c.flash = parse_flash(f.attention);
   if (!f.dropout.empty()) c.dropout_permille = parse_dropout_permille(f.dropout);
   if (c.hidden % c.heads != 0) throw usage_error("--heads must divide --hidden (the head width is hidden / heads)");
   if (c.hidden > (1ULL << 24) || c.ffn > (1ULL << 28) || c.vocab > (1ULL << 32) || c.layers > (1ULL << 24))
@@ -186,8 +191,10 @@ plan_inputs make_inputs(const plan_flags& f) {
   if (!f.config.empty()) {
     if (!f.preset.empty() || layer_shape_given(f) || !f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
       throw usage_error("--config describes the model: use it without --params, --preset or layer-shape flags");
-    in.model = load_hf_config(f.config).model;
-  } else if (!f.preset.empty() || layer_shape_given(f)) {
+    import_options options{};  // the Hugging Face default, SDPA, unless --attention says otherwise
+    if (!f.attention.empty()) options.flash = parse_flash(f.attention);
+    in.model = load_hf_config(f.config, options).model;
+  } else if (!f.preset.empty() || layer_shape_given(f) || !f.attention.empty()) {
     if (!f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
       throw usage_error("--params describes a model by its parameter count alone; use it without --preset and layer-shape flags");
     in.model = layer_model(f);

@@ -143,7 +143,7 @@ struct counts {
 
 }  // namespace
 
-hf_model parse_hf_config(std::string_view text, std::string_view source) {
+hf_model parse_hf_config(std::string_view text, std::string_view source, const import_options& options) {
   if (text.size() > max_config_bytes)
     throw usage_error(std::string(source) + ": larger than " + std::to_string(max_config_bytes) +
                       " bytes, not a model configuration");
@@ -188,7 +188,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source) {
 
   lm_config c{};
   c.name = family;  // a literal: model_desc keeps a string_view
-  c.flash = true;
+  c.flash = options.flash;
   c.causal = true;
   counts n{};
 
@@ -238,7 +238,6 @@ hf_model parse_hf_config(std::string_view text, std::string_view source) {
     if (c.hidden % c.heads != 0) r.fail("'n_embd' must be a multiple of 'n_head'");
     c.bias = true;
     c.tied = r.flag_or({"tie_word_embeddings"}, true);
-    c.flash = false;  // GPT-2's reference attention materialises the scores
     const std::uint64_t h = c.hidden, f = c.ffn;
     // ln_1, ln_2 (2h each); c_attn h·3h + 3h; c_proj h·h + h; c_fc h·f + f; c_proj f·h + h.
     n.layer = add(add(add(4 * h, add(mul(h, 3 * h), 3 * h)), add(mul(h, h), h)), add(add(mul(h, f), f), add(mul(f, h), h)));
@@ -329,7 +328,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source) {
   return m;
 }
 
-hf_model load_hf_config(const std::string& path) {
+hf_model load_hf_config(const std::string& path, const import_options& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -345,7 +344,7 @@ hf_model load_hf_config(const std::string& path) {
   std::string text(static_cast<std::size_t>(size), '\0');
   in.read(text.data(), static_cast<std::streamsize>(size));
   text.resize(static_cast<std::size_t>(in.gcount()));
-  return parse_hf_config(text, path);
+  return parse_hf_config(text, path, options);
 }
 
 nlohmann::json hf_json(const hf_model& m) {

@@ -185,10 +185,17 @@ struct hf_model {
 };
 /// Largest config.json read (bigger is not a model configuration).
 inline constexpr std::size_t max_config_bytes = 4 << 20;
+/// What a config.json does not say but the plan needs. The attention implementation is chosen at
+/// load time (`attn_implementation`), not written in the file: flash (SDPA / FlashAttention, the
+/// Hugging Face default) saves the output and a log-sum-exp, naive ("eager") saves the scores.
+struct import_options {
+  bool flash = true;
+};
 /// Parses config.json text; throws usage_error naming the field at fault (`source` prefixes it).
-hf_model parse_hf_config(std::string_view text, std::string_view source = "config.json");
+hf_model parse_hf_config(std::string_view text, std::string_view source = "config.json",
+                         const import_options& options = {});
 /// Reads and parses a file (a regular file of at most max_config_bytes).
-hf_model load_hf_config(const std::string& path);
+hf_model load_hf_config(const std::string& path, const import_options& options = {});
 nlohmann::json hf_json(const hf_model& m);
 
 int run_import(const std::string& path, bool json);

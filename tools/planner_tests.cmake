@@ -28,6 +28,9 @@ set(_planner_bad_inputs
   "import ${PROJECT_SOURCE_DIR}/tools/planner_tests.cmake"
   "plan --config ${_hf}/no-such-file.json"
   "plan --config ${_hf}/gpt2.json --params 7B"
+  "plan --config ${_hf}/gpt2.json --attention eager"
+  "plan --params 7B --attention naive"
+  "plan --preset speech-tts-500m --attention flash"
   "plan --params 7B --svg ${_out}/no/such/dir/x.svg"
   "emit --params 7B --namespace 1bad"
   "emit --params 7B -o ${_out}/no/such/dir/x.hpp")

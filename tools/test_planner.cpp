@@ -151,6 +151,34 @@ TEST_CASE("an imported Llama-2 7B plans like the llama2-7b preset") {
   CHECK(ra.fits);
 }
 
+TEST_CASE("--attention with --config: flash (SDPA, Hugging Face's default) unless naive is asked for") {
+  plan_flags f;
+  f.config = data("gpt2.json");
+  f.seq = "1024";
+  f.micro_batch = "4";
+  const auto activations = [](const plan_flags& g) {
+    const plan_inputs in = make_inputs(g);
+    return evaluate(in.model, in.training, in.mesh, in.device).per_rank.activations;
+  };
+  const auto flash_entries = [](const plan_flags& g) {
+    const plan_inputs in = make_inputs(g);
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < in.model.size; ++i) n += (in.model.entries[i].shape.flags & layer_flags::flash) != 0;
+    return n;
+  };
+  plan_flags naive = f, flash = f;
+  naive.attention = "naive";
+  flash.attention = "flash";
+  CHECK(flash_entries(f) > 0);               // the import no longer chooses naive for GPT-2
+  CHECK(flash_entries(f) == flash_entries(flash));
+  CHECK(flash_entries(naive) == 0);
+  CHECK(activations(f) == activations(flash));
+  CHECK(activations(naive) > activations(flash));  // the naive path saves the s x s scores
+  plan_flags bad = f;
+  bad.attention = "eager";
+  CHECK_THROWS_AS(make_inputs(bad), usage_error);
+}
+
 TEST_CASE("import errors name the field, the architecture or the problem") {
   const auto message = [](std::string_view text) {
     try {
