@@ -96,3 +96,10 @@ foreach(case IN LISTS _emit_cases)
             -P ${CMAKE_CURRENT_SOURCE_DIR}/check_emit.cmake)
   set_tests_properties(planner.emit_${_name} PROPERTIES LABELS "host;cli")
 endforeach()
+
+# The committed PyTorch ground truth (bench/torch/measured.json) read without torch.
+add_executable(test_measured test_measured.cpp)
+target_link_libraries(test_measured PRIVATE memalg_cli memalg_doctest_main doctest::doctest)
+target_compile_definitions(test_measured PRIVATE MEMALG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_test(NAME planner.measured COMMAND test_measured)
+set_tests_properties(planner.measured PROPERTIES LABELS "host;cli;accuracy")

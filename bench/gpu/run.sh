@@ -13,6 +13,8 @@
 #      arena against the trainer's high-water mark (ctest, JUnit XML in $OUT/ctest.xml);
 #   3. trains the GPT-2 124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for
 #      MEMALG_BENCH_STEPS steps (default 40) and the tiny fp32 plan, with --json;
+#   3b. runs the PyTorch ground-truth harness (bench/torch/measure.py) on CUDA tensors, capped at
+#      2 minutes ($OUT/measured_cuda.json);
 #   4. prints one table: tokens/s, MFU, predicted vs measured arena, predicted vs measured device
 #      peak, and every overhead layer (also $OUT/summary.md and $OUT/summary.json).
 # Budget: under 8 minutes on one H200 (each stage has its own timeout; MEMALG_BENCH_BUILD_TIMEOUT
@@ -113,6 +115,13 @@ stage "train gpt2-124m ($steps steps)" 240 "$out/gpt2-124m.log" \
   bash -c "'$bin' --plan gpt2-124m --steps $steps --json > '$out/gpt2-124m.json'"
 stage "train tiny-fp32 (50 steps)" 60 "$out/tiny-fp32.log" \
   bash -c "'$bin' --plan tiny-fp32 --steps 50 --json > '$out/tiny-fp32.json'"
+
+# ---- 3b. the PyTorch ground truth with CUDA tensors ----------------------------------------------
+# bench/torch/measure.py on the GPU: the quick subset, torch.cuda.max_memory_allocated and
+# max_memory_reserved next to the CPU figures of bench/torch/measured.json (docs/accuracy.md).
+stage "torch harness on CUDA (quick subset)" 120 "$out/torch-cuda.log" \
+  env HF_HUB_OFFLINE=1 python3 bench/torch/measure.py --device cuda --quick --out "$out/measured_cuda.json"
+tail -25 "$out/torch-cuda.log"
 
 # ---- 4. the table --------------------------------------------------------------------------------
 python3 - "$out" <<'PY' | tee "$out/summary.md"

@@ -1,0 +1,923 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: BSL-1.0
+"""Ground-truth memory of Hugging Face training steps, for checking `memalg` against.
+
+Every case builds a causal language model from its `configs/<name>.json` with random weights (no
+download), runs steady-state training steps and records the exact peak of live tensor bytes, its
+breakdown by category and the phase where it occurs. See README.md for the method.
+
+    python bench/torch/measure.py --all                # the whole CPU matrix -> measured.json
+    python bench/torch/measure.py --cases 'llama*'     # a subset, printed (add --out FILE to keep)
+    python bench/torch/measure.py --selftest           # the hand-checked tiny model
+    python bench/torch/measure.py --device cuda        # the quick subset on a GPU -> measured_cuda.json
+"""
+
+import argparse
+import contextlib
+import fnmatch
+import gc
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+import weakref
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CONFIGS = os.path.join(HERE, "configs")
+PINNED = {"torch": "2.11.0", "transformers": "5.17.0"}
+PHASES = ("forward", "loss", "backward", "optimizer", "zero_grad")
+CATEGORIES = ("PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
+              "AUTOGRAD_DETAIL", "unknown")
+SEED = 1234
+MB = 1e6
+
+# --------------------------------------------------------------------------------------------
+# Model configurations: small, with the standard Hugging Face keys the importer
+# (tools/hf_config.cpp) reads for each model_type written explicitly.
+
+
+def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, vocab=None, ffn=None):
+    """The config.json dictionary of a small model of `family` (a variant name)."""
+    h = hidden
+    f = ffn or 4 * h
+    if family == "gpt2":
+        c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 50257,
+             "n_positions": 1024, "n_embd": h, "n_layer": layers, "n_head": heads, "n_inner": f,
+             "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout,
+             "attn_pdrop": dropout, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+             "tie_word_embeddings": True if tied is None else tied}
+    elif family in ("llama", "mistral", "qwen2"):
+        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[family]
+        c = {"architectures": [arch], "model_type": family, "vocab_size": 32000, "hidden_size": h,
+             "intermediate_size": f, "num_hidden_layers": layers,
+             "num_attention_heads": heads, "num_key_value_heads": heads // 2, "head_dim": h // heads,
+             "hidden_act": "silu",
+             "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+             "attention_dropout": dropout, "initializer_range": 0.02,
+             "tie_word_embeddings": False if tied is None else tied}
+        if family == "llama":
+            c.update({"attention_bias": False, "mlp_bias": False})
+        if family == "mistral":
+            c.update({"sliding_window": 4096})
+        if family == "qwen2":
+            c.update({"use_sliding_window": False, "sliding_window": None})
+    elif family == "mixtral":
+        c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
+             "hidden_size": h, "intermediate_size": ffn or 2 * h, "num_hidden_layers": layers,
+             "num_attention_heads": heads, "num_key_value_heads": heads // 2, "head_dim": h // heads,
+             "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": False,
+             "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0, "hidden_act": "silu",
+             "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+             "sliding_window": None, "attention_dropout": dropout, "initializer_range": 0.02,
+             "tie_word_embeddings": False if tied is None else tied}
+    elif family == "gpt_neox":
+        c = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": 50304,
+             "hidden_size": h, "intermediate_size": f, "num_hidden_layers": layers,
+             "num_attention_heads": heads, "rotary_pct": 0.25, "rotary_emb_base": 10000,
+             "use_parallel_residual": True, "hidden_act": "gelu", "max_position_embeddings": 2048,
+             "layer_norm_eps": 1e-5, "attention_dropout": dropout, "hidden_dropout": dropout,
+             "initializer_range": 0.02, "tie_word_embeddings": False if tied is None else tied}
+    elif family in ("falcon", "falcon-new"):
+        new = family == "falcon-new"
+        c = {"architectures": ["FalconForCausalLM"], "model_type": "falcon", "vocab_size": 65024,
+             "hidden_size": h, "num_hidden_layers": layers, "num_attention_heads": heads,
+             "new_decoder_architecture": new, "multi_query": not new, "parallel_attn": True,
+             "bias": False, "alibi": False, "ffn_hidden_size": f, "layer_norm_epsilon": 1e-5,
+             "hidden_dropout": dropout, "attention_dropout": dropout, "initializer_range": 0.02,
+             "tie_word_embeddings": True if tied is None else tied}
+        if new:
+            c.update({"num_kv_heads": heads // 2, "num_ln_in_parallel_attn": 2})
+    else:
+        raise ValueError("unknown family " + family)
+    if vocab is not None:
+        c["vocab_size"] = vocab
+    c["use_cache"] = False
+    return c
+
+
+# --------------------------------------------------------------------------------------------
+# The matrix.
+
+DEFAULTS = {"attention": "sdpa", "precision": "fp32", "optimizer": "adamw", "foreach": True,
+            "momentum": 0.0, "gradient_checkpointing": False, "micro_batch": 2, "seq": 256,
+            "layers": 2, "world": 1, "parallel": "none", "dropout": 0.0, "tied": None,
+            "bucket_cap_mb": None, "crosscheck": False, "hidden": 256, "heads": 4, "vocab": None, "ffn": None}
+
+
+def case(name, variant, **kw):
+    c = dict(DEFAULTS)
+    c.update(kw)
+    c["name"] = name
+    c["variant"] = variant
+    return c
+
+
+def matrix():
+    m = []
+    add = m.append
+    # One of each family (and both Falcon architectures), SDPA and eager attention.
+    for v, n in (("gpt2", "gpt2"), ("llama", "llama"), ("mistral", "mistral"), ("mixtral", "mixtral"),
+                 ("qwen2", "qwen2"), ("gpt_neox", "neox"), ("falcon", "falcon"), ("falcon-new", "falcon-new")):
+        add(case(n, v, crosscheck=n in ("llama", "mixtral")))
+    for v, n in (("gpt2", "gpt2"), ("llama", "llama"), ("mistral", "mistral"), ("mixtral", "mixtral"),
+                 ("qwen2", "qwen2"), ("gpt_neox", "neox"), ("falcon", "falcon")):
+        add(case(n + "-eager", v, attention="eager", crosscheck=n == "gpt2"))
+    # Long sequences, where the eager score matrices matter.
+    add(case("llama-s1024", "llama", seq=1024))
+    add(case("llama-eager-s1024", "llama", attention="eager", seq=1024))
+    add(case("gpt2-s1024", "gpt2", seq=1024))
+    add(case("gpt2-eager-s1024", "gpt2", attention="eager", seq=1024))
+    # Scaling in sequence length, micro-batch and depth.
+    add(case("llama-s512", "llama", seq=512))
+    add(case("llama-b1", "llama", micro_batch=1))
+    add(case("llama-b4", "llama", micro_batch=4))
+    add(case("gpt2-b4", "gpt2", micro_batch=4))
+    add(case("llama-l4", "llama", layers=4))
+    add(case("llama-l8", "llama", layers=8))
+    add(case("gpt2-l6", "gpt2", layers=6))
+    # Precision: pure bf16 and autocast bf16 (few and small: bf16 matrix products are slow on CPUs).
+    add(case("llama-bf16", "llama", precision="bf16"))
+    add(case("gpt2-bf16", "gpt2", precision="bf16"))
+    add(case("neox-bf16", "gpt_neox", precision="bf16"))
+    add(case("llama-autocast", "llama", precision="autocast-bf16", crosscheck=True))
+    add(case("gpt2-autocast", "gpt2", precision="autocast-bf16"))
+    add(case("qwen2-autocast", "qwen2", precision="autocast-bf16"))
+    # Gradient checkpointing.
+    add(case("llama-gc", "llama", gradient_checkpointing=True, crosscheck=True))
+    add(case("gpt2-gc", "gpt2", gradient_checkpointing=True))
+    add(case("mixtral-gc", "mixtral", gradient_checkpointing=True))
+    add(case("falcon-gc", "falcon", gradient_checkpointing=True))
+    add(case("llama-eager-gc-s1024", "llama", attention="eager", gradient_checkpointing=True, seq=1024))
+    # Optimizers: AdamW for-loop, SGD without and with momentum.
+    add(case("llama-adamw-loop", "llama", foreach=False))
+    add(case("gpt2-adamw-loop", "gpt2", foreach=False))
+    add(case("llama-sgd", "llama", optimizer="sgd", foreach=True))
+    add(case("gpt2-sgd", "gpt2", optimizer="sgd", foreach=True))
+    add(case("llama-sgd-momentum", "llama", optimizer="sgd", foreach=True, momentum=0.9))
+    # Dropout and tied embeddings.
+    add(case("gpt2-dropout", "gpt2", dropout=0.1, attention="eager"))
+    add(case("neox-dropout", "gpt_neox", dropout=0.1))
+    add(case("qwen2-tied", "qwen2", tied=True))
+    # Wider models, where the blocks' activations weigh more than the logits.
+    wide = {"hidden": 1024, "heads": 8, "vocab": 8192, "layers": 4, "seq": 1024}
+    add(case("llama-wide", "llama", crosscheck=True, ffn=2816, **wide))
+    add(case("llama-wide-gc", "llama", gradient_checkpointing=True, ffn=2816, **wide))
+    add(case("gpt2-wide", "gpt2", **wide))
+    add(case("gpt2-wide-eager", "gpt2", attention="eager", **wide))
+    # The optimizer step is the peak when the batch is small.
+    add(case("llama-b1-adamw-loop", "llama", micro_batch=1, foreach=False))
+    add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
+    # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
+    add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))
+    add(case("llama-ddp-bucket4", "llama", world=2, parallel="ddp", bucket_cap_mb=4))
+    add(case("gpt2-ddp", "gpt2", world=2, parallel="ddp", bucket_cap_mb=25))
+    add(case("llama-fsdp2", "llama", world=2, parallel="fsdp2"))
+    add(case("gpt2-fsdp2", "gpt2", world=2, parallel="fsdp2"))
+    names = [c["name"] for c in m]
+    assert len(names) == len(set(names)), "duplicate case names"
+    return m
+
+
+# The subset for `--quick` and the default of `--device cuda` (single-device cases only).
+QUICK = ("gpt2", "llama", "mixtral", "qwen2", "neox", "falcon", "falcon-new", "llama-eager", "gpt2-eager",
+         "llama-bf16", "llama-autocast", "llama-gc", "llama-sgd", "llama-adamw-loop", "llama-b4", "llama-s1024")
+
+
+def config_path(c):
+    return os.path.join(CONFIGS, c["name"] + ".json")
+
+
+def config_dict(c):
+    return family_config(c["variant"], c["layers"], c["dropout"], c["tied"], c["hidden"], c["heads"], c["vocab"],
+                         c["ffn"])
+
+
+def write_config(c):
+    os.makedirs(CONFIGS, exist_ok=True)
+    text = json.dumps(config_dict(c), indent=2, sort_keys=True) + "\n"
+    path = config_path(c)
+    old = None
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+    if old != text:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def load_config(c):
+    with open(config_path(c)) as f:
+        d = json.load(f)
+    d = dict(d)
+    model_type = d.pop("model_type")
+    return transformers.AutoConfig.for_model(model_type, **d)
+
+
+# --------------------------------------------------------------------------------------------
+# Phases: record_function ranges on the CPU (read back from the profile), peak counters on CUDA.
+
+
+class CpuPhases:
+    prefix = "phase:"
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        with torch.profiler.record_function(self.prefix + name):
+            yield
+
+
+class CudaPhases:
+    """The per-phase maximum of torch.cuda.max_memory_allocated/_reserved: the peak counters are
+    reset at every phase boundary, so each phase's maximum is its own (nested phases included)."""
+
+    def __init__(self):
+        self.stack = []
+        self.allocated = {}
+        self.reserved = {}
+
+    def _flush(self):
+        torch.cuda.synchronize()
+        name = self.stack[-1] if self.stack else "other"
+        self.allocated[name] = max(self.allocated.get(name, 0), torch.cuda.max_memory_allocated())
+        self.reserved[name] = max(self.reserved.get(name, 0), torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        self._flush()
+        self.stack.append(name)
+        try:
+            yield
+        finally:
+            self._flush()
+            self.stack.pop()
+
+
+# --------------------------------------------------------------------------------------------
+# Building a case and its training step.
+
+
+def block_modules(model):
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+class Setup:
+    """A model, its optimizer and the step function of one case."""
+
+    def __init__(self, c, device, rank=0, world=1):
+        self.c = c
+        self.device = torch.device(device)
+        self.phase = CpuPhases() if self.device.type == "cpu" else CudaPhases()
+        torch.manual_seed(SEED)
+        config = load_config(c)
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation=c["attention"], dtype=torch.float32)
+        self.parameters = sum(p.numel() for p in model.parameters())
+        if c["precision"] == "bf16":
+            model.to(torch.bfloat16)
+        model.to(self.device)
+        if c["gradient_checkpointing"]:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        model.train()
+        original_loss = model.loss_function
+
+        def loss_function(*args, **kwargs):
+            with self.phase("loss"):
+                return original_loss(*args, **kwargs)
+
+        model.loss_function = loss_function
+        self.vocab = config.vocab_size
+        self.block_bytes = max((sum(p.numel() * p.element_size() for p in b.parameters())
+                                for b in block_modules(model)), default=0)
+        if c["parallel"] == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            model = DistributedDataParallel(model, bucket_cap_mb=c["bucket_cap_mb"])
+        elif c["parallel"] == "fsdp2":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh(self.device.type, (world,))
+            for block in block_modules(model):
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        self.model = model
+        params = [p for p in model.parameters()]
+        if c["optimizer"] == "adamw":
+            self.optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=c["foreach"])
+        else:
+            self.optimizer = torch.optim.SGD(params, lr=1e-3, momentum=c["momentum"], foreach=c["foreach"])
+        self.generator = torch.Generator().manual_seed(SEED + rank)
+        self.steps = 0
+
+    def autocast(self):
+        if self.c["precision"] == "autocast-bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(self):
+        """One training step; every tensor it makes is gone when it returns, but for the new
+        parameter values and the optimizer state."""
+        c, phase = self.c, self.phase
+        ids = torch.randint(0, self.vocab, (c["micro_batch"], c["seq"]), generator=self.generator)
+        ids = ids.to(self.device)
+        with phase("forward"):
+            with self.autocast():
+                loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            self.optimizer.step()
+        with phase("zero_grad"):
+            self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return float(loss.detach())
+
+    def resident(self):
+        """The tensors that outlive a step: parameters, buffers, optimizer state."""
+        out = [p for p in self.model.parameters()] + [b for b in self.model.buffers()]
+        for state in self.optimizer.state.values():
+            out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        return [local(t) for t in out]
+
+    def bytes_of(self):
+        """Parameter, optimizer-state and buffer bytes held by this rank."""
+        def nbytes(ts):
+            seen, n = set(), 0
+            for t in ts:
+                t = local(t)
+                s = t.untyped_storage()
+                if s.data_ptr() not in seen:
+                    seen.add(s.data_ptr())
+                    n += s.nbytes()
+            return n
+        state = [v for st in self.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        return {"parameter_bytes": nbytes(self.model.parameters()), "optimizer_state_bytes": nbytes(state),
+                "buffer_bytes": nbytes(self.model.buffers())}
+
+
+def local(t):
+    """The local tensor of a DTensor (FSDP2), the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the profile: the live bytes per category at every allocation event.
+
+
+def analyse(prof, device_type="cpu"):
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import Action, TensorKey
+
+    mp = prof._memory_profile()
+    categories = mp._categories
+    timeline = mp.timeline
+
+    def category(key, version):
+        c = categories.get(key, version) if isinstance(key, TensorKey) else None
+        return c.name if c is not None else "unknown"
+
+    # The phase and step ranges (record_function) and the allocator's own events.
+    ranges, steps, raw = [], [], []
+    for e in mp._op_tree.sorted_nodes:
+        if e.typed[0] == _EventType.TorchOp and e.name.startswith(CpuPhases.prefix):
+            ranges.append((e.start_time_ns, e.end_time_ns, e.name[len(CpuPhases.prefix):]))
+        elif e.typed[0] == _EventType.TorchOp and e.name.startswith(STEP_PREFIX):
+            steps.append((e.start_time_ns, e.end_time_ns))
+        elif e.typed[0] == _EventType.Allocation and e.typed[1].device.type == device_type:
+            raw.append((e.start_time_ns, e.typed[1].alloc_size))
+
+    def phase_at(t):
+        inside = [r for r in ranges if r[0] <= t <= r[1]]
+        return min(inside, key=lambda r: r[1] - r[0])[2] if inside else "other"
+
+    # The measured step is the last; the ones before it make every tensor it frees known.
+    t0, t1 = max(steps) if steps else (0, float("inf"))
+    live = {k: 0 for k in CATEGORIES}
+    total = 0
+    peak, peak_t, peak_live = -1, None, None
+    phase_peak = {}
+    start_bytes, start_live = None, None
+    i, n = 0, len(timeline)
+    while i < n:
+        t = timeline[i][0]
+        if t >= t0 and start_bytes is None:
+            start_bytes, start_live = total, dict(live)
+        # Events with the same timestamp are applied together, then the total is read.
+        while i < n and timeline[i][0] == t:
+            _, action, (key, version), nbytes = timeline[i]
+            i += 1
+            if key.device.type != device_type:
+                continue
+            if action in (Action.PREEXISTING, Action.CREATE):
+                deltas = ((category(key, version), nbytes),)
+            elif action == Action.INCREMENT_VERSION:
+                deltas = ((category(key, version), -nbytes), (category(key, version + 1), nbytes))
+            elif action == Action.DESTROY:
+                deltas = ((category(key, version), -nbytes),)
+            else:
+                raise ValueError(action)
+            for cat, d in deltas:
+                live[cat] += d
+                total += d
+        if not t0 <= t <= t1:
+            continue
+        ph = phase_at(t)
+        phase_peak[ph] = max(phase_peak.get(ph, 0), total)
+        if total > peak:
+            peak, peak_t, peak_live = total, t, dict(live)
+    if start_bytes is None:
+        start_bytes, start_live = total, dict(live)
+    peak_phase = phase_at(peak_t)
+
+    # Independent of the categories: the bytes that pre-existed plus the allocator's own stream.
+    pre = sum(nb for t, a, (k, _), nb in timeline if t == -1 and k.device.type == device_type)
+    running, raw_peak = pre, 0
+    for t, d in sorted(raw, key=lambda x: x[0]):
+        running += d
+        if t0 <= t <= t1:
+            raw_peak = max(raw_peak, running)
+    return {"peak_bytes": peak, "peak_phase": peak_phase,
+            "peak_breakdown": {k: v for k, v in peak_live.items() if v},
+            "phase_peak_bytes": {k: phase_peak[k] for k in PHASES + ("other",) if k in phase_peak},
+            "start_bytes": start_bytes, "start_breakdown": {k: v for k, v in start_live.items() if v},
+            "steady_bytes": total, "steady_breakdown": {k: v for k, v in live.items() if v},
+            "allocator_peak_bytes": raw_peak, "allocator_end_bytes": running,
+            "events": len(timeline)}
+
+
+STEP_PREFIX = "step:"
+
+
+def profiled_step(s, steps=2):
+    """Profiles `steps` steps and measures the last: a tensor made before the profile and freed
+    in it without an operator touching it would be missed; one made in the profile is not."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        for k in range(steps):
+            with torch.profiler.record_function(STEP_PREFIX + str(k)):
+                s.step()
+    return analyse(prof)
+
+
+# --------------------------------------------------------------------------------------------
+# The independent counter: every storage an operator returns, freed by a weakref finalizer.
+
+
+class StorageCounter:
+    """Live storage bytes seen through a TorchDispatchMode: the outputs of every operator (the
+    backward's included), each storage counted once, until its finalizer runs. It does not see
+    the scratch buffers a kernel allocates for itself."""
+
+    def __init__(self, resident, device_type):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+        counter = self
+        self.device_type = device_type
+        self.live = {}
+        self.current = 0
+        self.peak = 0
+        for t in resident:
+            self.add(t)
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_leaves(out):
+                    counter.add(t)
+                return out
+
+        self.mode = Mode()
+
+    def add(self, t):
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+            return
+        s = t.untyped_storage()  # one Python object per live storage
+        key, n = id(s), s.nbytes()
+        if n == 0:
+            return
+        old = self.live.get(key)
+        if old is not None:
+            if old != n:  # resized in place
+                self.live[key] = n
+                self.current += n - old
+                self.peak = max(self.peak, self.current)
+            return
+        self.live[key] = n
+        self.current += n
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(s, self.free, key, n)
+
+    def free(self, key, n):
+        if self.live.get(key) is not None:
+            self.current -= self.live.pop(key)
+
+
+def counted_step(s):
+    counter = StorageCounter(s.resident(), s.device.type)
+    with counter.mode:
+        s.step()
+    gc.collect()
+    return {"peak_bytes": counter.peak, "steady_bytes": counter.current}
+
+
+# --------------------------------------------------------------------------------------------
+# Running cases.
+
+
+def describe(c, s):
+    d = {"name": c["name"], "family": config_dict(c)["model_type"],
+         "config": os.path.relpath(config_path(c), REPO).replace(os.sep, "/")}
+    for k in ("attention", "precision", "optimizer", "foreach", "momentum", "gradient_checkpointing",
+              "micro_batch", "seq", "layers", "world", "parallel", "dropout"):
+        d[k] = c[k]
+    if c["parallel"] == "ddp":
+        d["bucket_cap_mb"] = c["bucket_cap_mb"]
+    if s is not None:
+        d["parameters"] = s.parameters
+    return d
+
+
+def checks(c, s, r):
+    """Consistency of the profile with the model: the list of what failed (empty when all hold)."""
+    bad = []
+    b = s.bytes_of()
+    start = r["start_breakdown"]
+    elem = 2 if c["precision"] == "bf16" else 4
+    if c["parallel"] == "none" and b["parameter_bytes"] != s.parameters * elem:
+        bad.append("parameter bytes %d != %d parameters x %d" % (b["parameter_bytes"], s.parameters, elem))
+    if c["optimizer"] == "adamw" and c["parallel"] != "fsdp2":
+        # exp_avg and exp_avg_sq in the parameters' dtype, and one 4-byte step count per tensor.
+        steps = 4 * len(s.optimizer.state)
+        if b["optimizer_state_bytes"] != 2 * b["parameter_bytes"] + steps:
+            bad.append("AdamW state %d != 2 x parameter bytes + %d" % (b["optimizer_state_bytes"], steps))
+    if c["parallel"] != "fsdp2":  # FSDP2's sharded DTensors are not categorised (they count as unknown)
+        for cat, key in (("PARAMETER", "parameter_bytes"), ("OPTIMIZER_STATE", "optimizer_state_bytes")):
+            if start.get(cat, 0) != b[key]:
+                bad.append("%s at the start %d != %s %d" % (cat, start.get(cat, 0), key, b[key]))
+    # At the start live: parameters, optimizer state, DDP's buckets (one gradient copy), and the
+    # buffers the step touches.
+    resident = b["parameter_bytes"] + b["optimizer_state_bytes"]
+    if c["parallel"] == "ddp":
+        resident += b["parameter_bytes"]
+    # With two ranks a gloo work object may hold its buffer (a few hundred bytes with DDP, up to a
+    # block's gathered parameters with FSDP2, once two) a little past the end of its step.
+    slack = b["buffer_bytes"] + (0 if c["world"] == 1 else 2 * s.block_bytes + (1 << 16))
+    if not resident <= r["start_bytes"] <= resident + slack:
+        bad.append("%d bytes at the start, not the resident %d (+ buffers %d)"
+                   % (r["start_bytes"], resident, b["buffer_bytes"]))
+    if r["steady_bytes"] != r["start_bytes"] and c["world"] == 1:
+        bad.append("not steady: %d bytes at the start, %d at the end" % (r["start_bytes"], r["steady_bytes"]))
+    if r["allocator_peak_bytes"] != r["peak_bytes"]:
+        bad.append("allocator stream peak %d != timeline peak %d" % (r["allocator_peak_bytes"], r["peak_bytes"]))
+    return bad, b
+
+
+def cuda_step(s):
+    """One steady-state step measured by the CUDA caching allocator's counters."""
+    ph = s.phase
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    ph.allocated.clear()
+    ph.reserved.clear()
+    before = torch.cuda.memory_allocated()
+    s.step()
+    ph._flush()  # what follows zero_grad counts as "other"
+    return {"max_memory_allocated": max(ph.allocated.values()),
+            "max_memory_reserved": max(ph.reserved.values()),
+            "peak_phase": max(ph.allocated, key=ph.allocated.get),
+            "phase_max_memory_allocated": dict(ph.allocated),
+            "start_allocated_bytes": before,
+            "steady_bytes": torch.cuda.memory_allocated()}
+
+
+ATTEMPTS = 8
+
+
+def measure_case(c, device="cpu", rank=0, world=1):
+    t0 = time.time()
+    s = Setup(c, device, rank, world)
+    warmup = 1 if c["parallel"] == "none" else 2  # DDP rebuilds its buckets in the second step
+    for _ in range(warmup):
+        s.step()
+    gc.collect()
+    out = describe(c, s)
+    if device == "cpu":
+        for attempt in range(1, ATTEMPTS + 1):
+            # The memory profiler's data-flow validation can trip over the tensors gloo's threads
+            # make (two ranks; with FSDP2 about one profile in three); profiling the next steps
+            # again is enough. The ranks agree on it.
+            try:
+                r = profiled_step(s)
+            except AssertionError as e:
+                r, error = None, e
+            failed = torch.tensor([0 if r is not None else 1])
+            if world > 1:
+                torch.distributed.all_reduce(failed)
+            if int(failed) == 0:
+                break
+            if attempt == ATTEMPTS:
+                raise error if r is None else RuntimeError("the other rank's profile analysis failed")
+        if attempt > 1:
+            out["profile_attempts"] = attempt
+        bad, b = checks(c, s, r)
+        for k in ("peak_bytes", "peak_phase", "peak_breakdown", "phase_peak_bytes", "start_bytes", "steady_bytes"):
+            out[k] = r[k]
+        out.update(b)
+        out["allocator_peak_bytes"] = r["allocator_peak_bytes"]
+        out["timeline_events"] = r["events"]
+        if c["crosscheck"] and world == 1:
+            out["crosscheck"] = counted_step(s)
+        out["checks_failed"] = bad
+    else:
+        out.update(cuda_step(s))
+        out.update(s.bytes_of())
+    out["seconds"] = round(time.time() - t0, 2)
+    del s
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker(args):
+    """One rank of a two-rank case (started by run_distributed)."""
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    c = next(c for c in matrix() if c["name"] == args.worker)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.port),
+                       "RANK": str(args.rank), "WORLD_SIZE": str(c["world"])})
+    dist.init_process_group("gloo", rank=args.rank, world_size=c["world"],
+                            timeout=__import__("datetime").timedelta(seconds=120))
+    try:
+        r = measure_case(c, "cpu", args.rank, c["world"])
+    except Exception as e:  # the reason is the result
+        r = {"error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")}
+    with open(args.result, "w") as f:
+        json.dump(r, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_distributed(c, timeout=300):
+    t0 = time.time()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, files = [], []
+        for rank in range(c["world"]):
+            files.append(os.path.join(tmp, "rank%d.json" % rank))
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", c["name"], "--rank", str(rank),
+                   "--port", str(port), "--result", files[-1]]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        logs = []
+        deadline = time.time() + timeout
+        for p in procs:
+            try:
+                logs.append(p.communicate(timeout=max(1, deadline - time.time()))[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                logs.append(p.communicate()[0])
+        ranks = []
+        for f in files:
+            if os.path.exists(f):
+                with open(f) as fh:
+                    ranks.append(json.load(fh))
+            else:
+                ranks.append({"error": "no result (exit %s)" % procs[len(ranks)].returncode})
+    errors = [r["error"] for r in ranks if "error" in r]
+    if errors:
+        out = describe(c, None)
+        out["skipped"] = errors[0]
+        tail = "\n".join(l for l in logs if l).strip().splitlines()[-30:]
+        out["log_tail"] = tail
+        out["seconds"] = round(time.time() - t0, 2)
+        return out
+    out = dict(ranks[0])
+    keys = ("peak_bytes", "peak_phase", "peak_breakdown", "phase_peak_bytes", "steady_bytes")
+    if any(r.get(k) != ranks[0].get(k) for r in ranks[1:] for k in keys):
+        out["ranks"] = [{k: r.get(k) for k in keys} for r in ranks]
+    out["checks_failed"] = sorted({m for r in ranks for m in r.get("checks_failed", [])})
+    out["seconds"] = round(time.time() - t0, 2)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The hand-checked tiny model.
+
+
+def selftest():
+    """A bias-free Linear(N, N) trained by for-loop AdamW on x of shape (B, N), loss = y.sum().
+
+    The peak is in the optimizer step, at the division in the for-loop update
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps). Live then: the weight W
+    (N*N*4 bytes), its gradient G, exp_avg and exp_avg_sq (N*N*4 bytes each), the temporaries
+    sqrt() and its quotient (N*N*4 bytes each), the input x (B*N*4 bytes), the loss (4 bytes),
+    the step count (4 bytes), and the Python float divisor as a wrapped 0-dim double tensor (8
+    bytes) with its float32 copy made inside aten::div (4 bytes): 6*N*N*4 + B*N*4 + 20 bytes. The
+    dispatch counter sees no wrapped scalar (the argument parser makes it, not an operator; its
+    copy is made inside the operator): 12 bytes less. After zero_grad(set_to_none=True), W, the
+    two moments and the step count remain: 3*N*N*4 + 4 bytes."""
+    N, B = 512, 64
+    torch.manual_seed(SEED)
+    model = torch.nn.Linear(N, N, bias=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    phase = CpuPhases()
+
+    class S:
+        pass
+
+    def step():
+        x = torch.randn(B, N)
+        with phase("forward"):
+            loss = model(x).sum()
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            opt.step()
+        with phase("zero_grad"):
+            opt.zero_grad(set_to_none=True)
+
+    s = S()
+    s.step = step
+    s.step()
+    r = profiled_step(s)
+    w = N * N * 4
+    expected = {"peak_bytes": 6 * w + B * N * 4 + 20, "peak_phase": "optimizer",
+                "PARAMETER": w, "GRADIENT": w, "OPTIMIZER_STATE": 2 * w + 4, "steady_bytes": 3 * w + 4}
+    got = {"peak_bytes": r["peak_bytes"], "peak_phase": r["peak_phase"],
+           "PARAMETER": r["peak_breakdown"].get("PARAMETER"), "GRADIENT": r["peak_breakdown"].get("GRADIENT"),
+           "OPTIMIZER_STATE": r["peak_breakdown"].get("OPTIMIZER_STATE"), "steady_bytes": r["steady_bytes"]}
+    print("selftest expected", expected)
+    print("selftest measured", got, "breakdown", r["peak_breakdown"])
+    counter = StorageCounter([model.weight] + [v for st in opt.state.values() for v in st.values()], "cpu")
+    with counter.mode:
+        step()
+    gc.collect()
+    print("selftest dispatch counter peak", counter.peak, "steady", counter.current)
+    ok = (got == expected and counter.peak == expected["peak_bytes"] - 12
+          and counter.current == expected["steady_bytes"])
+    print("selftest", "passed" if ok else "FAILED")
+    return ok
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--all", action="store_true", help="the whole matrix (the default output is measured.json)")
+    ap.add_argument("--quick", action="store_true", help="the quick subset")
+    ap.add_argument("--cases", help="comma-separated names or shell patterns")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--cuda", dest="device", action="store_const", const="cuda", help="same as --device cuda")
+    ap.add_argument("--out", help="output file")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--selftest", action="store_true", help="run the hand-checked tiny model and exit")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    transformers.logging.set_verbosity_error()
+
+    if args.worker:
+        return worker(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.selftest:
+        return 0 if selftest() else 1
+
+    cases = matrix()
+    if args.list:
+        for c in cases:
+            print(c["name"])
+        return 0
+    if args.cases:
+        pats = [p.strip() for p in args.cases.split(",") if p.strip()]
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
+    elif args.quick or (args.device == "cuda" and not args.all):
+        cases = [c for c in cases if c["name"] in QUICK]
+    elif not args.all:
+        ap.error("choose --all, --quick, --cases, --selftest or --list")
+    if not cases:
+        ap.error("no case matches")
+    out_path = args.out
+    if out_path is None and args.device == "cuda":
+        out_path = os.path.join(HERE, "measured_cuda.json")
+    elif out_path is None and args.all:
+        out_path = os.path.join(HERE, "measured.json")
+
+    for k, v in PINNED.items():
+        have = {"torch": torch.__version__, "transformers": transformers.__version__}[k].split("+")[0]
+        if have != v:
+            print("warning: %s %s, not the pinned %s" % (k, have, v), file=sys.stderr)
+    if args.device == "cpu":
+        for c in matrix():
+            write_config(c)
+        if args.all:  # configs of cases no longer in the matrix go
+            names = {c["name"] + ".json" for c in matrix()}
+            for f in os.listdir(CONFIGS):
+                if f.endswith(".json") and f not in names:
+                    os.remove(os.path.join(CONFIGS, f))
+    elif not torch.cuda.is_available():
+        print("error: --device cuda but CUDA is not available", file=sys.stderr)
+        return 2
+
+    argv = ["python", os.path.relpath(os.path.abspath(__file__), REPO).replace(os.sep, "/")] + sys.argv[1:]
+    result = {"torch": torch.__version__, "transformers": transformers.__version__,
+              "python": platform.python_version(), "device": args.device,
+              "threads": torch.get_num_threads(), "command": shlex.join(argv),
+              "method": method_text(args.device), "cases": []}
+    if args.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
+    if args.device == "cpu" and args.all:
+        result["selftest"] = "passed" if selftest() else "failed"
+    t0 = time.time()
+    for c in cases:
+        if c["world"] > 1 and args.device == "cuda":
+            continue  # one GPU: the two-rank cases are CPU-only
+        print("%-22s" % c["name"], end=" ", flush=True)
+        if c["world"] > 1:
+            r = run_distributed(c)
+        else:
+            try:
+                r = measure_case(c, args.device)
+            except Exception as e:
+                r = describe(c, None)
+                r["skipped"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        result["cases"].append(r)
+        print(summary(r), flush=True)
+    result["wall_seconds"] = round(time.time() - t0, 1)
+    print("%d cases in %.0f s" % (len(result["cases"]), result["wall_seconds"]))
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print("wrote", os.path.relpath(out_path))
+    bad = [r["name"] for r in result["cases"] if r.get("checks_failed")]
+    if bad:
+        print("checks failed:", ", ".join(bad))
+    return 0
+
+
+def summary(r):
+    if "skipped" in r:
+        return "skipped: " + r["skipped"]
+    if "max_memory_allocated" in r:
+        return "allocated %8.1f MB reserved %8.1f MB %-9s %6.1f s" % (
+            r["max_memory_allocated"] / MB, r["max_memory_reserved"] / MB, r["peak_phase"], r["seconds"])
+    bd = r["peak_breakdown"]
+    static = bd.get("PARAMETER", 0) + bd.get("OPTIMIZER_STATE", 0)
+    extra = ""
+    if "crosscheck" in r:
+        extra = " counter %.1f MB" % (r["crosscheck"]["peak_bytes"] / MB)
+    if r.get("checks_failed"):
+        extra += " CHECKS: " + "; ".join(r["checks_failed"])
+    return "peak %8.1f MB %-9s param+opt %7.1f MB steady %7.1f MB %6.1f s%s" % (
+        r["peak_bytes"] / MB, r["peak_phase"], static / MB, r["steady_bytes"] / MB, r["seconds"], extra)
+
+
+def method_text(device):
+    if device == "cuda":
+        return ("One warm-up step, then one steady-state step; torch.cuda.reset_peak_memory_stats at every "
+                "phase boundary and torch.cuda.max_memory_allocated / max_memory_reserved at the next: the "
+                "peak is the largest phase maximum, steady_bytes is torch.cuda.memory_allocated after the step.")
+    return ("One warm-up step (two for DDP and FSDP2), then two steady-state steps under torch.profiler "
+            "(profile_memory, record_shapes, with_stack), the second measured; "
+            "torch.profiler._memory_profiler.MemoryProfile gives every storage's creation, version changes "
+            "and destruction with its category; the live bytes per category are summed event by event "
+            "(events of one timestamp together); the peak is the largest total, its breakdown the categories "
+            "at that moment, its phase the innermost record_function range around it. The CPU allocator does "
+            "not cache: these are the exact tensor bytes. steady_bytes: live bytes when the step has ended "
+            "(after optimizer.step and zero_grad(set_to_none=True)).")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
