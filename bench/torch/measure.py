@@ -9,6 +9,8 @@ breakdown by category and the phase where it occurs. See README.md for the metho
     python bench/torch/measure.py --all                # the whole CPU matrix -> measured.json
     python bench/torch/measure.py --cases 'llama*'     # a subset, printed (add --out FILE to keep)
     python bench/torch/measure.py --selftest           # the hand-checked tiny model
+    python bench/torch/measure.py --explain llama-s1024 [--top N] [--phases] [--json FILE]
+                                                       # every storage live at the peak, grouped
     python bench/torch/measure.py --device cuda        # the quick subset on a GPU -> measured_cuda.json
 """
 
@@ -17,8 +19,10 @@ import contextlib
 import fnmatch
 import gc
 import json
+import math
 import os
 import platform
+import re
 import shlex
 import socket
 import subprocess
@@ -383,11 +387,11 @@ def local(t):
 # Reading the profile: the live bytes per category at every allocation event.
 
 
-def analyse(prof, device_type="cpu"):
+def analyse(prof, device_type="cpu", mp=None):
     from torch._C._profiler import _EventType
     from torch.profiler._memory_profiler import Action, TensorKey
 
-    mp = prof._memory_profile()
+    mp = mp or prof._memory_profile()
     categories = mp._categories
     timeline = mp.timeline
 
@@ -467,16 +471,21 @@ def analyse(prof, device_type="cpu"):
 STEP_PREFIX = "step:"
 
 
-def profiled_step(s, steps=2):
-    """Profiles `steps` steps and measures the last: a tensor made before the profile and freed
-    in it without an operator touching it would be missed; one made in the profile is not."""
+def profile_steps(s, steps=2):
+    """The profile of `steps` steps (the last is the measured one)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
         for k in range(steps):
             with torch.profiler.record_function(STEP_PREFIX + str(k)):
                 s.step()
-    return analyse(prof)
+    return prof
+
+
+def profiled_step(s, steps=2):
+    """Profiles `steps` steps and measures the last: a tensor made before the profile and freed
+    in it without an operator touching it would be missed; one made in the profile is not."""
+    return analyse(profile_steps(s, steps))
 
 
 # --------------------------------------------------------------------------------------------
@@ -613,13 +622,19 @@ def cuda_step(s):
 ATTEMPTS = 8
 
 
-def measure_case(c, device="cpu", rank=0, world=1):
-    t0 = time.time()
+def warmed_up(c, device="cpu", rank=0, world=1):
+    """The case built and stepped to its steady state: the optimizer state exists."""
     s = Setup(c, device, rank, world)
     warmup = 1 if c["parallel"] == "none" else 2  # DDP rebuilds its buckets in the second step
     for _ in range(warmup):
         s.step()
     gc.collect()
+    return s
+
+
+def measure_case(c, device="cpu", rank=0, world=1):
+    t0 = time.time()
+    s = warmed_up(c, device, rank, world)
     out = describe(c, s)
     if device == "cpu":
         for attempt in range(1, ATTEMPTS + 1):
@@ -728,6 +743,422 @@ def run_distributed(c, timeout=300):
 
 
 # --------------------------------------------------------------------------------------------
+# Which tensors are live: every storage at the peak of the measured step (and at the largest
+# moment of each phase), with its category, size, shape, dtype and the operator that made it.
+
+# Operators that only allocate: a storage is named after the nearest enclosing operator that is not.
+ALLOCATING = frozenset("aten::" + n for n in (
+    "empty", "empty_like", "empty_strided", "empty_permuted", "zeros", "zeros_like", "ones", "ones_like",
+    "full", "full_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "resize_"))
+
+
+EVALUATE = "autograd::engine::evaluate_function: "
+
+
+def layer_pattern(name):
+    """`model.layers.1.mlp` -> `model.layers.*.mlp`: the same place in every block."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", name) if name else name
+
+
+def short_frame(frame):
+    """`transformers/models/llama/modeling_llama.py(436): forward` -> `modeling_llama.py(436): forward`."""
+    if not frame:
+        return frame
+    path, _, rest = frame.partition("(")
+    return path.rsplit("/", 1)[-1] + ("(" + rest if rest else "")
+
+
+def shape_text(shape):
+    return "×".join(str(n) for n in shape) if shape else ("scalar" if shape is not None else "?")
+
+
+class Contexts:
+    """Where an allocation happened: the operators around it, the autograd node running it, the
+    innermost nn.Module and the innermost Hugging Face (else any) Python frame; a backward node is
+    traced to its forward operator by the autograd sequence number."""
+
+    def __init__(self, mp, modules):
+        from torch._C._profiler import _EventType, RecordScope
+        self.E, self.S = _EventType, RecordScope
+        self.modules = modules
+        # An operator records the sequence number the next autograd node will get; the node's
+        # forward operator is the last to record it.
+        self.forward_op = {}
+        for e in mp._op_tree.sorted_nodes:
+            if e.typed[0] == _EventType.TorchOp and e.typed[1].scope == RecordScope.FUNCTION:
+                seq = e.typed[1].sequence_number
+                if seq >= 0 and not e.name.startswith("autograd::"):
+                    self.forward_op[seq] = e
+        self.forward_sites = {}
+
+    def walk(self, p):
+        E, S = self.E, self.S
+        ops, node, seq, module, frame, first_frame, recomputed = [], None, None, None, None, None, False
+        in_ops = True
+        while p is not None:
+            kind = p.typed[0]
+            if kind == E.TorchOp:
+                f = p.typed[1]
+                # The node itself, or the engine around it (which sums a gradient to its input's shape).
+                if f.scope == S.BACKWARD_FUNCTION or p.name.startswith(EVALUATE):
+                    if node is None:
+                        node, seq = p.name[len(EVALUATE):] if p.name.startswith(EVALUATE) else p.name, f.sequence_number
+                        recomputed = module is not None  # a module's forward run inside a backward node
+                    in_ops = False
+                elif in_ops and not p.name.startswith((CpuPhases.prefix, STEP_PREFIX)):
+                    ops.append(p.name)
+            elif kind in (E.PyCall, E.PyCCall):
+                in_ops = False
+                if kind == E.PyCall and node is None:
+                    f = p.typed[1]
+                    if f.module is not None:
+                        if module is None:
+                            module = self.modules.get(f.module.self_ptr, f.module.cls_name)
+                    else:
+                        first_frame = first_frame or p.name
+                        if frame is None and p.name.startswith("transformers/"):
+                            frame = p.name
+            p = p.parent
+        op = next((o for o in ops if o not in ALLOCATING), ops[0] if ops else None)
+        if op is None:
+            op_text = "(no operator)"
+        elif ops[-1] != op:
+            op_text = "%s (%s)" % (op, ops[-1])
+        else:
+            op_text = op
+        if not ops:  # made by Python code directly (an RNG state): its own frame
+            frame = first_frame
+        return {"op": op_text, "ops": ops, "node": node, "module": module, "frame": frame or first_frame,
+                "recomputed": recomputed, "_seq": seq}
+
+    def forward_site(self, seq):
+        if seq not in self.forward_sites:
+            e = self.forward_op.get(seq)
+            self.forward_sites[seq] = self.site(self.walk(e)) if e is not None else None
+        return self.forward_sites[seq]
+
+    @staticmethod
+    def site(ctx, exact=False):
+        module = ctx["module"] if exact else layer_pattern(ctx["module"])
+        return " ".join(x for x in (module, short_frame(ctx["frame"])) if x) or None
+
+    def of(self, alloc_event):
+        ctx = self.walk(alloc_event.parent)
+        seq = ctx.pop("_seq")
+        if ctx["node"] and not ctx["recomputed"]:
+            ctx["forward"] = self.forward_site(seq)
+            ctx["site"] = "%s of %s" % (ctx["node"], ctx["forward"] or "?")
+        else:
+            ctx["site"] = self.site(ctx)
+            if ctx["recomputed"]:
+                ctx["site"] = "%s, recomputed in %s" % (ctx["site"], ctx["node"])
+        return ctx
+
+
+def explain_profile(prof, s, device_type="cpu", moments="all"):
+    """The live storages at the measured step's peak and at each phase's largest moment, from the
+    same profile and the same event-by-event accounting as `analyse` (whose results it includes)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import Action, TensorKey
+
+    mp = prof._memory_profile()
+    r = analyse(prof, device_type, mp)
+    categories = mp._categories
+
+    def category(key, version):
+        c = categories.get(key, version)
+        return c.name if c is not None else "unknown"
+
+    ranges, steps = [], []
+    allocs = {}  # TensorKey -> its allocation event
+    for e in mp._op_tree.sorted_nodes:
+        if e.typed[0] == _EventType.TorchOp and e.name.startswith(CpuPhases.prefix):
+            ranges.append((e.start_time_ns, e.end_time_ns, e.name[len(CpuPhases.prefix):]))
+        elif e.typed[0] == _EventType.TorchOp and e.name.startswith(STEP_PREFIX):
+            steps.append((e.start_time_ns, e.end_time_ns))
+        elif e.typed[0] == _EventType.Allocation and e.typed[1].alloc_size > 0:
+            key = TensorKey.from_allocation(e.typed[1])
+            if key is not None:
+                allocs[key] = e
+
+    def phase_at(t):
+        inside = [q for q in ranges if q[0] <= t <= q[1]]
+        return min(inside, key=lambda q: q[1] - q[0])[2] if inside else "other"
+
+    t0, t1 = max(steps)
+
+    # The events: the timeline's, for storages with a tensor key; those without one (no tensor:
+    # an RNG state, a kernel's scratch) rebuilt as the timeline makes them, but keyed by pointer.
+    events = []
+    for t, action, (key, version), nbytes in mp.timeline:
+        if isinstance(key, TensorKey) and key.device.type == device_type:
+            events.append((t, action, key, version, nbytes, None))
+    live_ptr, serial = {}, 0
+    for e in mp._op_tree.dfs():
+        if e.typed[0] != _EventType.Allocation or TensorKey.from_allocation(e.typed[1]) is not None:
+            continue
+        a = e.typed[1]
+        if a.device.type != device_type:
+            continue
+        t, ptr = e.start_time_ns, a.ptr
+        if a.alloc_size > 0:
+            if ptr not in live_ptr:  # (a second allocation at a live pointer counts nothing)
+                serial += 1
+                live_ptr[ptr] = ("no tensor", ptr, serial)
+                events.append((t, Action.CREATE, live_ptr[ptr], 0, a.alloc_size, e))
+        else:
+            ident = live_ptr.pop(ptr, None)
+            if ident is None:
+                serial += 1
+                ident = ("no tensor", ptr, serial)
+                events.append((-1, Action.PREEXISTING, ident, 0, -a.alloc_size, None))
+            events.append((t, Action.DESTROY, ident, 0, -a.alloc_size, None))
+    events.sort(key=lambda x: (x[0], x[1].value))
+
+    def replay(want):
+        """The total after each timestamp of the measured step, and the live storages at `want`."""
+        live, total, totals, shots = {}, 0, [], {}
+        i, n = 0, len(events)
+        while i < n:
+            t = events[i][0]
+            while i < n and events[i][0] == t:
+                _, action, ident, version, nbytes, ev = events[i]
+                i += 1
+                if action in (Action.PREEXISTING, Action.CREATE):
+                    live[ident] = [version, nbytes, ev]
+                    total += nbytes
+                elif action == Action.INCREMENT_VERSION:
+                    if ident in live:
+                        live[ident][0] = version + 1
+                elif action == Action.DESTROY:
+                    if live.pop(ident, None) is not None:
+                        total -= nbytes
+            if t0 <= t <= t1:
+                totals.append((t, total))
+                if t in want:
+                    shots[t] = {k: tuple(v) for k, v in live.items()}
+        return totals, shots
+
+    totals, _ = replay(())
+    peak_t, peak = None, -1
+    phase_best = {}
+    for t, total in totals:
+        if total > peak:
+            peak_t, peak = t, total
+        ph = phase_at(t)
+        if total > phase_best.get(ph, (None, -1))[1]:
+            phase_best[ph] = (t, total)
+    wanted = [("peak", peak_t)]
+    if moments == "all":  # (the peak is also its phase's largest moment)
+        wanted += [(ph, phase_best[ph][0]) for ph in PHASES + ("other",)
+                   if ph in phase_best and phase_best[ph][0] != peak_t]
+    _, shots = replay({t for _, t in wanted})
+
+    # Names of the resident tensors (by storage pointer: they are live all along, so no other
+    # storage shares it) and of the gradients (by tensor key, from the optimizer's Python calls).
+    model, names = s.model, {}
+    for pname, p in model.named_parameters():
+        names.setdefault(local(p).untyped_storage().data_ptr(), pname)
+    for bname, b in model.named_buffers():
+        names.setdefault(local(b).untyped_storage().data_ptr(), bname)
+    pnames = {id(p): n for n, p in model.named_parameters()}
+    for p, st in s.optimizer.state.items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                names.setdefault(local(v).untyped_storage().data_ptr(), "%s of %s" % (k, pnames.get(id(p), "?")))
+    grad_names, grad_shapes = {}, {}
+    for e in mp._op_tree.sorted_nodes:
+        if e.typed[0] == _EventType.PyCall and e.typed[1].optimizer is not None:
+            for p, g, _ in e.typed[1].optimizer.parameters:
+                gk = TensorKey.from_tensor(g)
+                if gk is not None and p is not None and p.storage_data_ptr in names:
+                    grad_names[gk] = "grad of " + names[p.storage_data_ptr]
+                    grad_shapes[gk] = (tuple(g.sizes), str(g.dtype).replace("torch.", ""), g.dtype)
+
+    # The shapes and dtypes each storage is seen with, in the order first seen.
+    seen = {}
+
+    def see(tm):
+        k = TensorKey.from_tensor(tm)
+        if k is not None:
+            v = (tuple(tm.sizes), str(tm.dtype).replace("torch.", ""), tm.dtype)
+            lst = seen.setdefault(k, [])
+            if v not in lst:
+                lst.append(v)
+
+    for e in mp._op_tree.sorted_nodes:
+        if e.typed[0] == _EventType.TorchOp:
+            for i in e.typed[1].inputs:
+                if isinstance(i, list):
+                    for j in i:
+                        if hasattr(j, "sizes"):
+                            see(j)
+                elif hasattr(i, "sizes"):
+                    see(i)
+        elif e.typed[0] == _EventType.PyCall:
+            f = e.typed[1]
+            if f.module is not None:
+                for _, p, g in f.module.parameters:
+                    for tm in (p, g):
+                        if tm is not None:
+                            see(tm)
+            if f.optimizer is not None:
+                for p, g, st in f.optimizer.parameters:
+                    for tm in [p, g] + [v for _, v in st]:
+                        if tm is not None:
+                            see(tm)
+
+    def shape_of(key, nbytes):
+        views = seen.get(key, [])
+        whole = [v for v in views if math.prod(v[0]) * torch.empty((), dtype=v[2]).element_size() == nbytes]
+        best = grad_shapes.get(key) or (whole or views or [None])[0]
+        return best, [{"shape": list(v[0]), "dtype": v[1]} for v in views]
+
+    modules = {id(m): (n or type(m).__name__) for n, m in model.named_modules()}
+    contexts = Contexts(mp, modules)
+    cache = {}
+
+    def storage(ident, version, nbytes, ev):
+        if isinstance(ident, TensorKey):
+            cat = category(ident, version)
+            ev = allocs.get(ident)
+            name = grad_names.get(ident) or names.get(ident.storage.ptr)
+            best, views = shape_of(ident, nbytes)
+        else:
+            cat, name, best, views = "unknown", None, None, []
+        if ev is not None:
+            if ev not in cache:
+                cache[ev] = contexts.of(ev)
+            ctx = dict(cache[ev])
+            created = ev.start_time_ns
+        else:
+            ctx = {"op": "(before the profile)", "ops": [], "node": None, "module": None, "frame": None,
+                   "recomputed": False, "site": None}
+            created = None
+        if name:
+            ctx["site"] = layer_pattern(name)
+        d = {"category": cat, "bytes": nbytes, "dtype": best[1] if best else None,
+             "shape": list(best[0]) if best else None, "views": views, "tensor": name}
+        d.update(ctx)
+        d["created_ms"] = None if created is None else round((created - t0) / 1e6, 3)
+        d["created_phase"] = None if created is None else (phase_at(created) if created >= t0 else "previous step")
+        return d
+
+    out = {"peak_bytes": r["peak_bytes"], "peak_phase": r["peak_phase"], "peak_breakdown": r["peak_breakdown"],
+           "phase_peak_bytes": r["phase_peak_bytes"], "moments": []}
+    checks_failed = []
+    if peak != r["peak_bytes"]:
+        checks_failed.append("replayed peak %d != peak_bytes %d" % (peak, r["peak_bytes"]))
+    for what, t in wanted:
+        rows = [storage(ident, *v) for ident, v in shots[t].items()]
+        rows.sort(key=lambda d: (-d["bytes"], d["category"], d["op"]))
+        breakdown = {}
+        for d in rows:
+            breakdown[d["category"]] = breakdown.get(d["category"], 0) + d["bytes"]
+        breakdown = {k: breakdown[k] for k in CATEGORIES if breakdown.get(k)}
+        total = sum(breakdown.values())
+        if what == "peak":
+            if total != r["peak_bytes"] or breakdown != r["peak_breakdown"]:
+                checks_failed.append("the storages at the peak sum to %d %s, not peak_bytes %d %s"
+                                     % (total, breakdown, r["peak_bytes"], r["peak_breakdown"]))
+        elif total != r["phase_peak_bytes"].get(what):
+            checks_failed.append("the storages at the %s maximum sum to %d, not %s"
+                                 % (what, total, r["phase_peak_bytes"].get(what)))
+        at = []
+        for tt, action, ident, version, nbytes, ev in events:
+            if tt == t and action in (Action.CREATE, Action.DESTROY):
+                ev = allocs.get(ident) if isinstance(ident, TensorKey) else ev
+                sign = 1 if action == Action.CREATE else -1
+                c = cache.get(ev) or (contexts.of(ev) if ev is not None else None)
+                at.append({"bytes": sign * nbytes, "op": c["op"] if c else None, "site": c["site"] if c else None})
+        out["moments"].append({"moment": what, "phase": phase_at(t), "time_ms": round((t - t0) / 1e6, 3),
+                               "bytes": total, "breakdown": breakdown, "at": at,
+                               "groups": group_storages(rows), "storages": rows})
+    out["checks_failed"] = checks_failed
+    return out
+
+
+def group_storages(rows):
+    """Identical (category, operator, shape, dtype) storages together, with their sites counted."""
+    groups = {}
+    for d in rows:
+        k = (d["category"], d["op"], tuple(d["shape"]) if d["shape"] is not None else None, d["dtype"])
+        g = groups.get(k)
+        if g is None:
+            g = groups[k] = {"category": d["category"], "op": d["op"], "shape": d["shape"], "dtype": d["dtype"],
+                             "count": 0, "bytes": 0, "each": d["bytes"], "sites": {}}
+        g["count"] += 1
+        g["bytes"] += d["bytes"]
+        if g["each"] != d["bytes"]:
+            g["each"] = None
+        site = d["site"] or "?"
+        g["sites"][site] = g["sites"].get(site, 0) + 1
+    out = sorted(groups.values(), key=lambda g: (-g["bytes"], g["category"], g["op"]))
+    for g in out:
+        g["sites"] = dict(sorted(g["sites"].items(), key=lambda kv: (-kv[1], kv[0])))
+    return out
+
+
+def explain_case(c, moments="all"):
+    """Runs one single-process case as the matrix does (the same warm-up, the same two profiled
+    steps, the second measured) and explains its live storages."""
+    if c["world"] > 1:
+        raise ValueError("%s: two-rank cases are not explained (single-process cases only)" % c["name"])
+    t0 = time.time()
+    s = warmed_up(c, "cpu")
+    prof = profile_steps(s)
+    e = explain_profile(prof, s, "cpu", moments)
+    out = describe(c, s)
+    out.update(e)
+    out["seconds"] = round(time.time() - t0, 2)
+    del prof, s
+    gc.collect()
+    return out
+
+
+def explain_text(r, top, recorded=None):
+    """The human-readable form of one explained case."""
+    lines = []
+    for m in r["moments"]:
+        head = "the peak" if m["moment"] == "peak" else "the largest moment of %s" % m["moment"]
+        lines.append("%s: %s, %s bytes, in %s, %.3f ms into the measured step"
+                     % (r["name"], head, format(m["bytes"], ","), m["phase"], m["time_ms"]))
+        for a in m["at"]:
+            lines.append("  at that moment %+15s bytes  %s  %s" % (format(a["bytes"], ","), a["op"], a["site"] or ""))
+        width = max(len(k) for k in CATEGORIES)
+        for k, v in m["breakdown"].items():
+            lines.append("  %-*s %15s" % (width, k, format(v, ",")))
+        total = "  %-*s %15s" % (width, "total", format(m["bytes"], ","))
+        if m["moment"] == "peak":
+            total += "  = peak_bytes"
+            if recorded is not None:
+                same = (recorded.get("peak_bytes") == m["bytes"]
+                        and recorded.get("peak_breakdown") == m["breakdown"])
+                total += "; measured.json: %s" % ("the same peak_bytes and peak_breakdown" if same else
+                                                   "DIFFERS (%s)" % format(recorded.get("peak_bytes", 0), ","))
+        lines.append(total)
+        groups = m["groups"]
+        lines.append("  %5s %15s %13s  %-15s %-8s %-16s %-40s %s"
+                     % ("count", "bytes", "each", "category", "dtype", "shape", "operator", "where"))
+        shown, rest = (groups[:top], groups[top:]) if top > 0 else (groups, [])
+        for g in shown:
+            sites = list(g["sites"].items())
+            where = "; ".join(s if n == 1 else "%s ×%d" % (s, n) for s, n in sites[:3])
+            if len(sites) > 3:
+                where += "; +%d more" % (len(sites) - 3)
+            lines.append("  %5d %15s %13s  %-15s %-8s %-16s %-40s %s"
+                         % (g["count"], format(g["bytes"], ","), format(g["each"], ",") if g["each"] else "",
+                            g["category"], g["dtype"] or "?", shape_text(g["shape"]), g["op"], where))
+        if rest:
+            lines.append("  %5d %15s  in %d more rows (--top)"
+                         % (sum(g["count"] for g in rest), format(sum(g["bytes"] for g in rest), ","), len(rest)))
+        lines.append("")
+    for msg in r.get("checks_failed", []):
+        lines.append("CHECK FAILED: " + msg)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
 # The hand-checked tiny model.
 
 
@@ -800,6 +1231,14 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--selftest", action="store_true", help="run the hand-checked tiny model and exit")
+    ap.add_argument("--explain", metavar="CASES",
+                    help="run these cases (names or shell patterns, comma-separated; single-process) as the "
+                         "matrix does and list every storage live at the peak, grouped, with category totals")
+    ap.add_argument("--top", type=int, default=0, metavar="N",
+                    help="with --explain: print the N largest rows of each moment (default: all)")
+    ap.add_argument("--phases", action="store_true",
+                    help="with --explain: print the largest moment of every phase too (always in --json)")
+    ap.add_argument("--json", metavar="FILE", help="with --explain: write every storage of every moment to FILE")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -815,6 +1254,10 @@ def main():
         return 0 if selftest() else 1
 
     cases = matrix()
+    if args.explain:
+        return explain_main(args, ap, cases)
+    if args.json or args.phases or args.top:
+        ap.error("--json, --phases and --top go with --explain")
     if args.list:
         for c in cases:
             print(c["name"])
@@ -885,6 +1328,47 @@ def main():
     if bad:
         print("checks failed:", ", ".join(bad))
     return 0
+
+
+def explain_main(args, ap, cases):
+    if args.device != "cpu":
+        ap.error("--explain reads the CPU profile: no --device cuda")
+    pats = [p.strip() for p in args.explain.split(",") if p.strip()]
+    cases = [c for c in cases if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
+    if not cases:
+        ap.error("no case matches")
+    two = [c["name"] for c in cases if c["world"] > 1]
+    if two:
+        ap.error("--explain runs single-process cases only, not " + ", ".join(two))
+    recorded = {}
+    path = os.path.join(HERE, "measured.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            recorded = {r["name"]: r for r in json.load(f).get("cases", [])}
+    argv = ["python", os.path.relpath(os.path.abspath(__file__), REPO).replace(os.sep, "/")] + sys.argv[1:]
+    result = {"torch": torch.__version__, "transformers": transformers.__version__,
+              "python": platform.python_version(), "threads": torch.get_num_threads(),
+              "command": shlex.join(argv), "cases": []}
+    bad = []
+    for c in cases:
+        r = explain_case(c)
+        rec = recorded.get(c["name"])
+        if rec is not None:
+            r["matches_measured"] = (rec.get("peak_bytes") == r["peak_bytes"]
+                                     and rec.get("peak_breakdown") == r["peak_breakdown"])
+        shown = dict(r, moments=[m for m in r["moments"] if args.phases or m["moment"] == "peak"])
+        print(explain_text(shown, args.top, rec), flush=True)
+        if r["checks_failed"]:
+            bad.append(c["name"])
+        result["cases"].append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print("wrote", args.json)
+    if bad:
+        print("checks failed:", ", ".join(bad))
+    return 1 if bad else 0
 
 
 def summary(r):
