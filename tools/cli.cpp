@@ -157,8 +157,6 @@ model_desc layer_model(const plan_flags& f) {
     }
     c = *p->config;
   } else {
-    if (!f.attention.empty() && f.layers.empty() && f.hidden.empty() && f.heads.empty() && f.vocab.empty())
-      throw usage_error("--attention applies to a layer-level model: give --config, --preset or the layer shape");
     if (f.layers.empty() || f.hidden.empty() || f.heads.empty() || f.vocab.empty())
       throw usage_error("a transformer needs --layers, --hidden, --heads and --vocab (or use --preset NAME)");
     c.name = "transformer";

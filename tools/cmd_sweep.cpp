@@ -208,30 +208,11 @@ bool same_numbers(const sweep_entry& a, const sweep_entry& b) {
          equal_plans(a.result.plan, b.result.plan);
 }
 
-int offload_rank(offload_kind k) {
-  switch (k) {
-    case offload_kind::none: return 0;
-    case offload_kind::optimizer: return 1;
-    case offload_kind::params: return 2;
-  }
-  return 3;
-}
-int recompute_rank(recompute_kind k) {
-  switch (k) {
-    case recompute_kind::none: return 0;
-    case recompute_kind::selective: return 1;
-    case recompute_kind::full: return 2;
-    case recompute_kind::every_k: return 3;
-  }
-  return 4;
-}
-int schedule_rank(pipeline_schedule k) {
-  switch (k) {
-    case pipeline_schedule::one_f_one_b: return 0;
-    case pipeline_schedule::interleaved: return 1;
-    case pipeline_schedule::gpipe: return 2;
-  }
-  return 3;
+/// The enums list their values simplest first (no offload, optimizer, params; none, selective,
+/// full, every:K; 1F1B, interleaved, GPipe), so their underlying values are their simplicity rank.
+template <class Enum>
+std::uint64_t rank_of(Enum e) {
+  return static_cast<std::uint64_t>(e);
 }
 }  // namespace
 
@@ -244,14 +225,14 @@ bool simpler_spelling(const sweep_entry& a, const sweep_entry& b) {
   const training_desc &u = a.training, &v = b.training;
   const auto knobs = [](const mesh_desc& m, const training_desc& t, std::uint64_t index) {
     return std::array<std::uint64_t, 11>{static_cast<std::uint64_t>(m.zero_stage),
-                                         static_cast<std::uint64_t>(offload_rank(m.offload)),
-                                         static_cast<std::uint64_t>(recompute_rank(t.recompute)),
+                                         rank_of(m.offload),
+                                         rank_of(t.recompute),
                                          t.recompute == recompute_kind::every_k ? t.recompute_every : 0,
                                          m.sequence_parallel ? 1u : 0u,
                                          m.tp,
                                          m.pp,
                                          m.cp,
-                                         static_cast<std::uint64_t>(schedule_rank(m.schedule)),
+                                         rank_of(m.schedule),
                                          m.virtual_stages,
                                          index};
   };
