@@ -101,6 +101,29 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_flag("--sp", sp, "sequence parallelism (needs --tp above 1)");
   app.add_option("--cp", cp, "context-parallel degree: the sequence split over N ranks (default 1)");
   app.add_option("--pp-schedule", pp_schedule, "1f1b|interleaved:V|gpipe (default 1f1b)");
+  app.add_option("--stack", stack,
+                 "pytorch (PyTorch / Hugging Face, the default) | megatron (Megatron-core with Transformer Engine) | "
+                 "memalg (memalg's runtime, exact) | paper (Korthikanti et al. 2022's accounting)");
+  app.add_option("--optimizer-impl", optimizer_impl,
+                 "foreach (torch's CUDA default) | for-loop (its CPU default) | fused (default foreach)");
+}
+
+stack_kind parse_stack(const std::string& name) {
+  if (name == "pytorch") return stack_kind::pytorch;
+  if (name == "megatron") return stack_kind::megatron;
+  if (name == "memalg") return stack_kind::memalg;
+  if (name == "paper") return stack_kind::paper;
+  throw usage_error("unknown --stack '" + name + "' (pytorch|megatron|memalg|paper)");
+}
+
+std::string_view stack_name(stack_kind s) {
+  switch (s) {
+    case stack_kind::pytorch: return "pytorch";
+    case stack_kind::megatron: return "megatron";
+    case stack_kind::memalg: return "memalg";
+    case stack_kind::paper: return "paper";
+  }
+  return "pytorch";
 }
 
 namespace {
@@ -223,6 +246,17 @@ plan_inputs make_inputs(const plan_flags& f) {
     throw usage_error("unknown --recompute '" + f.recompute + "' (none|selective|full|every:K)");
   }
 
+  t.stack = parse_stack(f.stack);
+  if (t.stack == stack_kind::memalg) t.fused_optimizer = true;  // as train::stacks::memalg
+  if (f.optimizer_impl == "foreach") t.optimizer_kind = optimizer_impl::foreach;
+  else if (f.optimizer_impl == "for-loop") t.optimizer_kind = optimizer_impl::for_loop;
+  else if (f.optimizer_impl == "fused") {
+    t.optimizer_kind = optimizer_impl::fused;
+    t.fused_optimizer = true;
+  } else {
+    throw usage_error("unknown --optimizer-impl '" + f.optimizer_impl + "' (foreach|for-loop|fused)");
+  }
+
   if (!precision::from_name(f.precision, in.training.precision))
     throw usage_error("unknown --precision '" + f.precision + "' (fp32|amp-fp16|amp-bf16|autocast-bf16|bf16|fp8)");
   if (!optim::from_name(f.optimizer, in.training.optimizer))
@@ -304,7 +338,7 @@ nlohmann::json plan_json(const plan_inputs& in, const plan_result& r) {
     phases.push_back({{"name", std::string(phase_name(phase(i)))}, {"bytes", r.most_loaded.at[i].total().value}});
   j["phases"] = phases;
   nlohmann::json layers = nlohmann::json::array();
-  for (const layer_row& row : memalg::layer_table(in.model, in.training, in.mesh, r.most_loaded_stage))
+  for (const layer_row& row : memalg::layer_table(in.model, in.training, in.mesh, r.most_loaded_stage, in.device))
     layers.push_back({{"name", std::string(row.name)},
                       {"count", row.count},
                       {"weights", row.weights.value},

@@ -59,6 +59,8 @@ struct plan_flags {
   std::string recompute = "none";  ///< none|selective|full|every:K
   bool sp = false;
   std::string pp_schedule = "1f1b";  ///< 1f1b|interleaved:V|gpipe
+  std::string stack = "pytorch";     ///< pytorch|megatron|memalg|paper
+  std::string optimizer_impl = "foreach";  ///< foreach|for-loop|fused
 
   void add_to(CLI::App& app);
 };
@@ -69,6 +71,10 @@ struct plan_inputs {
   mesh_desc mesh{};
   device_desc device{};
 };
+
+/// --stack's value → the stack, or usage_error.
+stack_kind parse_stack(const std::string& name);
+std::string_view stack_name(stack_kind s);
 
 /// Builds and validates the descriptors; throws usage_error with one sentence.
 plan_inputs make_inputs(const plan_flags& f);

@@ -19,7 +19,7 @@ int run_plan(const plan_flags& f, bool json) {
               << breakdown_table(r, in.device) << "\n"
               << phase_table(r);
     if (has_layer_structure(in.model))
-      std::cout << "\n" << memalg::layer_table(in.model, in.training, in.mesh, r);
+      std::cout << "\n" << memalg::layer_table(in.model, in.training, in.mesh, r, in.device);
   }
   return 0;  // a plan was computed; whether it fits is in the output ("fits")
 }

@@ -189,7 +189,7 @@ bool equal_comm(const comm_volume& a, const comm_volume& b) {
          a.activations_counted == b.activations_counted;
 }
 layer_rows rows_of(const sweep_setup& s, const sweep_entry& e) {
-  return memalg::layer_table(s.base.model, e.training, e.mesh, e.result.plan.most_loaded_stage);
+  return memalg::layer_table(s.base.model, e.training, e.mesh, e.result.plan.most_loaded_stage, s.base.device);
 }
 bool equal_rows(const layer_rows& a, const layer_rows& b) {
   if (a.size != b.size) return false;

@@ -90,6 +90,20 @@ struct reader {
     }
     return static_cast<std::uint64_t>(p * 1000 + 0.5);
   }
+  std::string string_or(std::initializer_list<const char*> names, const char* fallback) const {
+    const json* v = find(names);
+    if (v == nullptr) return fallback;
+    if (!v->is_string()) fail("field '" + std::string(*names.begin()) + "' must be a string, not " + v->dump());
+    return v->get<std::string>();
+  }
+  /// A fraction in (0, 1] (the first of `names` present), or `fallback`.
+  double fraction_or(std::initializer_list<const char*> names, double fallback) const {
+    const json* v = find(names);
+    if (v == nullptr) return fallback;
+    if (!v->is_number() || !(v->get<double>() > 0) || v->get<double>() > 1)
+      fail("field '" + std::string(*names.begin()) + "' must be a number in (0, 1], not " + v->dump());
+    return v->get<double>();
+  }
   bool flag_or(std::initializer_list<const char*> names, bool fallback) const {
     const json* v = find(names);
     if (v == nullptr) return fallback;
@@ -97,6 +111,14 @@ struct reader {
     return v->get<bool>();
   }
 };
+
+/// Rotated dimensions per head: `rotary_pct` (or `partial_rotary_factor`) of the head, as
+/// GPT-NeoX's rotary embedding takes int(head_dim × pct).
+std::uint64_t rotary_dims(const reader& r, std::uint64_t head_dim) {
+  const double pct = r.fraction_or({"rotary_pct", "partial_rotary_factor"}, 1.0);
+  const auto d = static_cast<std::uint64_t>(static_cast<double>(head_dim) * pct);
+  return d == 0 ? 1 : d;
+}
 
 // Checked arithmetic for counts: an overflow is a usage error (an absurd config), not a crash.
 std::uint64_t mul(std::uint64_t a, std::uint64_t b) {
@@ -206,6 +228,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.rms_norm = true;
     c.gated = true;
     c.bias = false;
+    c.rotary = true;  // q_proj, k_proj, v_proj apart; attention_dropout only (no residual dropout)
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
     const bool attention_bias = r.flag_or({"attention_bias"}, false);  // Llama: q, k, v and o biases
     const bool mlp_bias = r.flag_or({"mlp_bias"}, false);
@@ -238,6 +261,9 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     if (c.hidden % c.heads != 0) r.fail("'n_embd' must be a multiple of 'n_head'");
     c.bias = true;
     c.tied = r.flag_or({"tie_word_embeddings"}, true);
+    c.fused_qkv = true;  // c_attn
+    c.gelu_tanh = r.string_or({"activation_function"}, "gelu_new") == "gelu_new";
+    c.residual_dropout = true;  // resid_pdrop, embd_pdrop
     const std::uint64_t h = c.hidden, f = c.ffn;
     // ln_1, ln_2 (2h each); c_attn h·3h + 3h; c_proj h·h + h; c_fc h·f + f; c_proj f·h + h.
     n.layer = add(add(add(4 * h, add(mul(h, 3 * h), 3 * h)), add(mul(h, h), h)), add(add(mul(h, f), f), add(mul(f, h), h)));
@@ -254,6 +280,12 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     if (c.hidden % c.heads != 0) r.fail("'hidden_size' must be a multiple of 'num_attention_heads'");
     c.bias = true;
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
+    c.fused_qkv = true;  // query_key_value
+    c.rotary = true;
+    c.rotary_dim = rotary_dims(r, c.hidden / c.heads);
+    c.gelu_tanh = r.string_or({"hidden_act"}, "gelu") == "gelu_new";
+    c.parallel_residual = r.flag_or({"use_parallel_residual"}, true);
+    c.residual_dropout = true;  // hidden_dropout: post_attention_dropout, post_mlp_dropout, emb_dropout
     const std::uint64_t h = c.hidden, f = c.ffn;
     // input_layernorm, post_attention_layernorm (2h each); query_key_value h·3h + 3h; dense h·h + h;
     // dense_h_to_4h h·f + f; dense_4h_to_h f·h + h. Rotary positions: no parameters.
@@ -262,8 +294,6 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     n.embedding = mul(c.vocab, h);
     n.final_norm = 2 * h;
     n.output = c.tied ? 0 : mul(c.vocab, h);
-    if (r.flag_or({"use_parallel_residual"}, true))
-      m.notes.push_back("parallel attention and MLP (use_parallel_residual) are planned as sequential sub-layers");
   } else {  // falcon
     c.hidden = r.count({"hidden_size", "n_embd"});
     c.layers = r.count({"num_hidden_layers", "n_layer"});
@@ -281,6 +311,13 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.ffn = r.count_or({"ffn_hidden_size"}, 4 * c.hidden);
     c.bias = bias;
     c.tied = r.flag_or({"tie_word_embeddings"}, true);
+    c.fused_qkv = true;  // query_key_value
+    c.rotary = !r.flag_or({"alibi"}, false);
+    c.parallel_residual = parallel;
+    c.shared_norm = parallel && !new_arch;  // input_layernorm feeds both
+    // Falcon-7B's layout builds its query, key and value by reshapes that SDPA's fused CPU kernels
+    // do not take: the math path keeps the scores (measured, bench/torch: falcon, falcon-eager).
+    c.unfused_attention = !new_arch;
     const std::uint64_t h = c.hidden, f = c.ffn, d = c.head_dim;
     // Norms: LayerNorm with bias (2h); ln_attn + ln_mlp in the new architecture, input_layernorm
     // (+ post_attention_layernorm without parallel attention) in the old one.
@@ -294,7 +331,6 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     n.embedding = mul(c.vocab, h);
     n.final_norm = 2 * h;
     n.output = c.tied ? 0 : mul(c.vocab, h);
-    if (parallel) m.notes.push_back("parallel attention and MLP are planned as sequential sub-layers");
   }
   c.dropout_permille = r.dropout_permille({"resid_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout"});
   if (c.dropout_permille >= 1000) c.dropout_permille = 999;

@@ -56,7 +56,7 @@ memalg_planner_ok(sweep_table "sweep --params 7.5e9 --precision amp-fp16 --optim
   "best 3 by memory")
 memalg_planner_ok(sweep_nothing_fits "sweep --params 175B --world 8" "nothing fits. The closest")
 # Identical plans are listed once: at dp = 1 ZeRO-0, 1 and 2 are one plan (ZeRO shards over dp x cp).
-set(_folds "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --micro-batch 1,2,4,8 --recompute none,selective,full --global-batch 64 --top 3")
+set(_folds "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --micro-batch 1,2,4,8 --recompute none,selective,full --global-batch 64 --top 3 --stack paper")
 memalg_planner_ok(sweep_folds "${_folds}"
   "best 3 by memory:.* 1 +1 +0 +8 +on +1 +1 +1 +full +none +14.92 GiB.* 2 +1 +0 +4 +on +2 +1 +1 +full +none +15.09 GiB.* 3 +1 +3 +8 +on +1 +1 +1 +full +none +15.11 GiB.*folded 4 more configurations")
 memalg_planner_ok(sweep_folds_json "${_folds} --json"

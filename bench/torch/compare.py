@@ -78,7 +78,10 @@ def memalg_args(case, with_dropout=True):
     """The `memalg plan` arguments of a measured case (without the binary)."""
     args = ["plan", "--config", case["config"], "--seq", str(case["seq"]),
             "--micro-batch", str(case["micro_batch"]), "--precision", PRECISION[case["precision"]],
-            "--optimizer", optimizer_flag(case), "--attention", ATTENTION[case["attention"]]]
+            "--optimizer", optimizer_flag(case), "--attention", ATTENTION[case["attention"]],
+            "--device", case.get("device", "cpu")]
+    if not case.get("foreach", True):
+        args += ["--optimizer-impl", "for-loop"]
     if case["gradient_checkpointing"]:
         args += ["--recompute", "full"]
     if case["parallel"] == "ddp":

@@ -30,6 +30,7 @@ layer_desc korthikanti_block(const shape& x) {
 
 activation_context context(const shape& x, std::uint64_t t, bool sp, dtype act = dtypes::bf16, std::uint64_t cp = 1) {
   activation_context c{};
+  c.stack = stack_kind::paper;  // the paper's accounting (Korthikanti et al.); the pytorch stack: test_stacks.cpp
   c.micro_batch = x.b;
   c.sequence = x.s;
   c.act = act;
@@ -41,6 +42,7 @@ activation_context context(const shape& x, std::uint64_t t, bool sp, dtype act =
 
 training_desc training(std::uint64_t b, std::uint64_t s, recompute_kind r = recompute_kind::none) {
   training_desc t{};
+  t.stack = stack_kind::paper;
   t.precision = precision::amp_bf16::value;
   t.optimizer = optim::adamw<>::value;
   t.micro_batch = b;

@@ -12,6 +12,7 @@ using namespace memalg;
 namespace {
 training_desc training(std::uint64_t b, std::uint64_t s) {
   training_desc t{};
+  t.stack = stack_kind::paper;
   t.precision = precision::amp_bf16::value;
   t.optimizer = optim::adamw<>::value;
   t.micro_batch = b;

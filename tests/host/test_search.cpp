@@ -262,14 +262,14 @@ TEST_CASE("the pruning's premise: peak and traffic never decrease with the micro
 TEST_CASE("peak_bytes, what the search ranks by, is the peak of the whole plan") {
   // Every valid configuration of a space with pipelines (two candidate stages), recomputation,
   // offload, and both kernel profiles (the reference one adds per-entry ZeRO units).
-  for (kernel_profile kernels : {kernel_profile::generic, kernel_profile::reference}) {
+  for (stack_kind kernels : {stack_kind::paper, stack_kind::memalg, stack_kind::pytorch}) {
     CAPTURE(static_cast<int>(kernels));
     search_problem p{};
     p.model = decoder(8, 1024, 16, 32000);
     p.training = amp_fp16_adam();
     p.training.sequence = 1024;
     p.training.grad_accum = 4;
-    p.training.kernels = kernels;
+    p.training.stack = kernels;
     p.device = device::a100_40gb::value;
     p.space = default_space(8);
     p.space.micro_batch = {1, 4};

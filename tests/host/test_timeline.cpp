@@ -12,6 +12,7 @@ using namespace memalg;
 namespace {
 training_desc training(const precision_policy& p, std::uint64_t b, std::uint64_t s) {
   training_desc t{};
+  t.stack = stack_kind::paper;  // the pytorch stack's timeline: test_stacks.cpp
   t.precision = p;
   t.optimizer = optim::adamw<>::value;
   t.micro_batch = b;

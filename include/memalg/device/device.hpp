@@ -30,6 +30,9 @@ struct device_desc {
   bytes reserve{};
   std::uint64_t cap_numerator = 1;    ///< memory cap as a fraction of capacity
   std::uint64_t cap_denominator = 1;
+  /// The host's CPU rather than an accelerator: the pytorch stack then follows PyTorch's CPU
+  /// kernels (dropout keeps its noise in the input's dtype, SDPA with dropout takes the math path).
+  bool host = false;
 
   /// floor(capacity × cap): the most this process may hold, reserve included.
   constexpr bytes limit() const {
@@ -70,10 +73,15 @@ struct l40s { static constexpr device_desc value{"l40s", 46068_MiB, default_rese
 struct rtx3090 { static constexpr device_desc value{"rtx3090", 24576_MiB, default_reserve(false, false)}; };
 struct rtx4090 { static constexpr device_desc value{"rtx4090", 24564_MiB, default_reserve(true, false)}; };
 struct mi300x { static constexpr device_desc value{"mi300x", bytes{205'822'885'888}, default_reserve(true, true)}; };
+/// The host CPU, as PyTorch's CPU tensors use it: no runtime reserve (no CUDA context); the
+/// capacity is a nominal 256 GiB (cap it with `capped` or --memory-cap to the machine's memory).
+/// bench/torch measures its ground truth here.
+struct cpu { static constexpr device_desc value{"cpu", 262144_MiB, bytes{0}, 1, 1, true}; };
 
-inline constexpr std::array<device_desc, 12> catalog{
+inline constexpr std::array<device_desc, 13> catalog{
     v100_16gb::value, v100_32gb::value, a100_40gb::value, a100_80gb::value, h100_80gb::value, h200::value,
-    b200::value,      l4::value,        l40s::value,      rtx3090::value,   rtx4090::value,   mi300x::value};
+    b200::value,      l4::value,        l40s::value,      rtx3090::value,   rtx4090::value,   mi300x::value,
+    cpu::value};
 
 /// Runtime lookup by name; returns false when unknown.
 constexpr bool from_name(std::string_view name, device_desc& out) {

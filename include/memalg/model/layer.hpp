@@ -69,6 +69,7 @@ struct layer_shape {
   std::uint64_t positions = 0;  ///< learned position embedding: positions it holds
   std::uint64_t rank = 0;       ///< low-rank adapters: rank r
   std::uint64_t saved_per_token = 0;  ///< custom entries: activation elements saved per token
+  std::uint64_t rotary_dim = 0;  ///< rotary blocks: rotated dimensions per head (0: the whole head)
 };
 
 /// Bits of `layer_shape::flags`. Which ones a kind reads is documented with its builder
@@ -88,6 +89,14 @@ inline constexpr std::uint32_t moe = 1u << 10;             ///< block: the MLP i
 /// output layer: the vocabulary is not split by tensor parallelism (every rank computes all
 /// logits; the CPU runtime's convention), instead of Megatron's vocabulary-parallel layer
 inline constexpr std::uint32_t vocab_replicated = 1u << 11;
+// How a block's modelling code computes (what the `pytorch` stack saves; no parameter changes):
+inline constexpr std::uint32_t rotary = 1u << 12;             ///< block: rotary positions (rotated Q, K copies)
+inline constexpr std::uint32_t parallel_residual = 1u << 13;  ///< block: attention and MLP read one input (GPT-NeoX, Falcon)
+inline constexpr std::uint32_t fused_qkv = 1u << 14;          ///< block: one projection writes Q, K and V
+inline constexpr std::uint32_t gelu_tanh = 1u << 15;          ///< block: GeLU written out as its tanh formula (GPT-2's gelu_new)
+inline constexpr std::uint32_t shared_norm = 1u << 16;        ///< block: one norm feeds attention and MLP (Falcon-7B)
+inline constexpr std::uint32_t unfused_attention = 1u << 17;  ///< block: the attention keeps its scores whatever is asked (Falcon-7B)
+inline constexpr std::uint32_t residual_dropout = 1u << 18;   ///< block: dropout on each sub-layer's output (GPT-2, GPT-NeoX)
 }  // namespace layer_flags
 
 /// Values of `layer_desc::group`.

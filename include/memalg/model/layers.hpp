@@ -327,6 +327,11 @@ struct cross_attention { static constexpr void apply(layer_options& o) { o.flags
 struct nonlinearity { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::activation; } };
 struct batchnorm { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::batchnorm; } };
 struct tied { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::tied; } };
+// How the modelling code computes a block (what the pytorch stack saves; layer_flags):
+struct rotary { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::rotary; } };
+struct parallel_residual { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::parallel_residual; } };
+struct fused_qkv { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::fused_qkv; } };
+struct gelu_tanh { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::gelu_tanh; } };
 struct untied { static constexpr void apply(layer_options& o) { o.flags &= ~layer_flags::tied; } };
 /// Dropout probability in thousandths (100 = p 0.1).
 template <std::uint64_t Permille>

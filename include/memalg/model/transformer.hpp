@@ -91,6 +91,15 @@ struct lm_config {
   std::uint64_t capacity_factor_percent = 0;
   dtype logits = dtypes::none;  ///< none: fp32
   std::uint64_t loss_chunk = 0; ///< chunked loss: logits rows at a time (0: unchunked)
+  // How the modelling code computes (what the pytorch stack saves; layer_flags in model/layer.hpp):
+  bool rotary = false;             ///< rotary positions
+  std::uint64_t rotary_dim = 0;    ///< rotated dimensions per head (0: all; GPT-NeoX's rotary_pct)
+  bool parallel_residual = false;  ///< attention and MLP read the same input (GPT-NeoX, Falcon)
+  bool fused_qkv = false;          ///< one projection writes Q, K and V (GPT-2, GPT-NeoX, Falcon)
+  bool gelu_tanh = false;          ///< GPT-2's gelu_new, written out as its tanh formula
+  bool shared_norm = false;        ///< one norm feeds attention and MLP (Falcon-7B's layout)
+  bool unfused_attention = false;  ///< attention keeps its scores even when SDPA is asked (Falcon-7B)
+  bool residual_dropout = false;   ///< dropout on every sub-layer output and on the embeddings
 };
 
 constexpr layer_shape block_shape(const lm_config& c) {
@@ -103,7 +112,13 @@ constexpr layer_shape block_shape(const lm_config& c) {
   s.dropout_permille = c.dropout_permille;
   s.flags = (c.bias ? layer_flags::bias : 0u) | (c.gated ? layer_flags::gated : 0u) |
             (c.rms_norm ? layer_flags::rms_norm : 0u) | (c.flash ? layer_flags::flash : 0u) |
-            (c.causal ? layer_flags::causal : 0u);
+            (c.causal ? layer_flags::causal : 0u) | (c.rotary ? layer_flags::rotary : 0u) |
+            (c.parallel_residual ? layer_flags::parallel_residual : 0u) |
+            (c.fused_qkv ? layer_flags::fused_qkv : 0u) | (c.gelu_tanh ? layer_flags::gelu_tanh : 0u) |
+            (c.shared_norm ? layer_flags::shared_norm : 0u) |
+            (c.unfused_attention ? layer_flags::unfused_attention : 0u) |
+            (c.residual_dropout ? layer_flags::residual_dropout : 0u);
+  s.rotary_dim = c.rotary ? c.rotary_dim : 0;
   if (c.experts != 0) {
     s.flags |= layer_flags::moe;
     s.experts = c.experts;

@@ -67,6 +67,7 @@
 
 #include "memalg/core/bytes.hpp"
 #include "memalg/core/dtype.hpp"
+#include "memalg/device/device.hpp"
 #include "memalg/model/layer.hpp"
 #include "memalg/parallel/mesh.hpp"
 #include "memalg/plan/breakdown.hpp"
@@ -84,9 +85,14 @@ struct activation_context {
   std::uint64_t cp = 1;
   std::uint64_t ep = 1;
   bool sp = false;
-  kernel_profile kernels = kernel_profile::generic;
+  stack_kind stack = stack_kind::pytorch;
   recompute_kind recompute = recompute_kind::none;
-  constexpr bool reference() const { return kernels == kernel_profile::reference; }
+  dtype weights = dtypes::bf16;  ///< the policy's weight dtype (pytorch: autocast when wider than `act`)
+  bool cpu = false;              ///< the device is the host CPU (pytorch: its kernels' choices)
+  constexpr bool reference() const { return stack == stack_kind::memalg; }
+  constexpr bool pytorch() const { return stack == stack_kind::pytorch; }
+  /// torch.autocast: weights wider than the activations (fp32 weights, bf16/fp16 matrix products).
+  constexpr bool autocast() const { return weights.bits > act.bits; }
 };
 
 constexpr activation_context activation_context_of(const training_desc& t, const mesh_desc& m) {
@@ -98,8 +104,14 @@ constexpr activation_context activation_context_of(const training_desc& t, const
   c.cp = m.cp;
   c.ep = m.ep;
   c.sp = m.sequence_parallel;
-  c.kernels = t.kernels;
+  c.stack = t.stack;
   c.recompute = t.recompute;
+  c.weights = t.precision.weights;
+  return c;
+}
+constexpr activation_context activation_context_of(const training_desc& t, const mesh_desc& m, const device_desc& d) {
+  activation_context c = activation_context_of(t, m);
+  c.cpu = d.host;
   return c;
 }
 
@@ -139,6 +151,7 @@ struct layer_activations {
   bytes recompute_core{};      ///< the attention core (rebuilt in backward under selective recomputation)
   bytes comm{};                ///< communication buffers while it runs: SP all-gather, CP key/value ring, EP all-to-all
   bytes held_until_loss{};     ///< a teacher's logits, kept until the distillation loss
+  bytes loss_temporary{};      ///< pytorch output layer: the loss's backward, before any gradient exists
 };
 
 namespace detail {
@@ -270,9 +283,232 @@ struct raw_activations {
   bytes backward_temporary{};
   bytes comm{};
   bytes logits{};  ///< output layer: the logits of a whole micro-batch (a teacher keeps them)
+  bytes loss_temporary{};  ///< pytorch output layer: the loss's backward before any gradient exists
+  bool handled = true;     ///< pytorch_activations: false when the kind follows the paper accounting
 };
 
+/// The `pytorch` stack: the tensors PyTorch's autograd saves for Hugging Face's modelling code,
+/// and the transients of its loss (docs/algebra.md, "The pytorch stack", with the autograd
+/// formula or modelling file of every term; checked against bench/torch/measured.json). Bytes:
+/// `em` the activation dtype (matrix-product outputs, attention, MLP inner tensors), `en` the
+/// residual stream and norms (the weight dtype under autocast, else `em`), RMSNorm's input copy
+/// fp32 (HF's RMSNorm upcasts), per-token statistics and the log-sum-exp fp32. Kinds other than
+/// the embeddings, norms, dropout, transformer blocks and the output follow the paper accounting
+/// (`handled` false).
+constexpr std::uint64_t bytes_per_element_ceil(const dtype& d) { return d.bits <= 8 ? 1 : ceil_div(d.bits, 8); }
+struct torch_bytes {
+  std::uint64_t em = 4, en = 4;
+  std::uint64_t mask = 1;  ///< a dropout mask's bytes per element: CUDA's bool, the CPU's noise in the input dtype
+  bool autocast = false;
+};
+constexpr torch_bytes torch_bytes_of(const activation_context& c) {
+  torch_bytes t{};
+  t.em = bytes_per_element_ceil(c.act);
+  t.autocast = c.autocast();
+  t.en = t.autocast ? bytes_per_element_ceil(c.weights) : t.em;
+  t.mask = c.cpu ? t.en : 1;
+  return t;
+}
+
+/// Saved bytes of one norm beyond its input: RMSNorm keeps its rsqrt (fp32 per token) and
+/// x·rstd and w·(x·rstd) (under autocast only x·rstd, fp32; the products' inputs are cast
+/// copies); LayerNorm keeps mean and rstd per token and its output (under autocast only the
+/// statistics, fp32). `consumers`: projections reading the output, each keeping a cast copy under
+/// autocast.
+constexpr bytes torch_norm(const act_terms& a, const torch_bytes& t, bool rms, std::uint64_t hidden,
+                           std::uint64_t consumers) {
+  const std::uint64_t H = checked_mul(a.tokens, hidden);
+  bytes r{};
+  if (rms) {
+    r += bytes{checked_mul(a.tokens, 4)};
+    r += t.autocast ? bytes{checked_mul(H, 4)} : bytes{checked_mul(H, 2 * t.em)};
+  } else {
+    r += bytes{checked_mul(a.tokens, 2 * (t.autocast ? 4 : t.em))};
+    if (!t.autocast) r += bytes{checked_mul(H, t.en)};
+  }
+  if (t.autocast) r += bytes{checked_mul(checked_mul(H, consumers), t.em)};
+  return a.rep(r);
+}
+
+/// The residual-stream tensor a norm reads, as kept: fp32 for RMSNorm (its upcast copy), else the
+/// stream's own dtype.
+constexpr std::uint64_t torch_residual_bytes(const torch_bytes& t, bool rms) { return rms ? 4 : t.en; }
+
+/// Attention of a block under the pytorch stack: saved bytes, forward and backward transients.
+constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes& t, const layer_shape& s,
+                                          std::uint64_t kv_seq) {
+  attention_bytes r{};
+  const std::uint64_t b = a.c.micro_batch, T = a.tokens, em = t.em;
+  const std::uint64_t q = checked_mul(s.heads, s.head_dim), kv = checked_mul(s.kv_heads, s.head_dim);
+  const std::uint64_t Q = checked_mul(T, q), K = checked_mul(checked_mul(b, ceil_div(kv_seq, a.c.cp)), kv);
+  const std::uint64_t S = checked_mul(checked_mul(b, s.heads), checked_mul(ceil_div(a.seq, a.c.cp), kv_seq));
+  const bool drop = s.dropout_permille != 0;
+  const bool rotary = (s.flags & layer_flags::rotary) != 0, fused = (s.flags & layer_flags::fused_qkv) != 0;
+  // Eager attention, SDPA's math path (taken with dropout on the CPU, and by Falcon-7B's layout):
+  // the fp32 softmax (and its cast when narrower), the query, the expanded key and value (repeat_kv)
+  // and the output's contiguous copy for the out-projection; with dropout its mask and output.
+  // On CUDA, SDPA's fused kernels apply dropout inside (saving their RNG offsets only).
+  const bool unfused = (s.flags & layer_flags::flash) == 0 || (s.flags & layer_flags::unfused_attention) != 0 ||
+                       (drop && a.c.cpu);
+  if (unfused) {
+    bytes saved{checked_mul(S, 4)};
+    if (em != 4) saved += bytes{checked_mul(S, em)};
+    if (drop) saved += bytes{checked_mul(S, t.mask + em)};  // dropout mask and output
+    r.saved.core = a.split(saved);
+    r.saved.input_grad = a.split(bytes{checked_mul(checked_mul(Q, 3), em)});  // query, expanded key and value
+    r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
+    r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
+    r.backward_temporary = a.split(bytes{checked_mul(S, 8)});                // gradients of probabilities and scores
+  } else {
+    // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
+    // fused projection's output is one storage that Q, K and V view; rotary positions save the
+    // rotated copies of Q and K (and, when V stays a strided view, the output's contiguous copy).
+    std::uint64_t elems = fused ? Q + 2 * K : rotary ? K : Q + 2 * K;
+    if (rotary) elems += Q + K;
+    if (fused && rotary) elems += Q;
+    r.saved.input_grad = a.split(bytes{checked_mul(elems, em)});
+    r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});                          // output
+    r.saved.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});             // log-sum-exp
+    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(Q + 2 * K, em), 1)});  // dQ, dK, dV
+  }
+  if (a.c.sp) r.comm += a.values_per_token(s.hidden);
+  return r;
+}
+
+/// The MLP of a block under the pytorch stack (per instance): SwiGLU keeps gate, up, SiLU and
+/// their product; GPT-2's gelu_new keeps the first projection's output and four elementwise
+/// results of its formula; a fused GeLU keeps its input and output. Mixtral's grouped experts
+/// (transformers' moe.py) keep the routed copies of their inputs and outputs and the routing
+/// tables; the router its fp32 probabilities.
+constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const layer_shape& s) {
+  mlp_bytes r{};
+  const std::uint64_t T = a.tokens, em = t.em, f = s.ffn, h = s.hidden;
+  const bool gated = (s.flags & layer_flags::gated) != 0;
+  if ((s.flags & layer_flags::moe) != 0) {
+    const std::uint64_t R = routed_tokens(s, T), E = s.experts, k = s.top_k;
+    std::uint64_t e = checked_mul(checked_mul(R, f), (gated ? 4 : 2) * em);  // gate-up output, SiLU, product
+    e += checked_mul(checked_mul(R, h), 2 * em);                           // routed input and output copies
+    e += checked_mul(checked_mul(T, E), 4) + checked_mul(T, 12 * k + 4);   // router softmax, top-k, weights
+    e += checked_mul(R, 29) + checked_mul(E, 4);                           // sort, indices, masks, counts
+    r.saved.input_grad = a.split(bytes{e});
+    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(R, f), 3 * em)});
+    return r;
+  }
+  const std::uint64_t F = checked_mul(T, f);
+  const std::uint64_t inner = gated ? 4 : (s.flags & layer_flags::gelu_tanh) != 0 ? 5 : 2;
+  r.saved.input_grad = a.split(bytes{checked_mul(F, (inner - 1) * em)});
+  r.saved.weight_grad = a.split(bytes{checked_mul(F, em)});  // down-projection input
+  r.backward_temporary = a.split(bytes{checked_mul(F, (gated ? 3 : 2) * em)});
+  if (a.c.sp) r.comm += a.values_per_token(h);
+  return r;
+}
+
+constexpr raw_activations pytorch_activations(const layer_desc& l, const activation_context& c) {
+  raw_activations r{};
+  const layer_shape& s = l.shape;
+  const act_terms a(c, s);
+  const torch_bytes t = torch_bytes_of(c);
+  const std::uint64_t T = a.tokens, H = checked_mul(T, s.hidden);
+  const bytes stream = a.rep(bytes{checked_mul(H, t.en)});
+  switch (l.kind) {
+    case layer_kind::embedding:
+    case layer_kind::position_embedding:
+      // Backward needs the token ids only; the output is the first block's input (kept there).
+      r.backward_temporary = stream;
+      break;
+    case layer_kind::dropout:
+      // CUDA's native_dropout keeps a bool mask; the CPU's dropout its scaled noise in the
+      // input's dtype (docs/accuracy.md, "What only CUDA adds").
+      if (s.dropout_permille != 0) r.saved.input_grad = a.rep(bytes{checked_mul(H, t.mask)});
+      r.input = stream;
+      r.backward_temporary = stream * 2;
+      break;
+    case layer_kind::layernorm:
+    case layer_kind::rmsnorm: {
+      const bool rms = l.kind == layer_kind::rmsnorm;
+      r.saved.input_grad = a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) + torch_norm(a, t, rms, s.hidden, 1);
+      r.input = stream;
+      r.input_in_saved = !rms || t.en == 4;
+      r.backward_temporary = stream * 2;
+      break;
+    }
+    case layer_kind::transformer_block: {
+      const bool rms = (s.flags & layer_flags::rms_norm) != 0, gated = (s.flags & layer_flags::gated) != 0;
+      const bool parallel = (s.flags & layer_flags::parallel_residual) != 0;
+      const bool shared = (s.flags & layer_flags::shared_norm) != 0;
+      const bool cross = (s.flags & layer_flags::cross_attention) != 0;
+      const bool fused = (s.flags & layer_flags::fused_qkv) != 0;
+      // The residual-stream tensors the block's norms read: its input, and the sum after attention
+      // unless attention and MLP read the same input.
+      const std::uint64_t residuals = (parallel ? 1 : 2) + (cross ? 1 : 0);
+      r.parts.norms.input_grad = a.rep(bytes{checked_mul(checked_mul(H, residuals), torch_residual_bytes(t, rms))});
+      const std::uint64_t into_mlp = (s.flags & layer_flags::moe) != 0 ? 2 : gated ? 2 : 1;
+      const std::uint64_t into_attention = fused ? 1 : 3;
+      if (shared) {
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention + into_mlp);
+      } else {
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention);
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_mlp);
+      }
+      const attention_bytes self = torch_attention(a, t, s, a.seq);
+      r.parts.attention = self.saved;
+      bytes fwd = self.forward_temporary, bwd = self.backward_temporary, comm = self.comm;
+      if (cross) {
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, 1);
+        const attention_bytes x = torch_attention(a, t, s, s.kv_sequence != 0 ? s.kv_sequence : a.seq);
+        r.parts.cross_attention = x.saved;
+        fwd = max_b(fwd, x.forward_temporary);
+        bwd = max_b(bwd, x.backward_temporary);
+        comm = max_b(comm, x.comm);
+      }
+      const mlp_bytes m = torch_mlp(a, t, s);
+      r.parts.mlp = m.saved;
+      if (s.dropout_permille != 0 && (s.flags & layer_flags::residual_dropout) != 0)
+        r.parts.mlp.input_grad += a.rep(bytes{checked_mul(H, 2 * t.mask)});  // the attention and MLP output dropouts' masks
+      if (t.autocast)  // autocast's cached bf16/fp16 copies of the block's weights, saved by its products
+        r.parts.mlp.weight_grad +=
+            bytes{checked_mul(ceil_div(l.params - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
+      r.saved = r.parts.total();
+      r.input = stream;
+      r.input_in_saved = torch_residual_bytes(t, rms) == t.en;
+      r.forward_temporary = max_b(fwd, stream);
+      r.backward_temporary = max_b(bwd, m.backward_temporary) + stream * 2;
+      r.comm = max_b(comm, m.comm);
+      break;
+    }
+    case layer_kind::output: {
+      // HF's loss upcasts the logits (`logits.float()`) and PyTorch's cross_entropy keeps the
+      // log-softmax (fp32) for its backward, which first writes the NLL gradient and then the
+      // log-softmax gradient, both fp32 and logits-sized, before any parameter gradient exists.
+      // The projection's backward then holds the logits' gradient (and its cast), the input's.
+      const std::uint64_t vocab =
+          (s.flags & layer_flags::vocab_replicated) != 0 ? s.vocab : ceil_div(s.vocab, c.tp);
+      const std::uint64_t TV = checked_mul(T, vocab);
+      const bytes log_softmax{checked_mul(TV, 4)};
+      if (t.autocast) {  // the input's cast and the weight's cached copy, saved by the product
+        r.saved.weight_grad = a.rep(bytes{checked_mul(H, t.em)}) + bytes{checked_mul(checked_mul(vocab, s.hidden), t.em)};
+      }
+      r.input = stream;
+      r.input_serves_weight_grad = true;
+      r.logits = bytes{checked_mul(TV, t.em)};
+      r.forward_temporary = r.logits + log_softmax + (t.em != 4 ? log_softmax : bytes{});
+      r.loss_temporary = log_softmax * 3;
+      r.backward_temporary = log_softmax + (t.em != 4 ? r.logits : bytes{}) + a.rep(bytes{checked_mul(H, t.em)});
+      if (c.sp) r.comm = a.values_per_token(s.hidden);
+      break;
+    }
+    default:
+      r.handled = false;
+      break;
+  }
+  return r;
+}
+
 constexpr raw_activations raw_layer_activations(const layer_desc& l, const activation_context& c) {
+  if (c.pytorch()) {
+    const raw_activations p = pytorch_activations(l, c);
+    if (p.handled) return p;
+  }
   raw_activations r{};
   const layer_shape& s = l.shape;
   const act_terms a(c, s);
@@ -450,6 +686,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.input_in_saved = r.input_in_saved && (trains || !r.input_serves_weight_grad);
   a.backward = true;
   a.backward_temporary = r.backward_temporary;
+  a.loss_temporary = r.loss_temporary;
   return a;
 }
 
@@ -478,6 +715,35 @@ constexpr activation_table activation_table_of(const model_desc& model, const ac
     }
   }
   table.size = model.size;
+  if (c.pytorch()) {
+    // Tensors of the whole model that every block's backward reads: rotary embeddings' cos and
+    // sin (one sequence, broadcast over the batch), and under checkpointing the materialised
+    // causal mask of eager attention, an input every checkpointed block keeps.
+    const detail::torch_bytes t = detail::torch_bytes_of(c);
+    bytes shared{};
+    bool rotary = false, mask = false;
+    for (std::size_t i = 0; i < model.size; ++i) {
+      const layer_desc& l = model.entries[i];
+      if (l.kind != layer_kind::transformer_block || l.group == layer_group::teacher) continue;
+      const detail::act_terms a(c, l.shape);
+      if ((l.shape.flags & layer_flags::rotary) != 0 && !rotary) {
+        rotary = true;
+        const std::uint64_t rd = l.shape.rotary_dim != 0 ? l.shape.rotary_dim : l.shape.head_dim;
+        shared += bytes{detail::checked_mul(detail::checked_mul(detail::ceil_div(a.seq, c.cp), rd), 2 * t.en)};
+      }
+      const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
+      if (full && (l.shape.flags & layer_flags::flash) == 0 && (l.shape.flags & layer_flags::causal) != 0 && !mask) {
+        mask = true;
+        shared += bytes{detail::checked_mul(detail::checked_mul(c.micro_batch, detail::checked_mul(detail::ceil_div(a.seq, c.cp), a.seq)), t.en)};
+      }
+    }
+    for (std::size_t i = 0; i < model.size; ++i)
+      if (model.entries[i].kind == layer_kind::embedding && table.entries[i].backward) {
+        table.entries[i].saved += shared;
+        table.entries[i].selective += shared;
+        break;
+      }
+  }
   return table;
 }
 constexpr activation_table activation_table_of(const model_desc& model, const training_desc& t, const mesh_desc& m) {
@@ -522,16 +788,18 @@ struct peak_moment {
   bytes activations{};
   bytes temporaries{};
   bytes comm{};
+  bytes gradients{};  ///< pytorch: the gradients that exist at the moment
   bytes total{};
-  constexpr void offer(bytes a, bytes t, bytes c) {
-    const bytes sum = a + t + c;
-    if (sum > total) *this = peak_moment{a, t, c, sum};
+  constexpr void offer(bytes a, bytes t, bytes c, bytes g = bytes{}) {
+    const bytes sum = a + t + c + g;
+    if (sum > total) *this = peak_moment{a, t, c, g, sum};
   }
   constexpr breakdown as_breakdown() const {
     breakdown b{};
     b.activations = activations;
     b.temporaries = temporaries;
     b.comm_buffers = comm;
+    b.gradients = gradients;
     return b;
   }
 };
@@ -548,7 +816,7 @@ struct unit_transients {
 constexpr unit_transients entry_unit_transients(const model_desc& model, const layer_desc& l, const training_desc& t,
                                                 const mesh_desc& m) {
   unit_transients u{};
-  if (t.kernels != kernel_profile::reference || m.zero_stage < 2) return u;
+  if (t.stack != stack_kind::memalg || m.zero_stage < 2) return u;
   const layer_desc* owner = &l;
   if (l.kind == layer_kind::output && (l.shape.flags & layer_flags::tied) != 0)
     for (const layer_desc& e : model)
@@ -562,6 +830,13 @@ constexpr unit_transients entry_unit_transients(const model_desc& model, const l
   return u;
 }
 }  // namespace detail
+
+/// Does the model's output layer share the token embedding's weights?
+constexpr bool tied_embedding(const model_desc& model) {
+  for (const layer_desc& l : model)
+    if (l.kind == layer_kind::output && (l.shape.flags & layer_flags::tied) != 0) return true;
+  return false;
+}
 
 /// The forward sweep (saved tensors accumulate entry by entry, each entry's transients on top)
 /// and the backward sweep (the loss's buffers first, then entries in reverse, each freeing its
@@ -631,7 +906,33 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
   const bytes window = largest_instance * 2;
   const auto on_device = [&](bytes saved) { return offload && window < saved ? window : saved; };
   // ZeRO-2/3 units of memalg's runtime (else nothing: skip the call, as this loop runs per plan).
-  const bool units = t.kernels == kernel_profile::reference && m.zero_stage >= 2;
+  const bool units = t.stack == stack_kind::memalg && m.zero_stage >= 2;
+  // pytorch: gradients exist from backward on (zero_grad(set_to_none=True)); entry i's appear in
+  // its backward. With accumulation they exist from the first micro-batch's backward on, and each
+  // backward adds a new gradient into them.
+  const bool torch = t.stack == stack_kind::pytorch;
+  bytes grads[max_model_entries]{};   // per entry on this stage: its gradients (ZeRO-2/3: the shard)
+  bytes unsharded[max_model_entries]{};  // ZeRO-2/3 (FSDP): the entry's full gradient before its reduce-scatter
+  bytes all_grads{}, tied_weight_grad{}, tied_grads{};
+  if (torch)
+    for (std::size_t i = 0; i < model.size; ++i) {
+      const layer_desc& l = model.entries[i];
+      if (held[i] == 0 || !l.trainable || l.group == layer_group::teacher) continue;
+      const rank_elements e = elements_per_rank(l, m);
+      const std::uint64_t group = m.dp * m.cp;
+      const std::uint64_t shard = m.zero_stage >= 2 ? detail::ceil_div(e.dense, group) + detail::ceil_div(e.expert, group / m.ep)
+                                                    : e.total();
+      grads[i] = storage_bytes(t.precision.gradients, shard) * held[i];
+      if (m.zero_stage >= 2) unsharded[i] = storage_bytes(t.precision.gradients, e.total());
+      all_grads += grads[i];
+      if (l.kind == layer_kind::embedding && tied_weight_grad == bytes{}) {
+        tied_weight_grad = storage_bytes(t.precision.gradients, e.total());
+        tied_grads = grads[i];
+      }
+    }
+  const bool tied_model = torch && tied_embedding(model) && tied_weight_grad > bytes{};
+  const bool accumulating = torch && t.grad_accum > 1;
+  const bytes forward_grads = accumulating ? all_grads : bytes{};
   if (offload) out.host = at_end;
 
   // Teachers run first, between earlier micro-batches' saved tensors and the student's forward.
@@ -650,8 +951,9 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     bytes temporary = a.forward_temporary + teacher_logits;
     if (units) temporary += detail::entry_unit_transients(model, l, t, m).forward;
     if (rk == recompute_kind::selective) temporary += a.recompute_core;  // computed, then dropped
-    forward.offer(on_device(prior + cumulative), temporary, a.comm + boundary);
+    forward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, forward_grads);
   }
+  bytes done{};  // pytorch: gradients of the entries whose backward has run
   for (std::size_t j = model.size; j-- > 0;) {
     const layer_desc& l = model.entries[j];
     if (l.group == layer_group::teacher || l.place == placement::spread || held[j] == 0) continue;
@@ -660,7 +962,40 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
       bytes temporary = a.backward_temporary + rebuilt[j];
       if (l.kind == layer_kind::output) temporary += teacher_logits;
       if (units) temporary += detail::entry_unit_transients(model, l, t, m).backward;
-      backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary);
+      bytes gradients{};
+      if (torch) {
+        const bool tied = l.kind == layer_kind::output && (l.shape.flags & layer_flags::tied) != 0;
+        if (l.kind == layer_kind::output && a.loss_temporary > bytes{})  // the loss's backward comes first
+          backward.offer(on_device(prior + cumulative), a.loss_temporary + teacher_logits, a.comm + boundary,
+                         accumulating ? all_grads : done);
+        // A tied output projection writes the embedding's gradient (which exists from then on);
+        // the embedding's own backward adds its dense gradient to it out of place (two more of
+        // its size for a moment).
+        const bool tied_embedding_entry = tied_model && l.kind == layer_kind::embedding && grads[j] == tied_grads;
+        if (tied && tied_model) temporary += tied_weight_grad;
+        if (tied_embedding_entry) temporary += tied_weight_grad * 2;
+        temporary += unsharded[j];
+        const bytes own = tied_embedding_entry ? bytes{} : grads[j];
+        // A repeated entry's instances run their backward one after another: the first holds
+        // every instance's saved tensors and one instance's gradients, the last one instance's
+        // saved tensors and all their gradients; the moments in between lie below one of them.
+        const std::uint64_t n = held[j];
+        if (n > 1) {
+          const bytes one_grad{detail::ceil_div(own.value, n)};
+          const bytes one_kept{detail::ceil_div(kept[j].value, n)};
+          backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary,
+                         (accumulating ? all_grads : done) + one_grad);
+          backward.offer(on_device(prior + cumulative - kept[j] + one_kept), temporary, a.comm + boundary,
+                         (accumulating ? all_grads : done) + own);
+        } else {
+          gradients = accumulating ? all_grads + own : done + own;
+          backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+        }
+        done += own;
+        if (tied && tied_model) done += tied_grads;
+      } else {
+        backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+      }
     }
     cumulative -= kept[j];
   }
@@ -687,9 +1022,9 @@ struct layer_rows {
 
 /// The per-layer table of `stage` (entries the stage does not hold have count 0).
 constexpr layer_rows layer_table(const model_desc& model, const training_desc& t, const mesh_desc& m,
-                                 std::uint64_t stage) {
+                                 std::uint64_t stage, const device_desc& d = device_desc{}) {
   layer_rows out{};
-  const activation_table table = activation_table_of(model, t, m);
+  const activation_table table = activation_table_of(model, activation_context_of(t, m, d));
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
     layer_row& r = out.rows[out.size++];

@@ -178,7 +178,7 @@ constexpr plan_result evaluate_stages(const model_desc& model, const training_de
 constexpr bytes peak_bytes(const model_desc& model, const training_desc& t, const mesh_desc& m, const device_desc& d) {
   const bool activations = has_activations(model, t);
   const activation_table acts =
-      activations ? activation_table_of(model, activation_context_of(t, m)) : activation_table{};
+      activations ? activation_table_of(model, activation_context_of(t, m, d)) : activation_table{};
   const detail::candidate_stages stages(m);
   bytes peak{};
   for (std::size_t i = 0; i < stages.count; ++i) {
@@ -191,7 +191,7 @@ constexpr bytes peak_bytes(const model_desc& model, const training_desc& t, cons
 constexpr plan_result evaluate(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                const device_desc& d) {
   if (!has_activations(model, t)) return detail::evaluate_stages(model, t, m, d, nullptr);
-  const activation_table acts = activation_table_of(model, activation_context_of(t, m));
+  const activation_table acts = activation_table_of(model, activation_context_of(t, m, d));
   return detail::evaluate_stages(model, t, m, d, &acts);
 }
 

@@ -63,11 +63,11 @@ inline std::string phase_table(const plan_result& r) {
 /// sub-layers (Korthikanti et al. 2022) when no recomputation hides them. The last line says how
 /// many micro-batches the rank holds in flight.
 inline std::string layer_table(const model_desc& model, const training_desc& t, const mesh_desc& m,
-                               const plan_result& r) {
+                               const plan_result& r, const device_desc& d = device_desc{}) {
   using detail::pad_left;
   using detail::pad_right;
-  const layer_rows rows = memalg::layer_table(model, t, m, r.most_loaded_stage);
-  const activation_context ctx = activation_context_of(t, m);
+  const layer_rows rows = memalg::layer_table(model, t, m, r.most_loaded_stage, d);
+  const activation_context ctx = activation_context_of(t, m, d);
   std::string out = pad_right("layer", 26) + pad_left("count", 7) + pad_left("weights (1)", 14) +
                     pad_left("activations (1)", 17) + pad_left("count x (w + a)", 17) + "\n";
   for (std::size_t i = 0; i < rows.size; ++i) {
@@ -108,7 +108,7 @@ inline std::string report(const model_desc& model, const training_desc& t, const
   out += phase_table(r);
   if (has_layer_structure(model)) {
     out += "\n";
-    out += layer_table(model, t, m, r);
+    out += layer_table(model, t, m, r, d);
   }
   return out;
 }

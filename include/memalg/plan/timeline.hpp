@@ -90,6 +90,69 @@ constexpr step_transients stage_step_transients(const model_desc& model, const t
 }
 }  // namespace detail
 
+namespace detail {
+/// FSDP2 (fully_shard on every repeated entry and on the root): the root's parameters (every
+/// entry that is not repeated) stay gathered from its forward to its backward; a unit is gathered
+/// while it runs, with `zero3_prefetch` more ahead of it (measured: bench/torch, *-fsdp2).
+constexpr bytes fsdp_gathered(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                              std::uint64_t stage) {
+  bytes root{}, unit{};
+  for (const layer_desc& l : model) {
+    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    if (n == 0 || l.kind == layer_kind::parameters) continue;
+    const dtype wdt = l.weight_storage.is_none() ? t.precision.weights : l.weight_storage;
+    const bytes w = storage_bytes(wdt, elements_per_rank(l, m).total());
+    if (l.place == placement::repeated) unit = max(unit, w);
+    else root += w * n;
+  }
+  return root + unit * (1 + m.zero3_prefetch);
+}
+
+/// The largest single parameter tensor of an entry (the for-loop optimizer's temporaries): the
+/// embedding or output matrix, a block's largest projection (a mixture of experts stores each
+/// projection of all experts as one tensor, as transformers' grouped experts do).
+constexpr std::uint64_t largest_tensor(const layer_desc& l) {
+  const layer_shape& s = l.shape;
+  switch (l.kind) {
+    case layer_kind::transformer_block: {
+      const std::uint64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+      const std::uint64_t attention = s.hidden * ((s.flags & layer_flags::fused_qkv) != 0 ? q + 2 * kv : q);
+      std::uint64_t mlp = s.hidden * s.ffn;
+      if ((s.flags & layer_flags::moe) != 0) mlp *= s.experts * ((s.flags & layer_flags::gated) != 0 ? 2 : 1);
+      const std::uint64_t big = attention > mlp ? attention : mlp;
+      return big < l.params ? big : l.params;
+    }
+    default: return l.params;
+  }
+}
+
+/// The pytorch stack's optimizer-step temporaries (torch.optim, docs/algebra.md): foreach Adam /
+/// AdamW keep `torch._foreach_sqrt(exp_avg_sqs)`, one state-sized tensor per parameter, for the
+/// whole step; the for-loop keeps `exp_avg_sq.sqrt()` and its quotient for one parameter at a
+/// time; SGD and momentum update in place; fused kernels need nothing.
+constexpr bytes torch_optimizer_temporaries(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                            std::uint64_t stage) {
+  const optimizer_kind k = t.optimizer.kind;
+  if (t.optimizer_kind == optimizer_impl::fused || k == optimizer_kind::sgd || k == optimizer_kind::momentum ||
+      k == optimizer_kind::adam8bit)
+    return bytes{};
+  const dtype state = t.optimizer.state_dtype.is_none() ? t.precision.optimizer_states : t.optimizer.state_dtype;
+  const std::uint64_t group = m.dp * m.cp;
+  bytes total{}, largest{};
+  for (const layer_desc& l : model) {
+    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    if (n == 0 || !l.trainable || l.kind == layer_kind::parameters) continue;
+    const rank_elements e = elements_per_rank(l, m);
+    const std::uint64_t shard =
+        m.zero_stage >= 1 ? ceil_div(e.dense, group) + ceil_div(e.expert, group / m.ep) : e.total();
+    total += storage_bytes(state, shard) * n;
+    const std::uint64_t big = ceil_div(largest_tensor(l), m.zero_stage >= 1 ? group : 1);
+    largest = max(largest, storage_bytes(state, big));
+  }
+  return t.optimizer_kind == optimizer_impl::for_loop ? largest * 2 : total;
+}
+}  // namespace detail
+
 /// Does any entry have layer structure (a kind other than `parameters`)?
 constexpr bool has_layer_structure(const model_desc& model) {
   for (const layer_desc& l : model)
@@ -108,13 +171,25 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   for (breakdown& b : tl.at) b = base;
   // ZeRO's gathered layer and unsharded gradient: the largest on the stage for the whole phase,
   // or, with memalg's runtime and activations, each entry's own in its moment (activations.hpp).
-  const bool per_entry = acts != nullptr && t.kernels == kernel_profile::reference;
-  const bytes gathered = per_entry ? bytes{} : s.gathered_weights * (1 + m.zero3_prefetch);
+  const bool per_entry = acts != nullptr && t.stack == stack_kind::memalg;
+  const bool torch = t.stack == stack_kind::pytorch;
+  bytes gathered = per_entry ? bytes{} : s.gathered_weights * (1 + m.zero3_prefetch);
+  if (torch && m.zero_stage >= 3) gathered = detail::fsdp_gathered(model, t, m, stage);
   breakdown& fwd = tl.at[static_cast<std::size_t>(phase::forward)];
   breakdown& bwd = tl.at[static_cast<std::size_t>(phase::backward)];
   fwd.temporaries += gathered;
-  bwd.temporaries += gathered + (per_entry ? bytes{} : s.gathered_gradient);
-
+  bwd.temporaries += gathered + (per_entry || torch ? bytes{} : s.gathered_gradient);
+  if (torch) {
+    // Gradients exist from backward on (the sweep adds them moment by moment) and until the
+    // optimizer step has run (zero_grad(set_to_none=True)); a model without activations keeps
+    // them for its backward.
+    tl.at[static_cast<std::size_t>(phase::steady)].gradients = bytes{};
+    fwd.gradients = bytes{};
+    if (acts != nullptr) bwd.gradients = bytes{};
+    // DDP (and ZeroRedundancyOptimizer over it): flat gradient buckets, resident.
+    if (m.dp * m.cp > 1 && m.zero_stage <= 1)
+      for (breakdown& b : tl.at) b.comm_buffers += s.device.gradients;
+  }
   tl.host = s.host;
   tl.parameters = s.parameters;
   if (acts != nullptr) {
@@ -127,8 +202,9 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   }
   if (has_layer_structure(model)) {
     const detail::step_transients st = detail::stage_step_transients(model, t, m, stage);
-    if (!per_entry) bwd.comm_buffers += st.gradient_bucket;
-    tl.at[static_cast<std::size_t>(phase::optimizer_step)].temporaries += st.optimizer_temporaries;
+    if (!per_entry && !torch) bwd.comm_buffers += st.gradient_bucket;
+    tl.at[static_cast<std::size_t>(phase::optimizer_step)].temporaries +=
+        torch ? detail::torch_optimizer_temporaries(model, t, m, stage) : st.optimizer_temporaries;
   }
   return tl;
 }
@@ -142,7 +218,7 @@ constexpr bool has_activations(const model_desc& model, const training_desc& t) 
 constexpr timeline stage_timeline(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                   const device_desc& d, std::uint64_t stage) {
   if (!has_activations(model, t)) return stage_timeline(model, t, m, d, stage, nullptr);
-  const activation_table acts = activation_table_of(model, t, m);
+  const activation_table acts = activation_table_of(model, activation_context_of(t, m, d));
   return stage_timeline(model, t, m, d, stage, &acts);
 }
 

@@ -17,12 +17,29 @@ namespace memalg {
 
 enum class recompute_kind : std::uint8_t { none, selective, full, every_k };
 
-/// Whose kernels the transient buffers follow. `generic`: unfused PyTorch / Megatron conventions
-/// (score-sized gradient buffers in attention backward, a separate logits gradient). `reference`:
-/// memalg's own runtime (attention backward holds the gradients of its output and of Q/K/V; the
-/// loss turns the logits into their gradient in place; two hidden-sized gradient buffers live for
-/// the whole backward) — the convention the runtime's arena is checked against, to the byte.
-enum class kernel_profile : std::uint8_t { generic, reference };
+/// The training stack whose allocations the plan follows, beyond the precision policy: which
+/// tensors each layer saves and which transients it allocates, when gradients exist and in which
+/// buffers, and the optimizer implementation's temporaries (docs/algebra.md, "Stacks").
+///
+/// * `pytorch`: PyTorch eager with Hugging Face's modelling code, calibrated tensor by tensor
+///   against measured steps (bench/torch/measured.json): the saved tensors of HF's blocks, the
+///   loss's fp32 log-softmax and its gradients, gradients made in backward after
+///   `zero_grad(set_to_none=True)`, DDP's flat bucket, FSDP2's gathered units, foreach / for-loop
+///   optimizer temporaries. The default.
+/// * `megatron`: Megatron-core with Transformer Engine (fused kernels, fp32 `main_grad` buffers,
+///   the distributed optimizer's contiguous buffers), against Megatron-LM's measured golden values.
+/// * `memalg`: memalg's own runtime, exact to the byte (attention backward holds the gradients of
+///   its output and of Q/K/V; the loss turns the logits into their gradient in place; two
+///   hidden-sized gradient buffers live for the whole backward).
+/// * `paper`: Korthikanti et al. 2022's accounting (arXiv 2205.05198, Table 2) with unfused
+///   PyTorch / Megatron transients (score-sized gradient buffers, a separate logits gradient).
+enum class stack_kind : std::uint8_t { pytorch, megatron, memalg, paper };
+
+/// How the optimizer step runs (the pytorch stack's temporaries; docs/algebra.md). `foreach`:
+/// torch's multi-tensor path (its default for CUDA tensors): one state-sized temporary for the
+/// whole parameter list. `for_loop`: one parameter at a time (its default on the CPU): two
+/// temporaries of the largest parameter. `fused`: `fused=True`, no temporaries.
+enum class optimizer_impl : std::uint8_t { foreach, for_loop, fused };
 
 struct training_desc {
   precision_policy precision = precision::amp_bf16::value;
@@ -36,7 +53,8 @@ struct training_desc {
   /// The optimizer step reads narrow gradients directly (fused Adam: Apex, torch fused=True, the
   /// CPU runtime); otherwise a gradient shard is upcast to the master dtype first (DeepSpeed).
   bool fused_optimizer = false;
-  kernel_profile kernels = kernel_profile::generic;
+  stack_kind stack = stack_kind::pytorch;
+  optimizer_impl optimizer_kind = optimizer_impl::foreach;
 };
 
 namespace train {
@@ -88,12 +106,32 @@ struct fused_optimizer {
   static constexpr void apply(training_desc& t) { t.fused_optimizer = true; }
 };
 
-/// Transient buffers as memalg's runtime allocates them (see kernel_profile); implies a fused
+/// Plan for the training stack `S` (see stack_kind). memalg's own runtime implies a fused
 /// optimizer step.
-struct reference_kernels {
+template <stack_kind S>
+struct stack {
   static constexpr void apply(training_desc& t) {
-    t.kernels = kernel_profile::reference;
-    t.fused_optimizer = true;
+    t.stack = S;
+    if (S == stack_kind::memalg) t.fused_optimizer = true;
+  }
+};
+namespace stacks {
+using pytorch = stack<stack_kind::pytorch>;
+using megatron = stack<stack_kind::megatron>;
+using memalg = stack<stack_kind::memalg>;
+using paper = stack<stack_kind::paper>;
+}  // namespace stacks
+
+/// memalg's runtime: the `memalg` stack.
+using reference_kernels = stacks::memalg;
+
+/// The optimizer implementation (see optimizer_impl); `fused` also skips the DeepSpeed-style
+/// gradient upcast (fused_optimizer).
+template <optimizer_impl I>
+struct optimizer_implementation {
+  static constexpr void apply(training_desc& t) {
+    t.optimizer_kind = I;
+    if (I == optimizer_impl::fused) t.fused_optimizer = true;
   }
 };
 
