@@ -326,6 +326,7 @@ nlohmann::json plan_json(const plan_inputs& in, const plan_result& r) {
   nlohmann::json j;
   j["parameters"] = r.parameters;
   j["fits"] = r.fits;
+  j["stack"] = std::string(stack_name(in.training.stack));
   j["device"] = {{"name", std::string(in.device.name)},
                  {"capacity", in.device.capacity.value},
                  {"usable", r.usable.value}};

@@ -21,6 +21,8 @@ set(_bad_inputs
   "plan --params 7B --offload params"
   "plan --params 7B --ep 3 --dp 4"
   "plan --params 7B --tp 99999999999999999999"
+  "plan --params 7B --stack deepspeed"
+  "plan --params 7B --optimizer-impl vectorized"
   "plan"
   "frobnicate")
 set(_i 0)
@@ -32,6 +34,10 @@ foreach(args IN LISTS _bad_inputs)
   set_tests_properties(cli.bad_input.${_i} PROPERTIES LABELS "host;cli")
 endforeach()
 
+add_test(NAME cli.stack COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
+         "-DARGS=plan --preset gpt2-124m --seq 1024 --stack memalg --json"
+         -DEXPECT=ok "-DMATCH=\"stack\": \"memalg\"" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+set_tests_properties(cli.stack PROPERTIES LABELS "host;cli")
 add_test(NAME cli.help COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=plan --help"
          -DEXPECT=ok -DMATCH=--params -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
 add_test(NAME cli.table COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>

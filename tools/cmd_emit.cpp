@@ -67,7 +67,7 @@ bool same_dtype(const dtype& a, const dtype& b) {
 #define MEMALG_EMIT_SHAPE_FIELDS(X)                                                                                   \
   X(hidden) X(heads) X(kv_heads) X(head_dim) X(ffn) X(vocab) X(in) X(out) X(kernel) X(experts) X(top_k)              \
   X(capacity_factor_percent) X(chunk) X(dropout_permille) X(sequence) X(kv_sequence) X(positions) X(rank)           \
-  X(saved_per_token)
+  X(saved_per_token) X(rotary_dim)
 
 layer_desc known_fields(const layer_desc& l) {
   layer_desc c{};
@@ -102,7 +102,14 @@ std::string flags_expression(std::uint32_t flags) {
       {layer_flags::activation, "activation"},
       {layer_flags::batchnorm, "batchnorm"},
       {layer_flags::moe, "moe"},
-      {layer_flags::vocab_replicated, "vocab_replicated"}};
+      {layer_flags::vocab_replicated, "vocab_replicated"},
+      {layer_flags::rotary, "rotary"},
+      {layer_flags::parallel_residual, "parallel_residual"},
+      {layer_flags::fused_qkv, "fused_qkv"},
+      {layer_flags::gelu_tanh, "gelu_tanh"},
+      {layer_flags::shared_norm, "shared_norm"},
+      {layer_flags::unfused_attention, "unfused_attention"},
+      {layer_flags::residual_dropout, "residual_dropout"}};
   std::string out;
   for (const auto& [bit, name] : names)
     if ((flags & bit) != 0) {
@@ -218,6 +225,25 @@ training_text training_type(const training_desc& t) {
     args += ", memalg::train::offload_activations";
     r.offload_activations = true;
   }
+  switch (t.stack) {
+    case stack_kind::pytorch: break;  // the default
+    case stack_kind::megatron: args += ", memalg::train::stacks::megatron"; break;
+    case stack_kind::memalg: args += ", memalg::train::stacks::memalg"; break;
+    case stack_kind::paper: args += ", memalg::train::stacks::paper"; break;
+  }
+  r.stack = t.stack;
+  if (t.stack == stack_kind::memalg) r.fused_optimizer = true;
+  switch (t.optimizer_kind) {
+    case optimizer_impl::foreach: break;  // the default
+    case optimizer_impl::for_loop:
+      args += ", memalg::train::optimizer_implementation<memalg::optimizer_impl::for_loop>";
+      break;
+    case optimizer_impl::fused:
+      args += ", memalg::train::optimizer_implementation<memalg::optimizer_impl::fused>";
+      r.fused_optimizer = true;
+      break;
+  }
+  r.optimizer_kind = t.optimizer_kind;
   out.text = "using training = memalg::train::recipe<" + args + ">;\n";
   out.rebuilt = r;
   out.ok = true;

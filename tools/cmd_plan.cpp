@@ -13,7 +13,7 @@ int run_plan(const plan_flags& f, bool json) {
     std::cout << plan_json(in, r).dump(2) << "\n";
   } else {
     std::cout << "model: " << r.parameters << " parameters, precision " << in.training.precision.name
-              << ", optimizer " << in.training.optimizer.name << "\n"
+              << ", optimizer " << in.training.optimizer.name << ", stack " << stack_name(in.training.stack) << "\n"
               << "mesh: dp=" << in.mesh.dp << " (ZeRO-" << in.mesh.zero_stage << ") tp=" << in.mesh.tp
               << " pp=" << in.mesh.pp << " ep=" << in.mesh.ep << " world=" << in.mesh.world << "\n\n"
               << breakdown_table(r, in.device) << "\n"

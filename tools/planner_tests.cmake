@@ -84,7 +84,10 @@ set(_emit_cases
   "fits_params|--params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64 --zero 2|fits"
   "fits_llama|--config ${_hf}/llama-2-7b.json --seq 4096 --micro-batch 2 --recompute selective --dp 4 --tp 2 --sp --zero 1|fits"
   "oom_params|--params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64|oom"
-  "oom_mixtral|--config ${_hf}/mixtral-8x7b-v0.1.json --seq 4096 --dp 8 --zero 1 --device h100-80gb|oom")
+  "oom_mixtral|--config ${_hf}/mixtral-8x7b-v0.1.json --seq 4096 --dp 8 --zero 1 --device h100-80gb|oom"
+  "stack_paper|--config ${_hf}/llama-2-7b.json --seq 4096 --micro-batch 1 --recompute selective --dp 4 --zero 1 --stack paper|fits"
+  "stack_memalg|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 4 --stack memalg|fits"
+  "torch_cpu_for_loop|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 2 --precision fp32 --device cpu --optimizer-impl for-loop|fits")
 foreach(case IN LISTS _emit_cases)
   string(REPLACE "|" ";" _parts "${case}")
   list(GET _parts 0 _name)
