@@ -88,6 +88,7 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--kv-heads", kv_heads, "key/value heads (grouped-query / multi-query; default = heads)");
   app.add_option("--ffn", ffn, "MLP width (default 4 x hidden)");
   app.add_option("--vocab", vocab, "vocabulary size");
+  app.add_option("--positions", positions, "learned position embedding of N positions (default: none, or the preset's)");
   app.add_flag("--swiglu", swiglu, "SwiGLU (gated) MLP instead of GeLU");
   app.add_flag("--untied", untied, "output layer not tied to the token embedding");
   app.add_flag("--no-bias", no_bias, "linear layers and norms without biases");
@@ -135,7 +136,7 @@ std::uint64_t suffix_count(std::string_view text, std::string_view prefix, std::
 /// Flags that describe the layers' shapes (a config.json describes them itself).
 bool layer_shape_given(const plan_flags& f) {
   return !f.layers.empty() || !f.hidden.empty() || !f.heads.empty() || !f.kv_heads.empty() || !f.ffn.empty() ||
-         !f.vocab.empty() || f.swiglu || f.untied || f.no_bias || !f.norm.empty() || !f.dropout.empty();
+         !f.vocab.empty() || !f.positions.empty() || f.swiglu || f.untied || f.no_bias || !f.norm.empty() || !f.dropout.empty();
 }
 
 /// --attention: naive (Hugging Face "eager", the scores saved) or flash (SDPA / FlashAttention).
@@ -190,6 +191,7 @@ model_desc layer_model(const plan_flags& f) {
   if (!f.kv_heads.empty()) c.kv_heads = parse_positive(f.kv_heads, "--kv-heads");
   if (!f.ffn.empty()) c.ffn = parse_positive(f.ffn, "--ffn");
   if (!f.vocab.empty()) c.vocab = parse_positive(f.vocab, "--vocab");
+  if (!f.positions.empty()) c.positions = parse_positive(f.positions, "--positions");
   if (f.swiglu) c.gated = true;
   if (f.untied) c.tied = false;
   if (f.no_bias) c.bias = false;
@@ -201,7 +203,8 @@ model_desc layer_model(const plan_flags& f) {
   if (!f.attention.empty()) c.flash = parse_flash(f.attention);
   if (!f.dropout.empty()) c.dropout_permille = parse_dropout_permille(f.dropout);
   if (c.hidden % c.heads != 0) throw usage_error("--heads must divide --hidden (the head width is hidden / heads)");
-  if (c.hidden > (1ULL << 24) || c.ffn > (1ULL << 28) || c.vocab > (1ULL << 32) || c.layers > (1ULL << 24))
+  if (c.hidden > (1ULL << 24) || c.ffn > (1ULL << 28) || c.vocab > (1ULL << 32) || c.layers > (1ULL << 24) ||
+      c.positions > (1ULL << 32))
     throw usage_error("a layer dimension is larger than any model");
   return transformer_lm(c);
 }

@@ -46,6 +46,7 @@ struct plan_flags {
   std::string preset;
   std::string config;  ///< a Hugging Face config.json (tools/hf_config.cpp)
   std::string layers, hidden, heads, kv_heads, ffn, vocab;
+  std::string positions;  ///< learned position embedding of this many positions
   bool swiglu = false;
   bool untied = false;
   bool no_bias = false;

@@ -185,3 +185,95 @@ TEST_CASE("the paper accounting is not a bound for PyTorch: the pytorch stack is
   CHECK(under >= 20);
   CHECK(far_under >= 5);
 }
+
+namespace {
+
+const json& megatron_golden() {
+  static const json j = [] {
+    std::ifstream in(std::string(MEMALG_SOURCE_DIR) + "/bench/megatron/golden.json");
+    REQUIRE_MESSAGE(in.good(), "bench/megatron/golden.json is missing");
+    return json::parse(in);
+  }();
+  return j;
+}
+
+/// The `memalg plan` flags of a reconstructed Megatron-LM functional test (bench/megatron/README.md):
+/// its model, its batch and mesh, Megatron's defaults where the test sets nothing (LayerNorm, GeLU,
+/// biases, learned positions, hidden dropout 0.1, the padded vocabulary), bf16 with fp32 main
+/// parameters (amp-bf16), Adam, the distributed optimizer as ZeRO-1.
+plan_flags flags_of_megatron(const json& c) {
+  const json& d = c["derived"];
+  const auto str = [&](const char* k) { return std::to_string(d[k].get<std::uint64_t>()); };
+  plan_flags f{};
+  f.stack = "megatron";
+  f.layers = str("num_layers");
+  f.hidden = str("hidden");
+  f.heads = str("heads");
+  f.kv_heads = str("kv_heads");
+  f.ffn = str("ffn");
+  f.vocab = std::to_string(d["vocab"]["padded"].get<std::uint64_t>());
+  f.positions = str("max_position_embeddings");
+  f.untied = !d["tied_embeddings"].get<bool>();
+  f.seq = str("seq_length");
+  f.micro_batch = str("micro_batch");
+  f.grad_accum = str("grad_accum");
+  f.precision = "amp-bf16";
+  f.optimizer = "adam";
+  f.tp = str("tp");
+  f.pp = str("pp");
+  f.dp = str("dp");
+  f.zero = d["distributed_optimizer"].get<bool>() ? "1" : "0";
+  if (!d["vp"].is_null()) f.pp_schedule = "interleaved:" + std::to_string(d["vp"].get<std::uint64_t>());
+  if (d["recompute"].is_object()) {
+    REQUIRE(d["recompute"]["granularity"] == "full");
+    REQUIRE(d["recompute"]["method"] == "uniform");
+    f.recompute = "every:" + std::to_string(d["recompute"]["num_layers"].get<std::uint64_t>());
+  }
+  f.dropout = "0.1";
+  REQUIRE(d["dropout"]["hidden"].get<double>() == 0.1);
+  f.attention = "flash";
+  f.device = "h100-80gb";
+  return f;
+}
+
+/// A golden series' value at its last iteration (the series is flat from iteration 2 on).
+std::uint64_t golden_last(const json& c, const char* metric) {
+  const json& values = c["golden"][metric]["values"];
+  long last = -1;
+  std::uint64_t v = 0;
+  for (const auto& [iteration, value] : values.items())
+    if (value.is_number() && std::stol(iteration) > last) {
+      last = std::stol(iteration);
+      v = static_cast<std::uint64_t>(value.get<double>());
+    }
+  REQUIRE(last >= 2);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the megatron stack reproduces Megatron-LM's measured memory (golden values) within 3 %") {
+  // The logging rank is the last pipeline stage; its peak against mem-max-allocated-bytes, its
+  // steady state against mem-allocated-bytes (both allocated bytes: the reserve is not in them).
+  std::size_t both = 0, cases = 0;
+  for (const json& c : megatron_golden()["cases"]) {
+    const std::string name = c["name"].get<std::string>();
+    CAPTURE(name);
+    const plan_inputs in = make_inputs(flags_of_megatron(c));
+    REQUIRE(in.training.stack == stack_kind::megatron);
+    const timeline tl = stage_timeline(in.model, in.training, in.mesh, in.device, in.mesh.pp - 1);
+    const std::uint64_t reserve = in.device.reserve.value;
+    const std::uint64_t peak = tl.peak().total().value - reserve;
+    const std::uint64_t steady = tl.at[static_cast<std::size_t>(phase::steady)].total().value - reserve;
+    const double e_peak = relative(peak, golden_last(c, "mem-max-allocated-bytes"));
+    const double e_steady = relative(steady, golden_last(c, "mem-allocated-bytes"));
+    CAPTURE(e_peak);
+    CAPTURE(e_steady);
+    CHECK(std::abs(e_peak) <= 0.03);
+    MESSAGE(name << ": peak " << e_peak * 100 << " %, steady " << e_steady * 100 << " %");
+    both += std::abs(e_peak) <= 0.03 && std::abs(e_steady) <= 0.03 ? 1 : 0;
+    ++cases;
+  }
+  CHECK(cases >= 3);
+  CHECK(both >= 2);
+}

@@ -33,6 +33,10 @@ struct device_desc {
   /// The host's CPU rather than an accelerator: the pytorch stack then follows PyTorch's CPU
   /// kernels (dropout keeps its noise in the input's dtype, SDPA with dropout takes the math path).
   bool host = false;
+  /// One cuBLAS workspace as PyTorch and Transformer Engine allocate it from the caching allocator
+  /// (torch's CUBLAS_WORKSPACE_CONFIG default: 32 MiB from Hopper on, 8 MiB + 128 KiB before); a
+  /// stack that runs several handles keeps several (the megatron stack: timeline.hpp).
+  bytes blas_workspace{};
 
   /// floor(capacity × cap): the most this process may hold, reserve included.
   constexpr bytes limit() const {
@@ -60,19 +64,26 @@ constexpr bytes default_reserve(bool large_chip, bool hopper_or_later) {
   return (large_chip ? 512_MiB : 384_MiB) + (hopper_or_later ? 32_MiB : 4_MiB);
 }
 
+/// A GPU of the catalog: its reserve and its cuBLAS workspace.
+constexpr device_desc gpu(std::string_view name, bytes capacity, bool large_chip, bool hopper_or_later) {
+  device_desc d{name, capacity, default_reserve(large_chip, hopper_or_later)};
+  d.blas_workspace = hopper_or_later ? 32_MiB : 8_MiB + 128_KiB;
+  return d;
+}
+
 // nvidia-smi totals (MiB) as printed by the boards' drivers; MI300X from rocm-smi (bytes).
-struct v100_16gb { static constexpr device_desc value{"v100-16gb", 16160_MiB, default_reserve(false, false)}; };
-struct v100_32gb { static constexpr device_desc value{"v100-32gb", 32510_MiB, default_reserve(false, false)}; };
-struct a100_40gb { static constexpr device_desc value{"a100-40gb", 40960_MiB, default_reserve(true, false)}; };
-struct a100_80gb { static constexpr device_desc value{"a100-80gb", 81920_MiB, default_reserve(true, false)}; };
-struct h100_80gb { static constexpr device_desc value{"h100-80gb", 81559_MiB, default_reserve(true, true)}; };
-struct h200 { static constexpr device_desc value{"h200", 143771_MiB, default_reserve(true, true)}; };
-struct b200 { static constexpr device_desc value{"b200", 183359_MiB, default_reserve(true, true)}; };
-struct l4 { static constexpr device_desc value{"l4", 23034_MiB, default_reserve(false, false)}; };
-struct l40s { static constexpr device_desc value{"l40s", 46068_MiB, default_reserve(true, false)}; };
-struct rtx3090 { static constexpr device_desc value{"rtx3090", 24576_MiB, default_reserve(false, false)}; };
-struct rtx4090 { static constexpr device_desc value{"rtx4090", 24564_MiB, default_reserve(true, false)}; };
-struct mi300x { static constexpr device_desc value{"mi300x", bytes{205'822'885'888}, default_reserve(true, true)}; };
+struct v100_16gb { static constexpr device_desc value = gpu("v100-16gb", 16160_MiB, false, false); };
+struct v100_32gb { static constexpr device_desc value = gpu("v100-32gb", 32510_MiB, false, false); };
+struct a100_40gb { static constexpr device_desc value = gpu("a100-40gb", 40960_MiB, true, false); };
+struct a100_80gb { static constexpr device_desc value = gpu("a100-80gb", 81920_MiB, true, false); };
+struct h100_80gb { static constexpr device_desc value = gpu("h100-80gb", 81559_MiB, true, true); };
+struct h200 { static constexpr device_desc value = gpu("h200", 143771_MiB, true, true); };
+struct b200 { static constexpr device_desc value = gpu("b200", 183359_MiB, true, true); };
+struct l4 { static constexpr device_desc value = gpu("l4", 23034_MiB, false, false); };
+struct l40s { static constexpr device_desc value = gpu("l40s", 46068_MiB, true, false); };
+struct rtx3090 { static constexpr device_desc value = gpu("rtx3090", 24576_MiB, false, false); };
+struct rtx4090 { static constexpr device_desc value = gpu("rtx4090", 24564_MiB, true, false); };
+struct mi300x { static constexpr device_desc value = gpu("mi300x", bytes{205'822'885'888}, true, true); };
 /// The host CPU, as PyTorch's CPU tensors use it: no runtime reserve (no CUDA context); the
 /// capacity is a nominal 256 GiB (cap it with `capped` or --memory-cap to the machine's memory).
 /// bench/torch measures its ground truth here.

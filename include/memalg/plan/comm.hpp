@@ -169,8 +169,8 @@ constexpr entry_traffic traffic_of(const layer_desc& l, const training_desc& t, 
   e.gathered_dense = storage_bytes(wdt, r.dense);
   e.gathered_expert = storage_bytes(wdt, r.expert);
   if (l.trainable) {
-    e.grad_dense = storage_bytes(p.gradients, r.dense);
-    e.grad_expert = storage_bytes(p.gradients, r.expert);
+    e.grad_dense = storage_bytes(gradient_dtype(t), r.dense);
+    e.grad_expert = storage_bytes(gradient_dtype(t), r.expert);
     e.weight_dense = e.gathered_dense;
     e.weight_expert = e.gathered_expert;
   }

@@ -77,6 +77,15 @@ constexpr rank_elements elements_per_rank(const layer_desc& l, const mesh_desc& 
   return r;
 }
 
+/// The dtype gradients are kept in: the policy's, except that Megatron-LM accumulates bf16 models'
+/// gradients in an fp32 `main_grad` buffer (bf16 turns accumulate_allreduce_grads_in_fp32 on:
+/// megatron/training/arguments.py; megatron/core/distributed/param_and_grad_buffer.py).
+constexpr dtype gradient_dtype(const training_desc& t) {
+  if (t.stack == stack_kind::megatron && t.precision.weights == dtypes::bf16 && t.precision.gradients.bits < 32)
+    return dtypes::fp32;
+  return t.precision.gradients;
+}
+
 /// Model states and ZeRO-3 transients of one rank of `stage`.
 struct stage_model_states {
   breakdown device{};
@@ -122,11 +131,11 @@ constexpr stage_model_states model_states(const model_desc& model, const trainin
                               : l.place == placement::spread ? 0
                                                              : e.total();
       s.gathered_weights = max(s.gathered_weights, storage_bytes(wdt, g));
-      if (l.trainable) s.gathered_gradient = max(s.gathered_gradient, storage_bytes(p.gradients, g));
+      if (l.trainable) s.gathered_gradient = max(s.gathered_gradient, storage_bytes(gradient_dtype(t), g));
     }
 
     if (!l.trainable) continue;
-    states.gradients += storage_bytes(p.gradients, shard(e.dense, e.expert, z >= 2)) * n;
+    states.gradients += storage_bytes(gradient_dtype(t), shard(e.dense, e.expert, z >= 2)) * n;
     const std::uint64_t opt_elems = shard(e.dense, e.expert, z >= 1);
     states.master_weights += storage_bytes(p.master_weights, opt_elems) * n;
     const param_shape shape{opt_elems, z >= 1 ? ceil_div(e.matrix, dense_group) : e.matrix,

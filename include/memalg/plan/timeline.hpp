@@ -71,7 +71,7 @@ constexpr step_transients stage_step_transients(const model_desc& model, const t
   const std::uint64_t dense_group = m.dp * m.cp;
   const std::uint64_t expert_group = dense_group / m.ep;
   const bool bucket = m.zero_stage == 2 && dense_group > 1;
-  const bool upcast = !p.master_weights.is_none() && p.gradients.bits < p.master_weights.bits &&
+  const bool upcast = !p.master_weights.is_none() && gradient_dtype(t).bits < p.master_weights.bits &&
                       m.offload == offload_kind::none && !t.fused_optimizer;
   if (!bucket && !upcast) return s;
   for (const layer_desc& l : model) {
@@ -79,7 +79,7 @@ constexpr step_transients stage_step_transients(const model_desc& model, const t
     const std::uint64_t n = instances_on_stage(l, stage, m.pp);
     if (n == 0) continue;
     const rank_elements e = elements_per_rank(l, m);
-    if (bucket) s.gradient_bucket = max(s.gradient_bucket, storage_bytes(p.gradients, e.total()));
+    if (bucket) s.gradient_bucket = max(s.gradient_bucket, storage_bytes(gradient_dtype(t), e.total()));
     if (upcast) {
       const std::uint64_t shard =
           m.zero_stage >= 1 ? ceil_div(e.dense, dense_group) + ceil_div(e.expert, expert_group) : e.total();
@@ -190,6 +190,10 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
     if (m.dp * m.cp > 1 && m.zero_stage <= 1)
       for (breakdown& b : tl.at) b.comm_buffers += s.device.gradients;
   }
+  if (t.stack == stack_kind::megatron)
+    // Three cuBLAS workspaces out of the caching allocator: PyTorch's for the main thread and for
+    // the autograd thread, Transformer Engine's (transformer_engine/pytorch/cpp_extensions/gemm.py).
+    for (breakdown& b : tl.at) b.temporaries += d.blas_workspace * 3;
   tl.host = s.host;
   tl.parameters = s.parameters;
   if (acts != nullptr) {
