@@ -62,6 +62,7 @@ struct plan_flags {
   std::string pp_schedule = "1f1b";  ///< 1f1b|interleaved:V|gpipe
   std::string stack = "pytorch";     ///< pytorch|megatron|memalg|paper
   std::string optimizer_impl = "foreach";  ///< foreach|for-loop|fused
+  std::string stage;  ///< plan: report this pipeline stage instead of the most loaded one
 
   void add_to(CLI::App& app);
 };

@@ -22,6 +22,8 @@ set(_bad_inputs
   "plan --params 7B --ep 3 --dp 4"
   "plan --params 7B --tp 99999999999999999999"
   "plan --params 7B --stack deepspeed"
+  "plan --params 7B --pp 2 --stage 2"
+  "plan --params 7B --stage x"
   "plan --params 7B --optimizer-impl vectorized"
   "plan"
   "frobnicate")

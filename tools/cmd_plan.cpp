@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
 // tools/cmd_plan.cpp — `memalg plan`: the memory of the most loaded rank for one configuration.
 #include <iostream>
+#include <string>
 
 #include "cli.hpp"
 
@@ -8,7 +9,15 @@ namespace memalg::cli {
 
 int run_plan(const plan_flags& f, bool json) {
   const plan_inputs in = make_inputs(f);
-  const plan_result r = evaluate(in.model, in.training, in.mesh, in.device);
+  plan_result r = evaluate(in.model, in.training, in.mesh, in.device);
+  if (!f.stage.empty()) {
+    if (f.stage.empty() || f.stage.size() > 9 || f.stage.find_first_not_of("0123456789") != std::string::npos)
+      throw usage_error("--stage must be a pipeline stage number (0 is the first), not '" + f.stage + "'");
+    const std::uint64_t stage = std::stoull(f.stage);
+    if (stage >= in.mesh.pp)
+      throw usage_error("--stage " + f.stage + " is not a pipeline stage (there are " + std::to_string(in.mesh.pp) + ")");
+    r = evaluate_stage(in.model, in.training, in.mesh, in.device, stage);
+  }
   if (json) {
     std::cout << plan_json(in, r).dump(2) << "\n";
   } else {

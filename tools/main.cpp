@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand("plan", "memory of the most loaded rank for one configuration");
   flags.add_to(*plan);
   plan->add_flag("--json", json, "print one JSON object");
+  plan->add_option("--stage", flags.stage, "report pipeline stage N (0 first) instead of the most loaded one");
   std::string plan_svg;
   plan->add_option("--svg", plan_svg, "also write a stacked-bar chart of the rank's memory to FILE");
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSL-1.0
-"""memalg's default accounting against the measured PyTorch / Hugging Face training steps.
+"""memalg's predictions against the measured PyTorch / Hugging Face training steps.
 
 For every case of `measured.json` this runs
 
     memalg plan --config <config> --seq S --micro-batch B --precision P --optimizer O \
-        --attention flash|naive [--recompute full] [--dp 2 [--zero 3]] --json
+        --attention flash|naive --device cpu --stack STACK [--optimizer-impl for-loop] \
+        [--recompute full] [--dp 2 [--zero 3]] --json
 
-and compares memalg's tensor peak with the measured peak of live tensor bytes. It is today's
-baseline, not a pass/fail test: the exit status is 0 whatever the errors are.
+and compares memalg's tensor peak with the measured peak of live tensor bytes. The stack is the
+default, `pytorch`, unless `--stack` names another (`paper` gives the accounting memalg had before
+the pytorch stack). It is a report, not a pass/fail test (the ctest planner.measured is): the exit
+status is 0 whatever the errors are.
 
 What compares with what
 -----------------------
@@ -37,7 +40,7 @@ with `--config` (the config's dropout fields are read instead: `resid_pdrop`, `a
 
 MB is 10^6 bytes; error is (predicted - measured) / measured.
 
-    python3 bench/torch/compare.py [--measured FILE] [--memalg PATH] [--cases PATTERNS] [--json]
+    python3 bench/torch/compare.py [--stack NAME] [--measured FILE] [--memalg PATH] [--cases PATTERNS] [--json]
 """
 import argparse
 import fnmatch
@@ -74,12 +77,12 @@ def optimizer_flag(case):
     return case["optimizer"]
 
 
-def memalg_args(case, with_dropout=True):
+def memalg_args(case, with_dropout=True, stack="pytorch"):
     """The `memalg plan` arguments of a measured case (without the binary)."""
     args = ["plan", "--config", case["config"], "--seq", str(case["seq"]),
             "--micro-batch", str(case["micro_batch"]), "--precision", PRECISION[case["precision"]],
             "--optimizer", optimizer_flag(case), "--attention", ATTENTION[case["attention"]],
-            "--device", case.get("device", "cpu")]
+            "--device", "cpu", "--stack", stack]
     if not case.get("foreach", True):
         args += ["--optimizer-impl", "for-loop"]
     if case["gradient_checkpointing"]:
@@ -95,16 +98,16 @@ def memalg_args(case, with_dropout=True):
     return args + ["--json"]
 
 
-def run_memalg(case, memalg=DEFAULT_MEMALG):
+def run_memalg(case, memalg=DEFAULT_MEMALG, stack="pytorch"):
     """memalg's JSON plan of a case, the command used, and notes."""
     binary = str(ROOT / memalg) if not Path(memalg).is_absolute() else memalg
     notes = []
-    args = memalg_args(case)
+    args = memalg_args(case, stack=stack)
     proc = subprocess.run([binary] + args, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode == 2 and "--dropout" in args:
         notes.append("--dropout refused with --config (" + proc.stderr.strip().removeprefix("memalg: error: ") +
                      "); dropout taken from the config's fields")
-        args = memalg_args(case, with_dropout=False)
+        args = memalg_args(case, with_dropout=False, stack=stack)
         proc = subprocess.run([binary] + args, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{case['name']}: memalg {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
@@ -135,8 +138,8 @@ def error(pred, meas):
     return None if meas == 0 else (pred - meas) / meas
 
 
-def compare_case(case, memalg=DEFAULT_MEMALG):
-    plan, command, notes = run_memalg(case, memalg)
+def compare_case(case, memalg=DEFAULT_MEMALG, stack="pytorch"):
+    plan, command, notes = run_memalg(case, memalg, stack)
     r = plan["per_rank"]
     reserve = r["reserve"]
     predicted = r["total"] - reserve
@@ -168,8 +171,8 @@ def compare_case(case, memalg=DEFAULT_MEMALG):
     }
 
 
-def compare_all(cases, memalg=DEFAULT_MEMALG):
-    return [compare_case(c, memalg) for c in cases]
+def compare_all(cases, memalg=DEFAULT_MEMALG, stack="pytorch"):
+    return [compare_case(c, memalg, stack) for c in cases]
 
 
 def summary(errors):
@@ -182,7 +185,7 @@ def summary(errors):
 
 
 def pct(x):
-    return "n/a" if x is None else f"{100 * x:+.1f}%"
+    return "n/a" if x is None else f"{100 * x:+.2f}%"
 
 
 def mb(x):
@@ -215,9 +218,10 @@ def main(argv=None):
     ap.add_argument("--memalg", default=DEFAULT_MEMALG, help=f"the memalg binary (default {DEFAULT_MEMALG})")
     ap.add_argument("--cases", help="comma-separated names or shell patterns (default all)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of markdown")
+    ap.add_argument("--stack", default="pytorch", help="memalg's --stack (default pytorch)")
     a = ap.parse_args(argv)
     data, cases = load_cases(a.measured, a.cases)
-    rows = compare_all(cases, a.memalg)
+    rows = compare_all(cases, a.memalg, a.stack)
     stats = {"peak": summary([r["error"] for r in rows]),
              "model_states": summary([r["model_states"]["error"] for r in rows]),
              "everything_else": summary([r["everything_else"]["error"] for r in rows]),
@@ -226,7 +230,8 @@ def main(argv=None):
              "phase_agrees": sum(r["phase_agrees"] for r in rows)}
     if a.json:
         json.dump({"measured": a.measured, "torch": data.get("torch"), "transformers": data.get("transformers"),
-                   "prediction": "per_rank.total - per_rank.reserve", "cases": rows, "summary": stats},
+                   "prediction": "per_rank.total - per_rank.reserve", "stack": a.stack, "cases": rows,
+                   "summary": stats},
                   sys.stdout, indent=1)
         print()
         return 0

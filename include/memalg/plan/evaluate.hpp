@@ -188,6 +188,23 @@ constexpr bytes peak_bytes(const model_desc& model, const training_desc& t, cons
   return peak;
 }
 
+/// The plan of one pipeline stage's ranks instead of the most loaded one (Megatron-LM logs the
+/// last stage; a user may ask for any).
+constexpr plan_result evaluate_stage(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                     const device_desc& d, std::uint64_t stage) {
+  plan_result r{};
+  r.parameters = model.parameters();
+  r.limit = d.limit();
+  r.usable = d.usable();
+  r.most_loaded_stage = stage;
+  r.most_loaded = stage_timeline(model, t, m, d, stage);
+  r.per_rank = r.most_loaded.peak();
+  r.host_per_rank = r.most_loaded.host;
+  r.peak_phase = r.most_loaded.peak_phase();
+  r.fits = r.per_rank.total() <= r.limit;
+  return r;
+}
+
 constexpr plan_result evaluate(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                const device_desc& d) {
   if (!has_activations(model, t)) return detail::evaluate_stages(model, t, m, d, nullptr);

@@ -174,11 +174,12 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   const bool per_entry = acts != nullptr && t.stack == stack_kind::memalg;
   const bool torch = t.stack == stack_kind::pytorch;
   bytes gathered = per_entry ? bytes{} : s.gathered_weights * (1 + m.zero3_prefetch);
-  if (torch && m.zero_stage >= 3) gathered = detail::fsdp_gathered(model, t, m, stage);
+  if (torch && m.zero_stage >= 3 && has_layer_structure(model)) gathered = detail::fsdp_gathered(model, t, m, stage);
   breakdown& fwd = tl.at[static_cast<std::size_t>(phase::forward)];
   breakdown& bwd = tl.at[static_cast<std::size_t>(phase::backward)];
   fwd.temporaries += gathered;
-  bwd.temporaries += gathered + (per_entry || torch ? bytes{} : s.gathered_gradient);
+  // (pytorch with activations: each entry's unsharded gradient in its own moment, activations.hpp)
+  bwd.temporaries += gathered + (per_entry || (torch && acts != nullptr) ? bytes{} : s.gathered_gradient);
   if (torch) {
     // Gradients exist from backward on (the sweep adds them moment by moment) and until the
     // optimizer step has run (zero_grad(set_to_none=True)); a model without activations keeps
