@@ -17,6 +17,7 @@
 #include "memalg/backend/cpu/loss_scaler.hpp"
 #include "memalg/backend/cpu/optimizer.hpp"
 #include "memalg/backend/cpu/rmsnorm.hpp"
+#include "memalg/backend/cpu/rotary.hpp"
 
 #if !defined(MEMALG_NO_MPI) && __has_include(<mpi.h>)
 #include "memalg/backend/cpu/mpi_communicator.hpp"
