@@ -868,6 +868,13 @@ namespace detail {
 /// The largest moment of a sweep so far: its activations, temporaries and communication buffers,
 /// and their sum. (Three counts rather than a breakdown: this runs for every entry of every plan,
 /// and in a constant expression each of a breakdown's eight members is an object of its own.)
+/// One entry's gradients on a rank: what it keeps (the ZeRO-2/3 shard, all instances) and one
+/// instance's full gradient (before an FSDP reduce-scatter).
+struct entry_gradients {
+  bytes shard{};
+  bytes full{};
+};
+
 struct peak_moment {
   bytes activations{};
   bytes temporaries{};
@@ -995,26 +1002,36 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
   // its backward. With accumulation they exist from the first micro-batch's backward on, and each
   // backward adds a new gradient into them.
   const bool torch = t.stack == stack_kind::pytorch;
-  bytes grads[max_model_entries]{};   // per entry on this stage: its gradients (ZeRO-2/3: the shard)
-  bytes unsharded[max_model_entries]{};  // ZeRO-2/3 (FSDP): the entry's full gradient before its reduce-scatter
+  // (Computed entry by entry where needed: arrays of byte counts cost a constant evaluation more
+  // than the arithmetic.)
+  const auto grads_of = [&](std::size_t i) {
+    detail::entry_gradients g{};
+    const layer_desc& l = model.entries[i];
+    if (held[i] == 0 || !l.trainable || l.group == layer_group::teacher) return g;
+    const rank_elements e = elements_per_rank(l, m);
+    const std::uint64_t group = m.dp * m.cp;
+    const std::uint64_t shard =
+        m.zero_stage >= 2 ? detail::ceil_div(e.dense, group) + detail::ceil_div(e.expert, group / m.ep) : e.total();
+    g.shard = storage_bytes(t.precision.gradients, shard) * held[i];
+    g.full = storage_bytes(t.precision.gradients, e.total());
+    return g;
+  };
   bytes all_grads{}, tied_weight_grad{}, tied_grads{};
-  if (torch)
-    for (std::size_t i = 0; i < model.size; ++i) {
-      const layer_desc& l = model.entries[i];
-      if (held[i] == 0 || !l.trainable || l.group == layer_group::teacher) continue;
-      const rank_elements e = elements_per_rank(l, m);
-      const std::uint64_t group = m.dp * m.cp;
-      const std::uint64_t shard = m.zero_stage >= 2 ? detail::ceil_div(e.dense, group) + detail::ceil_div(e.expert, group / m.ep)
-                                                    : e.total();
-      grads[i] = storage_bytes(t.precision.gradients, shard) * held[i];
-      if (m.zero_stage >= 2) unsharded[i] = storage_bytes(t.precision.gradients, e.total());
-      all_grads += grads[i];
-      if (l.kind == layer_kind::embedding && tied_weight_grad == bytes{}) {
-        tied_weight_grad = storage_bytes(t.precision.gradients, e.total());
-        tied_grads = grads[i];
-      }
-    }
-  const bool tied_model = torch && tied_embedding(model) && tied_weight_grad > bytes{};
+  std::size_t tied_entry = model.size;
+  if (torch) {
+    if (t.grad_accum > 1)
+      for (std::size_t i = 0; i < model.size; ++i) all_grads += grads_of(i).shard;
+    if (tied_embedding(model))
+      for (std::size_t i = 0; i < model.size; ++i)
+        if (model.entries[i].kind == layer_kind::embedding && held[i] != 0 && model.entries[i].trainable) {
+          const detail::entry_gradients g = grads_of(i);
+          tied_weight_grad = g.full;
+          tied_grads = g.shard;
+          tied_entry = i;
+          break;
+        }
+  }
+  const bool tied_model = torch && tied_entry < model.size && tied_weight_grad > bytes{};
   const bool accumulating = torch && t.grad_accum > 1;
   const bytes forward_grads = accumulating ? all_grads : bytes{};
   if (offload) out.host = at_end;
@@ -1055,11 +1072,12 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // A tied output projection writes the embedding's gradient (which exists from then on);
         // the embedding's own backward adds its dense gradient to it out of place (two more of
         // its size for a moment).
-        const bool tied_embedding_entry = tied_model && l.kind == layer_kind::embedding && grads[j] == tied_grads;
+        const bool tied_embedding_entry = tied_model && j == tied_entry;
+        const detail::entry_gradients g = grads_of(j);
         if (tied && tied_model) temporary += tied_weight_grad;
         if (tied_embedding_entry) temporary += tied_weight_grad * 2;
-        temporary += unsharded[j];
-        const bytes own = tied_embedding_entry ? bytes{} : grads[j];
+        if (m.zero_stage >= 2) temporary += g.full;  // FSDP: the unit's full gradient before its reduce-scatter
+        const bytes own = tied_embedding_entry ? bytes{} : g.shard;
         // A repeated entry's instances run their backward one after another: the first holds
         // every instance's saved tensors and one instance's gradients, the last one instance's
         // saved tensors and all their gradients; the moments in between lie below one of them.
