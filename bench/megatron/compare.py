@@ -12,7 +12,7 @@ stage) with the golden series: the plan's peak with mem-max-allocated-bytes, its
 mem-allocated-bytes. Both golden figures are allocated bytes of PyTorch's caching allocator, so the
 device's runtime reserve (the CUDA context) is left out of the prediction.
 
-    python3 bench/megatron/compare.py [--memalg build/tools/memalg] [--json]
+    python3 bench/megatron/compare.py [--stack NAME] [--memalg build/tools/memalg] [--json]
 """
 import argparse
 import json
@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def flags(case):
+def flags(case, stack="megatron"):
     d = case["derived"]
-    f = ["plan", "--stack", "megatron",
+    f = ["plan", "--stack", stack,
          "--layers", str(d["num_layers"]), "--hidden", str(d["hidden"]), "--heads", str(d["heads"]),
          "--kv-heads", str(d["kv_heads"]), "--ffn", str(d["ffn"]), "--vocab", str(d["vocab"]["padded"]),
          "--positions", str(d["max_position_embeddings"]),
@@ -54,12 +54,13 @@ def main():
     ap.add_argument("--memalg", default="build/tools/memalg")
     ap.add_argument("--golden", default="bench/megatron/golden.json")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--stack", default="megatron", help="memalg's --stack (default megatron)")
     args = ap.parse_args()
     golden = json.loads((ROOT / args.golden).read_text())
     binary = args.memalg if Path(args.memalg).is_absolute() else str(ROOT / args.memalg)
     rows = []
     for case in golden["cases"]:
-        argv = flags(case)
+        argv = flags(case, args.stack)
         proc = subprocess.run([binary] + argv, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit("%s: memalg %s failed: %s" % (case["name"], " ".join(argv), proc.stderr.strip()))
