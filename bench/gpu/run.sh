@@ -14,7 +14,8 @@
 #   3. trains the GPT-2 124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for
 #      MEMALG_BENCH_STEPS steps (default 40) and the tiny fp32 plan, with --json;
 #   3b. runs the PyTorch ground-truth harness (bench/torch/measure.py) on CUDA tensors, capped at
-#      2 minutes ($OUT/measured_cuda.json);
+#      2 minutes ($OUT/measured_cuda.json), and sets the pytorch stack's plans beside it
+#      ($OUT/compare_cuda.md);
 #   4. prints one table: tokens/s, MFU, predicted vs measured arena, predicted vs measured device
 #      peak, and every overhead layer (also $OUT/summary.md and $OUT/summary.json).
 # Budget: under 8 minutes on one H200 (each stage has its own timeout; MEMALG_BENCH_BUILD_TIMEOUT
@@ -99,6 +100,8 @@ stage configure 180 "$out/configure.log" \
   { log "configure failed: see $out/configure.log"; tail -30 "$out/configure.log"; exit 1; }
 targets=$(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\(memalg_device_[a-z_0-9]*\): phony$/\1/p' | sort -u)
 targets="$targets train_gpt_cuda"
+# The planner's tool, for stage 3b's comparison, where its dependencies were found.
+ninja -C "$build" -t targets all 2>/dev/null | grep -q '^memalg_tool: ' && targets="$targets memalg_tool"
 log "targets: $(echo $targets)"
 stage build "${MEMALG_BENCH_BUILD_TIMEOUT:-330}" "$out/build.log" cmake --build "$build" -j "$jobs" --target $targets ||
   { log "build failed: see $out/build.log"; grep -m 20 -B2 -A8 'error' "$out/build.log"; }
@@ -122,6 +125,10 @@ stage "train tiny-fp32 (50 steps)" 60 "$out/tiny-fp32.log" \
 stage "torch harness on CUDA (quick subset)" 120 "$out/torch-cuda.log" \
   env HF_HUB_OFFLINE=1 python3 bench/torch/measure.py --device cuda --quick --out "$out/measured_cuda.json"
 tail -25 "$out/torch-cuda.log"
+if [[ -s $out/measured_cuda.json && -x $build/tools/memalg ]]; then  # the pytorch stack's plan of each case on this GPU
+  python3 bench/torch/compare_cuda.py "$out/measured_cuda.json" --device h200 --memalg "$build/tools/memalg" \
+    | tee "$out/compare_cuda.md" || echo "compare_cuda.py failed (see above)"
+fi
 
 # ---- 4. the table --------------------------------------------------------------------------------
 python3 - "$out" <<'PY' | tee "$out/summary.md"
