@@ -133,8 +133,9 @@ constexpr std::uint64_t largest_tensor(const layer_desc& l) {
 constexpr bytes torch_optimizer_temporaries(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                             std::uint64_t stage) {
   const optimizer_kind k = t.optimizer.kind;
+  // (With the optimizer offloaded its step runs on the host, with its temporaries there.)
   if (t.optimizer_kind == optimizer_impl::fused || k == optimizer_kind::sgd || k == optimizer_kind::momentum ||
-      k == optimizer_kind::adam8bit)
+      k == optimizer_kind::adam8bit || m.offload != offload_kind::none)
     return bytes{};
   const dtype state = t.optimizer.state_dtype.is_none() ? t.precision.optimizer_states : t.optimizer.state_dtype;
   const std::uint64_t group = m.dp * m.cp;
@@ -185,7 +186,7 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
     // optimizer step has run (zero_grad(set_to_none=True)); a model without activations keeps
     // them for its backward.
     tl.at[static_cast<std::size_t>(phase::steady)].gradients = bytes{};
-    fwd.gradients = bytes{};
+    if (acts != nullptr || t.grad_accum == 1) fwd.gradients = bytes{};  // accumulating: from the first backward on
     if (acts != nullptr) bwd.gradients = bytes{};
     // DDP (and ZeroRedundancyOptimizer over it): flat gradient buckets, resident.
     if (m.dp * m.cp > 1 && m.zero_stage <= 1)

@@ -101,9 +101,13 @@ struct every {
 };
 }  // namespace recompute
 
-/// The optimizer step needs no upcast copy of the gradients (a fused optimizer).
+/// The optimizer step needs no upcast copy of the gradients and no temporaries (a fused optimizer:
+/// Apex / DeepSpeed FusedAdam, torch's `fused=True`).
 struct fused_optimizer {
-  static constexpr void apply(training_desc& t) { t.fused_optimizer = true; }
+  static constexpr void apply(training_desc& t) {
+    t.fused_optimizer = true;
+    t.optimizer_kind = optimizer_impl::fused;
+  }
 };
 
 /// Plan for the training stack `S` (see stack_kind). memalg's own runtime implies a fused
