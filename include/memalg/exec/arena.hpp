@@ -13,7 +13,7 @@
 // live bytes, with no fragmentation. Every push and pop is recorded: `high_water()` is the
 // measured peak of everything the executor holds, which the tests compare with the plan's
 // prediction. A push beyond the arena throws (the plan under-predicted); a pop out of order throws
-// (the executor broke the LIFO discipline).
+// (the executor broke the LIFO discipline). The bookkeeping itself lives in exec/arena_layout.hpp.
 //
 // Tensors are aligned to `alignment` bytes; sizes that are multiples of it waste nothing, so the
 // measured figures equal the plan's exactly (the executor refuses shapes that would pad).
@@ -23,18 +23,12 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <stdexcept>
-#include <string>
 #include <string_view>
-#include <vector>
 
+#include "memalg/exec/arena_layout.hpp"
 #include "memalg/plan/breakdown.hpp"
 
 namespace memalg::exec {
-
-struct arena_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 /// A typed view into the arena.
 template <class T>
@@ -47,82 +41,55 @@ struct tensor_ref {
   T& operator[](std::size_t i) const { return data[i]; }
 };
 
+/// The bookkeeping is `arena_layout`'s; this class adds the memory and the typed views.
 class arena {
  public:
-  static constexpr std::size_t alignment = 16;
+  static constexpr std::size_t alignment = arena_layout::alignment;
 
-  enum class side { saved, transient };
+  using side = arena_layout::side;
 
   /// `persistent` + `stack` bytes, allocated once.
   arena(std::size_t persistent, std::size_t stack)
-      : persistent_capacity_(persistent),
-        capacity_(persistent + stack),
-        memory_(static_cast<std::byte*>(::operator new(capacity_ == 0 ? 1 : capacity_, std::align_val_t{alignment}))),
-        saved_top_(persistent),
-        transient_bottom_(capacity_) {}
+      : layout_(persistent, stack),
+        memory_(static_cast<std::byte*>(
+            ::operator new(layout_.capacity() == 0 ? 1 : layout_.capacity(), std::align_val_t{alignment}))) {}
   /// The same bookkeeping over `persistent` + `stack` bytes at `memory`, which the caller owns
   /// (the CUDA runtime passes its one device allocation; tensor_ref::data then points into device
   /// memory and must not be dereferenced on the host). `memory` must be aligned to `alignment`.
   arena(std::byte* memory, std::size_t persistent, std::size_t stack)
-      : persistent_capacity_(persistent),
-        capacity_(persistent + stack),
-        memory_(memory),
-        owns_memory_(false),
-        saved_top_(persistent),
-        transient_bottom_(capacity_) {}
+      : layout_(persistent, stack), memory_(memory), owns_memory_(false) {}
   ~arena() {
     if (owns_memory_) ::operator delete(memory_, std::align_val_t{alignment});
   }
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
 
-  std::size_t capacity() const { return capacity_; }
-  std::size_t persistent_used() const { return persistent_top_; }
+  std::size_t capacity() const { return layout_.capacity(); }
+  std::size_t persistent_used() const { return layout_.persistent_used(); }
   /// Measured peak: persistent bytes + the highest the stack ever reached.
-  std::size_t high_water() const { return high_water_; }
-  std::size_t live() const {
-    return persistent_top_ + (saved_top_ - persistent_capacity_) + (capacity_ - transient_bottom_);
-  }
-  const breakdown& by_category() const { return by_category_; }
-  const breakdown& peak_by_category() const { return peak_by_category_; }
+  std::size_t high_water() const { return layout_.high_water(); }
+  std::size_t live() const { return layout_.live(); }
+  const breakdown& by_category() const { return layout_.by_category(); }
+  const breakdown& peak_by_category() const { return layout_.peak_by_category(); }
   /// The tensor whose allocation set the high-water mark (for reports).
-  std::string_view peak_tensor() const { return peak_tensor_; }
+  std::string_view peak_tensor() const { return layout_.peak_tensor(); }
+
+  /// The offsets, stacks and peaks, and the trace when enabled.
+  const arena_layout& layout() const { return layout_; }
+  /// Record every push and pop from now on (tests compare this with the step program's trace).
+  void enable_trace() { layout_.enable_trace(); }
 
   /// A tensor that lives for the whole run (weights, gradients, states).
   template <class T>
   tensor_ref<T> persistent(std::string_view name, std::size_t count, category c) {
-    const std::size_t size = checked_size<T>(name, count);
-    if (size > persistent_capacity_ - persistent_top_)
-      throw arena_error("arena: persistent tensor '" + std::string(name) + "' (" + std::to_string(size) +
-                        " bytes) does not fit the planned persistent region of " +
-                        std::to_string(persistent_capacity_) + " bytes");
-    tensor_ref<T> t{reinterpret_cast<T*>(memory_ + persistent_top_), count, persistent_top_};
-    persistent_top_ += size;
-    by_category_[c] += bytes{size};
-    note_peak(name);
-    return t;
+    const std::size_t offset = layout_.persistent(name, arena_layout::checked_bytes(name, count, sizeof(T)), c);
+    return tensor_ref<T>{reinterpret_cast<T*>(memory_ + offset), count, offset};
   }
 
   /// A tensor with a LIFO lifetime on one side; release with `pop` in reverse order of that side.
   template <class T>
   tensor_ref<T> push(std::string_view name, std::size_t count, category c, side where = side::saved) {
-    const std::size_t size = checked_size<T>(name, count);
-    if (size > transient_bottom_ - saved_top_)
-      throw arena_error("arena: '" + std::string(name) + "' (" + std::to_string(size) +
-                        " bytes) exceeds the planned arena of " + std::to_string(capacity_) +
-                        " bytes: the plan under-predicts this step");
-    std::size_t offset = 0;
-    if (where == side::saved) {
-      offset = saved_top_;
-      saved_top_ += size;
-      saved_.push_back({offset, size, c});
-    } else {
-      transient_bottom_ -= size;
-      offset = transient_bottom_;
-      transient_.push_back({offset, size, c});
-    }
-    by_category_[c] += bytes{size};
-    note_peak(name);
+    const std::size_t offset = layout_.push(name, arena_layout::checked_bytes(name, count, sizeof(T)), c, where);
     return tensor_ref<T>{reinterpret_cast<T*>(memory_ + offset), count, offset};
   }
   template <class T>
@@ -131,62 +98,17 @@ class arena {
   }
   template <class T>
   void pop(const tensor_ref<T>& t) {
-    std::vector<entry>& stack = t.offset >= transient_bottom_ && t.offset < capacity_ && !transient_.empty() &&
-                                        t.offset == transient_.back().offset
-                                    ? transient_
-                                    : saved_;
-    if (stack.empty() || stack.back().offset != t.offset)
-      throw arena_error("arena: tensors must be released in reverse order of allocation");
-    by_category_[stack.back().cat] -= bytes{stack.back().size};
-    if (&stack == &saved_)
-      saved_top_ = stack.back().offset;
-    else
-      transient_bottom_ = stack.back().offset + stack.back().size;
-    stack.pop_back();
+    layout_.pop(t.offset);
   }
-  std::size_t stack_depth() const { return saved_.size() + transient_.size(); }
+  std::size_t stack_depth() const { return layout_.stack_depth(); }
 
   /// Forget the recorded peaks (e.g. after a warm-up step).
-  void reset_peak() {
-    high_water_ = live();
-    peak_by_category_ = by_category_;
-  }
+  void reset_peak() { layout_.reset_peak(); }
 
  private:
-  struct entry {
-    std::size_t offset, size;
-    category cat;
-  };
-  template <class T>
-  static std::size_t checked_size(std::string_view name, std::size_t count) {
-    if (count > (~std::size_t{0}) / sizeof(T)) throw arena_error("arena: size of '" + std::string(name) + "' overflows");
-    const std::size_t size = count * sizeof(T);
-    if (size % alignment != 0)
-      throw arena_error("arena: '" + std::string(name) + "' is " + std::to_string(size) + " bytes, not a multiple of " +
-                        std::to_string(alignment) + ": choose shapes whose tensors need no padding");
-    return size;
-  }
-  void note_peak(std::string_view name) {
-    if (live() > high_water_) {
-      high_water_ = live();
-      peak_by_category_ = by_category_;
-      peak_tensor_ = name;
-    }
-  }
-
-  std::size_t persistent_capacity_;
-  std::size_t capacity_;
+  arena_layout layout_;
   std::byte* memory_;
   bool owns_memory_ = true;
-  std::size_t persistent_top_ = 0;
-  std::size_t saved_top_;
-  std::size_t transient_bottom_;
-  std::size_t high_water_ = 0;
-  std::vector<entry> saved_;
-  std::vector<entry> transient_;
-  breakdown by_category_{};
-  breakdown peak_by_category_{};
-  std::string_view peak_tensor_{};
 };
 
 }  // namespace memalg::exec

@@ -57,38 +57,11 @@
 #include "memalg/exec/arena.hpp"
 #include "memalg/exec/checkpoint.hpp"
 #include "memalg/exec/communicator.hpp"
+#include "memalg/exec/config.hpp"
 #include "memalg/exec/gpt_layout.hpp"
 #include "memalg/train/recipe.hpp"
 
 namespace memalg::exec {
-
-/// Everything the trainer needs to know, as runtime values (built from a plan by gpt_run.hpp).
-struct gpt_config {
-  // model
-  std::size_t vocab = 256, positions = 64, hidden = 64, layers = 2, heads = 4, ffn = 256;
-  bool flash = false;
-  float dropout = 0.0f;
-  // batch
-  std::size_t micro_batch = 4, sequence = 64, grad_accum = 1;
-  recompute_kind recompute = recompute_kind::none;
-  std::size_t recompute_every = 1;
-  // mesh
-  std::size_t dp = 1, tp = 1;
-  int zero_stage = 0;
-  // precision and optimizer
-  bool master_weights = false;  ///< fp32 master copy (mixed precision)
-  bool loss_scaling = false;    ///< dynamic loss scaling (fp16)
-  optimizer_kind optimizer = optimizer_kind::adamw;
-  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float max_grad_norm = 1.0f;  ///< ≤ 0: no clipping
-  std::uint64_t seed = 1;
-};
-
-/// Arena sizes the plan predicts (persistent model states; saved + transient peak).
-struct arena_sizes {
-  std::size_t persistent = 0;
-  std::size_t stack = 0;
-};
 
 template <storage_type T, class Comm>
 class gpt_trainer {
