@@ -607,7 +607,9 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
     case layer_kind::position_embedding:
       // Backward needs only the token ids (ignored: 4–8 bytes per token) and the arriving gradient
       // (memalg's runtime still holds both of its gradient buffers there).
-      r.backward_temporary = c.reference() ? gradients : hidden_input;
+      // memalg's runtime also keeps the embeddings' output (the first residual) until its
+      // embedding backward has run (exec/gpt_trainer.hpp pops it last).
+      r.backward_temporary = c.reference() ? gradients + hidden_input : hidden_input;
       break;
     case layer_kind::layernorm:
     case layer_kind::rmsnorm:
@@ -799,6 +801,19 @@ constexpr activation_table activation_table_of(const model_desc& model, const ac
     }
   }
   table.size = model.size;
+  if (c.reference()) {
+    // memalg's runtime keeps the embeddings' dropout mask until the embedding backward too.
+    bytes mask{};
+    for (std::size_t i = 0; i < model.size; ++i) {
+      const layer_desc& l = model.entries[i];
+      if (l.kind == layer_kind::transformer_block) break;
+      if (l.kind == layer_kind::dropout && table.entries[i].backward) mask += table.entries[i].saved;
+    }
+    for (std::size_t i = 0; i < model.size; ++i) {
+      const layer_kind k = model.entries[i].kind;
+      if (k == layer_kind::embedding || k == layer_kind::position_embedding) table.entries[i].backward_temporary += mask;
+    }
+  }
   if (c.pytorch()) {
     // Tensors of the whole model that every block's backward reads: rotary embeddings' cos and
     // sin (one sequence, broadcast over the batch), and under checkpointing the materialised
@@ -912,8 +927,21 @@ constexpr unit_transients entry_unit_transients(const model_desc& model, const l
   if (l.kind == layer_kind::output && (l.shape.flags & layer_flags::tied) != 0)
     for (const layer_desc& e : model)
       if (e.kind == layer_kind::embedding) owner = &e;
-  const std::uint64_t elements = elements_per_rank(*owner, m).total();
   const precision_policy& p = t.precision;
+  if (l.kind == layer_kind::embedding || l.kind == layer_kind::position_embedding) {
+    // The runtime runs the token and position embeddings as one unit pair: forward gathers both
+    // (ZeRO-3), backward holds both unsharded gradients at once and gathers nothing
+    // (exec/gpt_trainer.hpp: embedding_backward). So either entry's moment holds both.
+    for (const layer_desc& e : model) {
+      if (e.kind != layer_kind::embedding && e.kind != layer_kind::position_embedding) continue;
+      const std::uint64_t n = elements_per_rank(e, m).total();
+      const dtype wdt = e.weight_storage.is_none() ? p.weights : e.weight_storage;
+      if (m.zero_stage >= 3) u.forward += storage_bytes(wdt, n) * (1 + m.zero3_prefetch);
+      if (e.trainable) u.backward += storage_bytes(p.gradients, n);
+    }
+    return u;
+  }
+  const std::uint64_t elements = elements_per_rank(*owner, m).total();
   const dtype wdt = owner->weight_storage.is_none() ? p.weights : owner->weight_storage;
   const bytes gathered = m.zero_stage >= 3 ? storage_bytes(wdt, elements) * (1 + m.zero3_prefetch) : bytes{};
   u.forward = gathered;

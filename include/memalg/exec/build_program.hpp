@@ -1,0 +1,624 @@
+// SPDX-License-Identifier: BSL-1.0
+// memalg/exec/build_program.hpp — lowers a GPT-2 training step to a step program, on the host.
+//
+// `build_program(cfg, sizes, rank)` issues, through an `arena_layout` of the plan's capacities,
+// exactly the pushes and pops `gpt_trainer` (exec/gpt_trainer.hpp) performs — its construction's
+// persistent tensors, then one step: forward, loss, backward with recomputation none / selective /
+// full / every-K, dropout masks, naive or flash attention, ZeRO-3 gathers and ZeRO-2/3 unsharded
+// gradient buffers — and emits the ops in the same order. The step is a pure function of the
+// configuration (nothing in the arena depends on data), so the program's offsets, high-water mark
+// and peak by category are the trainer's, obtained without running a kernel; a push past the
+// plan or a pop out of order throws arena_error here, at build time.
+//
+// The one reordering: ZeRO-0/1 gradient reductions, which the trainer runs after all
+// micro-batches, are emitted in `micro` with when::last_micro right after each unit's last
+// backward (nothing touches the buffer afterwards and the reduction is elementwise, so the result
+// is the same; a backend may overlap them with the rest of backward).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "memalg/exec/arena_layout.hpp"
+#include "memalg/exec/config.hpp"
+#include "memalg/exec/gpt_layout.hpp"
+#include "memalg/exec/program.hpp"
+
+namespace memalg::exec {
+
+struct program_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+/// This rank's place in the mesh (data- and tensor-parallel rank).
+struct rank_coords {
+  std::size_t dp = 0, tp = 0;
+};
+
+/// The storage type gpt_run picks for a configuration: fp16 with loss scaling, bf16 with master
+/// weights, fp32 otherwise.
+constexpr elem default_storage(const gpt_config& c) {
+  return c.loss_scaling ? elem::f16 : c.master_weights ? elem::bf16 : elem::f32;
+}
+
+namespace detail {
+
+/// Mirrors gpt_trainer's structure function by function, emitting ops where it runs kernels.
+class gpt_lowering {
+  using side = arena_layout::side;
+
+ public:
+  gpt_lowering(const gpt_config& c, arena_sizes sizes, rank_coords r, elem storage)
+      : c_(c), r_(r), T_(storage), layout_(sizes.persistent, sizes.stack) {
+    p_.storage = T_;
+    p_.accum = A_;
+    p_.sizes = sizes;
+  }
+
+  program build() {
+    validate();
+    build_units();
+    allocate_states();
+    layout_.enable_trace();
+    section_ = &p_.step_begin;
+    for (unit& u : units_) emit(ops::zero{u.grad});
+    section_ = &p_.micro;
+    const std::size_t micro_from = layout_.trace().size();
+    micro_batch();
+    p_.trace = layout_.trace();
+    // Every micro-batch lays out the same (the stacks are empty between them): the step's trace
+    // repeats the first one's grad_accum times, as the trainer's does.
+    for (std::size_t k = 1; k < c_.grad_accum; ++k)
+      p_.trace.insert(p_.trace.end(), layout_.trace().begin() + static_cast<std::ptrdiff_t>(micro_from),
+                      layout_.trace().end());
+    section_ = &p_.step_end;
+    step_end();
+    p_.persistent_bytes = layout_.persistent_used();
+    p_.high_water = layout_.high_water();
+    p_.peak_by_category = layout_.peak_by_category();
+    p_.peak_tensor = std::string(layout_.peak_tensor());
+    p_.grad_accum = c_.grad_accum;
+    p_.micro_batch = c_.micro_batch;
+    p_.sequence = c_.sequence;
+    p_.tokens_per_micro = tokens();
+    p_.dp = c_.dp;
+    p_.tp = c_.tp;
+    p_.dp_rank = r_.dp;
+    p_.tp_rank = r_.tp;
+    p_.hp = {c_.optimizer, c_.lr, c_.weight_decay, c_.momentum, c_.beta1, c_.beta2, c_.eps, c_.max_grad_norm,
+             c_.dropout, c_.seed};
+    return std::move(p_);
+  }
+
+ private:
+  // ---- configuration (gpt_trainer::validate, less the communicator check) -------------------
+  void validate() const {
+    const auto fail = [](const std::string& why) { throw program_error("build_program: " + why); };
+    if (c_.heads == 0 || c_.tp == 0 || c_.dp == 0) fail("heads, dp and tp must be at least 1");
+    if (c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
+    if (c_.heads % c_.tp != 0) fail("the tensor-parallel degree must divide the heads");
+    if (c_.ffn % c_.tp != 0) fail("the tensor-parallel degree must divide the MLP width");
+    if (c_.sequence > c_.positions) fail("the sequence is longer than the position embedding");
+    if (r_.dp >= c_.dp || r_.tp >= c_.tp) fail("the rank coordinates lie outside the mesh");
+    if (c_.dropout > 0 && !c_.flash)
+      fail("dropout needs flash attention: the reference naive attention has no attention-probability dropout");
+    if ((c_.dp > 1 || c_.tp > 1) && T_ != elem::f32) fail("multi-rank runs reduce in fp32; use the fp32 precision policy");
+    if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
+    if (c_.recompute == recompute_kind::every_k && c_.recompute_every == 0) fail("recompute every:K needs K >= 1");
+    switch (c_.optimizer) {
+      case optimizer_kind::sgd:
+      case optimizer_kind::momentum:
+      case optimizer_kind::adam:
+      case optimizer_kind::adamw: break;
+      default: fail("the runtime implements sgd, momentum, adam and adamw");
+    }
+  }
+  std::size_t tokens() const { return c_.micro_batch * c_.sequence; }
+  std::size_t local_heads() const { return c_.heads / c_.tp; }
+  std::size_t head_dim() const { return c_.hidden / c_.heads; }
+  std::size_t local_width() const { return c_.hidden / c_.tp; }
+  std::size_t local_ffn() const { return c_.ffn / c_.tp; }
+  attn_shape shape() const {
+    return {u32(c_.micro_batch), u32(c_.sequence), u32(local_heads()), u32(local_heads()), u32(head_dim()), true,
+            c_.flash};
+  }
+  static std::uint32_t u32(std::size_t n) {
+    if (n > 0xffffffffu) throw program_error("build_program: a shape exceeds 32 bits");
+    return static_cast<std::uint32_t>(n);
+  }
+  bool keeps_core() const { return c_.recompute != recompute_kind::selective; }
+  std::size_t segment() const {
+    return c_.recompute == recompute_kind::every_k ? c_.recompute_every
+           : c_.recompute == recompute_kind::full  ? 1
+                                                   : c_.layers;
+  }
+
+  // ---- the arena and the op stream ------------------------------------------------------------
+  operand persistent(const std::string& name, std::size_t n, elem e, category cat) {
+    const std::size_t off = layout_.persistent(name, arena_layout::checked_bytes(name, n, elem_size(e)), cat);
+    operand o{off, n, e, where::arena};
+    p_.persistent.push_back({name, o, cat});
+    return o;
+  }
+  operand push(std::string_view name, std::size_t n, elem e, category cat, side s = side::saved) {
+    const std::size_t off = layout_.push(name, arena_layout::checked_bytes(name, n, elem_size(e)), cat, s);
+    return {off, n, e, where::arena};
+  }
+  operand transient(std::string_view name, std::size_t n, elem e, category cat) {
+    return push(name, n, e, cat, side::transient);
+  }
+  void pop(const operand& o) { layout_.pop(o.offset); }
+  template <class Op>
+  void emit(Op&& o, when w = when::always) {
+    section_->push_back(op{op_body{std::forward<Op>(o)}, w});
+  }
+  /// Elements [at, at + n) of an arena operand.
+  static operand sub(const operand& o, std::size_t at, std::size_t n) {
+    return {o.offset + at * elem_size(o.type), n, o.type, o.in};
+  }
+  operand tok() const { return {0, tokens(), elem::i32, where::tokens}; }
+  operand tgt() const { return {0, tokens(), elem::i32, where::targets}; }
+
+  // ---- units ----------------------------------------------------------------------------------
+  struct unit {
+    std::string name;
+    std::size_t elements = 0, shard = 0;
+    operand weight, grad, master, state1, state2;
+    element_ranges no_decay, replicated;
+  };
+  void build_units() {
+    blk_ = gpt_block_layout(c_.hidden, local_width(), local_ffn());
+    for (gpt_unit_spec& s : gpt_units("build_program", c_.vocab, c_.positions, c_.hidden, c_.layers, blk_, c_.dp)) {
+      unit u;
+      u.name = std::move(s.name);
+      u.elements = s.elements;
+      u.shard = s.shard;
+      u.no_decay = std::move(s.no_decay);
+      u.replicated = std::move(s.replicated);
+      units_.push_back(std::move(u));
+    }
+  }
+  void allocate_states() {
+    const int z = c_.zero_stage;
+    const std::size_t states = c_.optimizer == optimizer_kind::adamw || c_.optimizer == optimizer_kind::adam ? 2
+                               : c_.optimizer == optimizer_kind::sgd                                    ? 0
+                                                                                                        : 1;
+    for (unit& u : units_) u.weight = persistent(u.name + ".weights", z >= 3 ? u.shard : u.elements, T_, category::weights);
+    for (unit& u : units_) u.grad = persistent(u.name + ".grads", z >= 2 ? u.shard : u.elements, T_, category::gradients);
+    for (unit& u : units_)
+      if (c_.master_weights)
+        u.master = persistent(u.name + ".master", z >= 1 ? u.shard : u.elements, A_, category::master_weights);
+    for (unit& u : units_) {
+      const std::size_t n = z >= 1 ? u.shard : u.elements;
+      if (states >= 1) u.state1 = persistent(u.name + ".state1", n, A_, category::optimizer_states);
+      if (states >= 2) u.state2 = persistent(u.name + ".state2", n, A_, category::optimizer_states);
+    }
+    const auto section = [&](const std::string& name, const operand& o, category cat) {
+      if (!o.null()) p_.checkpoint.push_back({name, o, cat});
+    };
+    for (const unit& u : units_) {
+      section(u.name + ".weights", u.weight, category::weights);
+      section(u.name + ".master", u.master, category::master_weights);
+      section(u.name + ".state1", u.state1, category::optimizer_states);
+      section(u.name + ".state2", u.state2, category::optimizer_states);
+    }
+  }
+  std::size_t shard_begin(const unit& u) const { return r_.dp * u.shard; }
+
+  // ---- ZeRO helpers (gpt_trainer's use_weights / release / grad_buffer / finish_grad) -------
+  operand gather(unit& u) {
+    operand full = transient(u.name + ".gathered", u.elements, T_, category::temporaries);
+    emit(ops::all_gather{u.weight, full, group::dp});
+    return full;
+  }
+  struct weights_in_use {
+    operand data, gathered;
+  };
+  weights_in_use use_weights(unit& u) {
+    if (c_.zero_stage < 3) return {u.weight, {}};
+    operand g = gather(u);
+    return {g, g};
+  }
+  void release(const weights_in_use& w) {
+    if (!w.gathered.null()) pop(w.gathered);
+  }
+  operand grad_buffer(unit& u) {
+    if (c_.zero_stage < 2) return u.grad;
+    operand full = transient(u.name + ".grad_full", u.elements, T_, category::temporaries);
+    emit(ops::zero{full});
+    // This rank's accumulated shard goes into its own block: the reduce-scatter adds it once.
+    emit(ops::copy{sub(full, shard_begin(u), u.shard), u.grad});
+    return full;
+  }
+  void finish_grad(unit& u, const operand& full) {
+    if (c_.zero_stage < 2) return;
+    emit(ops::reduce_scatter{full, u.grad, group::dp});
+    pop(full);
+  }
+  /// ZeRO-0/1: reduce unit u's accumulated gradient after its last backward of the step.
+  void reduce_after_last_backward(unit& u) {
+    if (c_.zero_stage > 1 || c_.dp == 1) return;
+    if (c_.zero_stage == 0) emit(ops::all_reduce{u.grad, group::dp, reduce_op::sum}, when::last_micro);
+    else emit(ops::reduce_scatter{u.grad, sub(u.grad, shard_begin(u), u.shard), group::dp}, when::last_micro);
+  }
+  void tp_sum(const operand& x) {
+    if (c_.tp > 1) emit(ops::all_reduce{x, group::tp, reduce_op::sum});
+  }
+  void dropout_rows(const operand& x, const operand& mask, std::size_t site) {
+    emit(ops::dropout_fwd{x, mask, x, u32(c_.micro_batch), u32(c_.sequence * c_.hidden), c_.dropout, u32(site)});
+  }
+
+  // ---- one block ------------------------------------------------------------------------------
+  struct block_saved {
+    operand ln1_out, qkv, att, atty, x_mid, ln2_out, fc1_out, gelu_out, x_out, lse, mask1, mask2;
+  };
+  operand w_at(const operand& W, std::size_t at, std::size_t n) const { return sub(W, at, n); }
+
+  block_saved block_forward(std::size_t l, const operand& x_in, const operand& W, category kind = category::activations) {
+    const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
+    const gpt_block_view& b = blk_;
+    const bool drop = c_.dropout > 0;
+    const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
+    block_saved s{};
+    s.ln1_out = push("ln1_out", N * C, T_, kind);
+    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), w_at(W, b.ln1_b, C), n, cc});
+    s.qkv = push("qkv", N * 3 * Wd, T_, kind);
+    emit(ops::linear_fwd{s.qkv, s.ln1_out, w_at(W, b.qkv_w, 3 * Wd * C), w_at(W, b.qkv_b, 3 * Wd), n, cc, 3 * wd});
+    const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
+    const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
+    operand att_tmp{}, lse_tmp{};
+    if (!c_.flash) {
+      if (keeps_core()) s.att = push("attention_probs", scores, T_, kind);
+      else att_tmp = transient("attention_probs", scores, T_, category::temporaries);
+    } else {
+      if (keeps_core()) s.lse = push("attention_lse", lse_n, A_, kind);
+      else lse_tmp = transient("attention_lse", lse_n, A_, category::temporaries);
+    }
+    s.atty = push("attention_out", N * Wd, T_, kind);
+    const operand core = !c_.flash ? (keeps_core() ? s.att : att_tmp) : (keeps_core() ? s.lse : lse_tmp);
+    emit(ops::attention_fwd{s.atty, core, s.qkv, shape()});
+    if (!lse_tmp.null()) pop(lse_tmp);
+    if (!att_tmp.null()) pop(att_tmp);
+    if (drop) s.mask1 = push("dropout_mask", N * C, elem::u8, kind);
+    s.x_mid = push("residual", N * C, T_, kind);
+    {
+      operand proj = transient("proj_out", N * C, T_, category::temporaries);
+      emit(ops::linear_fwd{proj, s.atty, w_at(W, b.proj_w, C * Wd), operand{}, n, wd, cc});
+      tp_sum(proj);
+      emit(ops::bias_add{proj, w_at(W, b.proj_b, C), n, cc});
+      if (drop) dropout_rows(proj, s.mask1, 2 * l);
+      emit(ops::residual_add{s.x_mid, x_in, proj});
+      pop(proj);
+    }
+    s.ln2_out = push("ln2_out", N * C, T_, kind);
+    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), w_at(W, b.ln2_b, C), n, cc});
+    s.fc1_out = push("fc1_out", N * F, T_, kind);
+    emit(ops::linear_fwd{s.fc1_out, s.ln2_out, w_at(W, b.fc1_w, F * C), w_at(W, b.fc1_b, F), n, cc, f});
+    s.gelu_out = push("gelu_out", N * F, T_, kind);
+    emit(ops::activation_fwd{s.gelu_out, s.fc1_out});
+    if (drop) s.mask2 = push("dropout_mask", N * C, elem::u8, kind);
+    s.x_out = push("residual", N * C, T_, kind);
+    {
+      operand fc2 = transient("fc2_out", N * C, T_, category::temporaries);
+      emit(ops::linear_fwd{fc2, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
+      tp_sum(fc2);
+      emit(ops::bias_add{fc2, w_at(W, b.fc2_b, C), n, cc});
+      if (drop) dropout_rows(fc2, s.mask2, 2 * l + 1);
+      emit(ops::residual_add{s.x_out, s.x_mid, fc2});
+      pop(fc2);
+    }
+    return s;
+  }
+  void pop_block_saved(const block_saved& s) {
+    if (!s.mask2.null()) pop(s.mask2);
+    pop(s.gelu_out);
+    pop(s.fc1_out);
+    pop(s.ln2_out);
+    pop(s.x_mid);
+    if (!s.mask1.null()) pop(s.mask1);
+    pop(s.atty);
+    if (!s.lse.null()) pop(s.lse);
+    if (!s.att.null()) pop(s.att);
+    pop(s.qkv);
+    pop(s.ln1_out);
+  }
+  void block_backward(const block_saved& s, const operand& x_in, const operand& W, const operand& G, const operand& dres,
+                      const operand& slot) {
+    const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
+    const gpt_block_view& b = blk_;
+    const bool drop = c_.dropout > 0;
+    const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
+    {  // MLP branch
+      operand dfc2 = dres;
+      if (drop) {
+        emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
+        dfc2 = slot;
+      }
+      operand dgelu = transient("grad_mlp_inner", N * F, T_, category::temporaries);
+      emit(ops::linear_bwd{dgelu, w_at(G, b.fc2_w, C * F), w_at(G, b.fc2_b, C), dfc2, s.gelu_out, w_at(W, b.fc2_w, C * F),
+                           n, f, cc});
+      emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
+      emit(ops::linear_bwd{slot, w_at(G, b.fc1_w, F * C), w_at(G, b.fc1_b, F), dgelu, s.ln2_out, w_at(W, b.fc1_w, F * C),
+                           n, cc, f});
+      pop(dgelu);
+      tp_sum(slot);
+      operand dnorm = transient("grad_norm_in", N * C, T_, category::temporaries);
+      emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), w_at(G, b.ln2_b, C), slot, s.x_mid, w_at(W, b.ln2_w, C), n, cc});
+      emit(ops::residual_add{dres, dres, dnorm});
+      pop(dnorm);
+    }
+    {  // attention branch
+      operand dproj = dres;
+      if (drop) {
+        emit(ops::dropout_bwd{slot, dres, s.mask1, c_.dropout});
+        dproj = slot;
+      }
+      operand datty = transient("grad_attention_out", N * Wd, T_, category::temporaries);
+      emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), w_at(G, b.proj_b, C), dproj, s.atty, w_at(W, b.proj_w, C * Wd),
+                           n, wd, cc});
+      operand dqkv = transient("grad_qkv", N * 3 * Wd, T_, category::temporaries);
+      const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
+      const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
+      operand core = c_.flash ? s.lse : s.att;
+      operand out_tmp{};
+      if (!keeps_core()) {  // selective: rebuild the core (the kernel rewrites the output too)
+        core = c_.flash ? transient("attention_lse", lse_n, A_, category::temporaries)
+                        : transient("attention_probs", scores, T_, category::temporaries);
+        out_tmp = transient("attention_out_recomputed", N * Wd, T_, category::temporaries);
+        emit(ops::attention_fwd{out_tmp, core, s.qkv, shape()});
+      }
+      // Flash backward reads the saved output (not the recomputed one); naive needs none.
+      emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, shape()});
+      if (!out_tmp.null()) pop(out_tmp);
+      if (!keeps_core()) pop(core);
+      emit(ops::linear_bwd{slot, w_at(G, b.qkv_w, 3 * Wd * C), w_at(G, b.qkv_b, 3 * Wd), dqkv, s.ln1_out,
+                           w_at(W, b.qkv_w, 3 * Wd * C), n, cc, 3 * wd});
+      pop(dqkv);
+      pop(datty);
+      tp_sum(slot);
+      operand dnorm = transient("grad_norm_in", N * C, T_, category::temporaries);
+      emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), w_at(G, b.ln1_b, C), slot, x_in, w_at(W, b.ln1_w, C), n, cc});
+      emit(ops::residual_add{dres, dres, dnorm});
+      pop(dnorm);
+    }
+  }
+
+  // ---- one micro-batch ------------------------------------------------------------------------
+  void micro_batch() {
+    const std::size_t N = tokens(), C = c_.hidden, V = c_.vocab, L = c_.layers;
+    const std::uint32_t n = u32(N), cc = u32(C), v = u32(V);
+    const bool drop = c_.dropout > 0;
+    unit& wte = units_[0];
+    unit& wpe = units_[1];
+    unit& lnf = units_.back();
+
+    operand emb_mask{};
+    if (drop) emb_mask = push("dropout_mask", N * C, elem::u8, category::activations);
+    operand x0 = push("residual", N * C, T_, category::activations);
+    {
+      auto we = use_weights(wte);
+      auto pe = use_weights(wpe);
+      emit(ops::embedding_fwd{x0, tok(), we.data, pe.data, u32(c_.micro_batch), u32(c_.sequence), cc});
+      release(pe);
+      release(we);
+    }
+    if (drop) dropout_rows(x0, emb_mask, 1'000'000);
+
+    std::vector<block_saved> saved(L);
+    std::vector<operand> inputs(L + 1);
+    inputs[0] = x0;
+    const std::size_t seg = segment();
+    const bool recompute_layers = c_.recompute == recompute_kind::full || c_.recompute == recompute_kind::every_k;
+    const auto kept = [&](std::size_t l) { return (l + 1) % seg == 0 || l + 1 == L; };
+    std::array<operand, 2> pair{};
+    const bool need_pair = recompute_layers && seg > 1 && L > 1;
+    if (need_pair)
+      for (auto& p : pair) p = transient("segment_residual", N * C, T_, category::temporaries);
+    for (std::size_t l = 0; l < L; ++l) {
+      unit& u = units_[2 + l];
+      if (!recompute_layers) {
+        auto w = use_weights(u);
+        saved[l] = block_forward(l, inputs[l], w.data);
+        inputs[l + 1] = saved[l].x_out;
+        release(w);
+        continue;
+      }
+      operand out = kept(l) ? push("checkpoint", N * C, T_, category::activations) : pair[l % 2];
+      auto w = use_weights(u);
+      block_saved s = block_forward(l, inputs[l], w.data);
+      emit(ops::copy{out, s.x_out});
+      pop(s.x_out);
+      pop_block_saved(s);
+      release(w);
+      inputs[l + 1] = out;
+    }
+    if (need_pair)
+      for (std::size_t i = 2; i-- > 0;) pop(pair[i]);
+
+    // Head: final norm, tied output layer, cross-entropy, and backward through them.
+    operand lnf_out = push("lnf_out", N * C, T_, category::activations);
+    {
+      auto wl = use_weights(lnf);
+      emit(ops::norm_fwd{lnf_out, inputs[L], sub(wl.data, 0, C), sub(wl.data, C, C), n, cc});
+      release(wl);
+    }
+    operand slot = transient("grad_slot", N * C, T_, category::temporaries);
+    {
+      auto we = use_weights(wte);
+      operand logits = transient("logits", N * V, T_, category::temporaries);
+      emit(ops::linear_fwd{logits, lnf_out, we.data, operand{}, n, cc, v});
+      emit(ops::loss{logits, tgt(), n, v, u32(c_.grad_accum)});
+      operand gw = grad_buffer(wte);
+      emit(ops::linear_bwd{slot, gw, operand{}, logits, lnf_out, we.data, n, cc, v});
+      finish_grad(wte, gw);
+      pop(logits);
+      release(we);
+    }
+    operand dres = transient("grad_residual", N * C, T_, category::temporaries);
+    {
+      auto wn = use_weights(lnf);
+      operand gl = grad_buffer(lnf);
+      emit(ops::norm_bwd{dres, sub(gl, 0, C), sub(gl, C, C), slot, inputs[L], sub(wn.data, 0, C), n, cc});
+      finish_grad(lnf, gl);
+      release(wn);
+      reduce_after_last_backward(lnf);
+    }
+    pop(lnf_out);
+
+    // Blocks, last to first.
+    for (std::size_t seg_end = L; seg_end > 0;) {
+      const std::size_t seg_begin = recompute_layers ? ((seg_end - 1) / seg) * seg : seg_end - 1;
+      if (!recompute_layers) {
+        const std::size_t l = seg_end - 1;
+        unit& u = units_[2 + l];
+        pop(saved[l].x_out);
+        auto w = use_weights(u);
+        operand g = grad_buffer(u);
+        block_backward(saved[l], inputs[l], w.data, g, dres, slot);
+        finish_grad(u, g);
+        release(w);
+        pop_block_saved(saved[l]);
+        reduce_after_last_backward(u);
+      } else {
+        pop(inputs[seg_end]);
+        std::vector<block_saved> rebuilt;
+        for (std::size_t l = seg_begin; l < seg_end; ++l) {
+          auto w = use_weights(units_[2 + l]);
+          rebuilt.push_back(block_forward(l, l == seg_begin ? inputs[l] : rebuilt.back().x_out, w.data, category::temporaries));
+          release(w);
+        }
+        for (std::size_t l = seg_end; l-- > seg_begin;) {
+          block_saved& s = rebuilt[l - seg_begin];
+          pop(s.x_out);
+          unit& u = units_[2 + l];
+          auto w = use_weights(u);
+          operand g = grad_buffer(u);
+          block_backward(s, l == seg_begin ? inputs[l] : rebuilt[l - seg_begin - 1].x_out, w.data, g, dres, slot);
+          finish_grad(u, g);
+          release(w);
+          pop_block_saved(s);
+          reduce_after_last_backward(u);
+        }
+      }
+      seg_end = seg_begin;
+    }
+
+    // Embedding backward (the tied wte gets its second contribution).
+    if (drop) emit(ops::dropout_bwd{dres, dres, emb_mask, c_.dropout});
+    {
+      operand gw = grad_buffer(wte);
+      operand gp = grad_buffer(wpe);
+      emit(ops::embedding_bwd{gw, gp, dres, tok(), u32(c_.micro_batch), u32(c_.sequence), cc});
+      finish_grad(wpe, gp);
+      finish_grad(wte, gw);
+      reduce_after_last_backward(wpe);
+      reduce_after_last_backward(wte);
+    }
+    pop(dres);
+    pop(slot);
+    pop(x0);
+    if (!emb_mask.null()) pop(emb_mask);
+    if (layout_.stack_depth() != 0) throw arena_error("build_program: tensors left on the arena after a micro-batch");
+  }
+
+  // ---- loss, gradient norm, clipping, optimizer -----------------------------------------------
+  struct run {
+    std::size_t begin, end;
+    bool inside;
+  };
+  /// [lo, hi) cut into maximal runs that are all inside or all outside `ranges`.
+  static std::vector<run> runs(const element_ranges& ranges, std::size_t lo, std::size_t hi) {
+    std::vector<std::size_t> cuts{lo, hi};
+    for (const auto& [b, e] : ranges) {
+      if (b > lo && b < hi) cuts.push_back(b);
+      if (e > lo && e < hi) cuts.push_back(e);
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<run> out;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      bool in = false;
+      for (const auto& [b, e] : ranges)
+        if (cuts[i] >= b && cuts[i] < e) in = true;
+      if (!out.empty() && out.back().inside == in) out.back().end = cuts[i + 1];
+      else out.push_back({cuts[i], cuts[i + 1], in});
+    }
+    return out;
+  }
+  void step_end() {
+    const int z = c_.zero_stage;
+    emit(ops::loss_mean{u32(c_.grad_accum)});
+    emit(ops::all_reduce{scalars::slot(scalars::loss), group::dp, reduce_op::sum});
+    emit(ops::scalar_div{scalars::loss, static_cast<float>(c_.dp)});
+    // Gradient norm over the owned elements, in unit then element order.
+    for (const unit& u : units_) {
+      const std::size_t lo = z >= 1 ? shard_begin(u) : 0, hi = z >= 1 ? lo + u.shard : u.elements;
+      const std::size_t grad_off = z >= 2 ? lo : 0;
+      for (const run& r : runs(u.replicated, lo, hi)) {
+        const bool counted = !(r.inside && r_.tp != 0);
+        const operand g = sub(u.grad, r.begin - grad_off, r.end - r.begin);
+        // Adjacent counted segments of one unit merge: the serial sum is the same.
+        if (!section_->empty()) {
+          if (auto* prev = std::get_if<ops::sqnorm>(&section_->back().body);
+              prev && prev->counted == counted && prev->g.offset + prev->g.bytes() == g.offset) {
+            prev->g.count += g.count;
+            continue;
+          }
+        }
+        emit(ops::sqnorm{g, counted});
+      }
+    }
+    emit(ops::norm_parts{});
+    if (z >= 1) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::dp, reduce_op::sum});
+    else emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});
+    emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::tp, reduce_op::sum});
+    emit(ops::clip_scale{c_.max_grad_norm, u32(c_.dp), c_.loss_scaling});
+    // One fused update per run of equal decay; ZeRO-1/2 share the updated block.
+    for (const unit& u : units_) {
+      const std::size_t lo = z >= 1 ? shard_begin(u) : 0, hi = z >= 1 ? lo + u.shard : u.elements;
+      const std::size_t grad_off = z >= 2 ? lo : 0, state_off = z >= 1 ? lo : 0, weight_off = z >= 3 ? lo : 0;
+      for (const run& r : runs(u.no_decay, lo, hi)) {
+        const std::size_t k = r.end - r.begin;
+        const auto state = [&](const operand& s) { return s.null() ? operand{} : sub(s, r.begin - state_off, k); };
+        emit(ops::optimizer_update{sub(u.weight, r.begin - weight_off, k), state(u.master), state(u.state1),
+                                   state(u.state2), sub(u.grad, r.begin - grad_off, k),
+                                   r.inside ? 0.0f : c_.weight_decay},
+             when::unless_skipped);
+      }
+      if ((z == 1 || z == 2) && c_.dp > 1)
+        emit(ops::all_gather{sub(u.weight, shard_begin(u), u.shard), u.weight, group::dp}, when::unless_skipped);
+    }
+  }
+
+  gpt_config c_;
+  rank_coords r_;
+  elem T_;
+  elem A_ = elem::f32;  // accum_t of f32, bf16 and f16
+  arena_layout layout_;
+  gpt_block_view blk_{};
+  std::vector<unit> units_;
+  program p_;
+  std::vector<op>* section_ = nullptr;
+};
+
+}  // namespace detail
+
+/// One training step of `gpt_trainer` for rank `rank`, laid out in `sizes` (the plan's arena).
+/// Throws program_error for a configuration the runtime does not implement and arena_error when
+/// the step does not fit `sizes` (the plan under-predicts) or breaks the stacks' LIFO order.
+inline program build_program(const gpt_config& cfg, arena_sizes sizes, rank_coords rank, elem storage) {
+  return detail::gpt_lowering(cfg, sizes, rank, storage).build();
+}
+/// The same with the storage type gpt_run would pick (default_storage).
+inline program build_program(const gpt_config& cfg, arena_sizes sizes, rank_coords rank = {}) {
+  return build_program(cfg, sizes, rank, default_storage(cfg));
+}
+
+}  // namespace memalg::exec

@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: BSL-1.0
+// memalg/exec/program.hpp — a training step as data: backend-neutral ops over arena offsets.
+//
+// A `program` is what a trainer does in one optimizer step, decided once on the host: which
+// kernels run, in which order, on which bytes of the arena. The builder (exec/build_program.hpp)
+// lays the step out through an `arena_layout` with the plan's capacities, so every operand is a
+// byte offset that is known — and checked against the plan — before any kernel runs. A backend
+// (exec/run.hpp's `step_backend`) only executes ops; it decides nothing about memory.
+//
+// Operands are {offset, count, element type, where}: `where` says whether the offset is a byte
+// offset in the arena, an element offset in this micro-batch's token or target ids, or a slot of
+// the step's small scalar file (loss, norm, clip scale); `none` is a null operand (no bias, no
+// master weights). Element counts are those of the operand, shapes are the op's own fields.
+//
+// A step is three sections: `step_begin` once (zero the gradients), `micro` once per accumulated
+// micro-batch, `step_end` once (loss, gradient norm, clip, optimizer). Each op carries a `when`:
+// always, only in the last micro-batch (the ZeRO-0/1 gradient reductions, right after the unit's
+// last backward), or unless the step was skipped (fp16 overflow: the optimizer ops).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "memalg/exec/arena_layout.hpp"
+#include "memalg/exec/communicator.hpp"
+#include "memalg/exec/config.hpp"
+#include "memalg/plan/breakdown.hpp"
+#include "memalg/train/optimizer.hpp"
+
+namespace memalg::exec {
+
+enum class elem : std::uint8_t { f32, bf16, f16, u8, i32 };
+
+constexpr std::size_t elem_size(elem e) {
+  switch (e) {
+    case elem::f32: return 4;
+    case elem::bf16: return 2;
+    case elem::f16: return 2;
+    case elem::u8: return 1;
+    case elem::i32: return 4;
+  }
+  return 0;
+}
+
+/// What an operand's offset is relative to.
+enum class where : std::uint8_t { none, arena, tokens, targets, scalar };
+
+/// A tensor of the program: byte offset in the arena (element offset for tokens/targets, slot
+/// index for scalars) and element count.
+struct operand {
+  std::uint64_t offset = 0, count = 0;
+  elem type = elem::f32;
+  where in = where::none;
+  constexpr bool null() const { return in == where::none; }
+  constexpr std::uint64_t bytes() const { return count * elem_size(type); }
+  friend constexpr bool operator==(const operand&, const operand&) = default;
+};
+
+/// Slots of the step's scalar file (accumulators in the accumulation type, the rest fp32).
+namespace scalars {
+inline constexpr std::uint64_t loss_sum = 0;  ///< Σ micro-batch mean losses (A)
+inline constexpr std::uint64_t loss = 1;      ///< the step's loss (fp32, reduced over dp)
+inline constexpr std::uint64_t sumsq = 2;     ///< Σ g² over owned, counted elements (A)
+inline constexpr std::uint64_t nonfinite = 3; ///< any owned gradient not finite (flag)
+inline constexpr std::uint64_t parts = 4;     ///< {sumsq, nonfinite} as fp32, reduced together (2 slots)
+inline constexpr std::uint64_t norm = 6;      ///< global gradient norm (fp32)
+inline constexpr std::uint64_t grad_scale = 7;///< clip coefficient / (loss scale · dp) (fp32)
+inline constexpr std::uint64_t count = 8;
+constexpr operand slot(std::uint64_t s, std::uint64_t n = 1) { return {s, n, elem::f32, where::scalar}; }
+}  // namespace scalars
+
+struct attn_shape {
+  std::uint32_t B = 0, S = 0, H = 0, Hkv = 0, D = 0;
+  bool causal = true, flash = false;
+  friend constexpr bool operator==(const attn_shape&, const attn_shape&) = default;
+};
+
+enum class when : std::uint8_t { always, last_micro, unless_skipped };
+enum class group : std::uint8_t { dp, tp };
+
+namespace ops {  // one struct per operation: operands first, then shapes
+// Token (+ position) embedding; backward accumulates into dwte / dwpe.
+struct embedding_fwd { operand out, tok, wte, wpe; std::uint32_t B, S, C; };
+struct embedding_bwd { operand dwte, dwpe, dout, tok; std::uint32_t B, S, C; };
+// LayerNorm over rows of C; the statistics are backend scratch, recomputed from `in` in backward
+// (the plan keeps only the norm's input). Backward writes din and accumulates dw, db.
+struct norm_fwd { operand out, in, w, b; std::uint32_t N, C; };
+struct norm_bwd { operand din, dw, db, dout, in, w; std::uint32_t N, C; };
+// out[N, OC] = in[N, IC] · wᵀ (+ bias); backward writes din, accumulates dw, dbias.
+struct linear_fwd { operand out, in, w, bias; std::uint32_t N, IC, OC; };
+struct linear_bwd { operand din, dw, dbias, dout, in, w; std::uint32_t N, IC, OC; };
+// probs_or_lse: naive attention's probabilities [B·H·S·S] or flash's log-sum-exp [B·H·S] (A).
+// Flash backward reads the saved output `out`; naive takes none.
+struct attention_fwd { operand out, probs_or_lse, qkv; attn_shape sh; };
+struct attention_bwd { operand dqkv, dout, qkv, out, probs_or_lse; attn_shape sh; };
+enum class activation_kind : std::uint8_t { gelu };
+struct activation_fwd { operand out, in; activation_kind k = activation_kind::gelu; };
+struct activation_bwd { operand din, dout, in; activation_kind k = activation_kind::gelu; };
+// Per sequence b of `rows`: mask and out over row_len elements; the seed comes from the step,
+// micro-batch, dp rank, site and sequence (program::seed), so masks agree on every split and
+// in recomputation.
+struct dropout_fwd { operand out, mask, in; std::uint32_t rows, row_len; float p; std::uint32_t site; };
+struct dropout_bwd { operand din, dout, mask; float p; };
+struct residual_add { operand out, a, b; };  ///< out = a + b, rounded once (out may alias a)
+struct bias_add { operand x, bias; std::uint32_t N, C; };  ///< x[N, C] += bias[C]
+// Cross-entropy: the mean loss accumulates into `acc`; the logits become their gradient in place
+// with dloss = loss scale / grad_accum.
+struct loss { operand logits, targets; std::uint32_t N, V, grad_accum; std::uint64_t acc = scalars::loss_sum; };
+struct loss_mean { std::uint32_t grad_accum; };  ///< scalars::loss = float(loss_sum / grad_accum)
+struct scalar_div { std::uint64_t slot; float by; };  ///< slot /= by
+struct zero { operand t; };
+struct copy { operand dst, src; };  ///< may overlap (memmove)
+// Σ g² of one owned segment into scalars::sumsq (only if `counted`: TP-replicated ranges count on
+// TP rank 0 only), non-finite values into scalars::nonfinite always. Segments run in order.
+struct sqnorm { operand g; bool counted = true; };
+struct norm_parts {};  ///< scalars::parts = {float(sumsq), nonfinite ? 1 : 0}
+// norm = √parts[0] / (loss scale · dp); with loss scaling the scaler sees the overflow flag and may
+// skip the step; grad_scale = clip(norm, max_norm) / (loss scale · dp); counts an update.
+struct clip_scale { float max_norm; std::uint32_t dp; bool loss_scaling; };
+// One run of equal weight decay, fused: sgd / momentum (s1) / adam(w) (s1, s2) by program::hp.
+struct optimizer_update { operand param, master, s1, s2, grad; float weight_decay; };
+// Collectives; counts are the operands'. reduce_scatter: send holds size·recv.count elements, the
+// reduced block `rank` lands in recv (which may be send's own block). all_gather: send is this
+// rank's block (which may lie inside recv).
+struct all_reduce { operand buf; group g; reduce_op op = reduce_op::sum; };
+struct reduce_scatter { operand send, recv; group g; };
+struct all_gather { operand send, recv; group g; };
+}  // namespace ops
+
+using op_body =
+    std::variant<ops::embedding_fwd, ops::embedding_bwd, ops::norm_fwd, ops::norm_bwd, ops::linear_fwd, ops::linear_bwd,
+                 ops::attention_fwd, ops::attention_bwd, ops::activation_fwd, ops::activation_bwd, ops::dropout_fwd,
+                 ops::dropout_bwd, ops::residual_add, ops::bias_add, ops::loss, ops::loss_mean, ops::scalar_div,
+                 ops::zero, ops::copy, ops::sqnorm, ops::norm_parts, ops::clip_scale, ops::optimizer_update,
+                 ops::all_reduce, ops::reduce_scatter, ops::all_gather>;
+
+struct op {
+  op_body body;
+  when cond = when::always;
+};
+
+using arena_event = arena_layout::event;
+
+/// A persistent tensor: weights, gradients, master weights, optimizer states.
+struct persistent_tensor {
+  std::string name;
+  operand t;
+  category cat;
+};
+
+struct hparams {
+  optimizer_kind optimizer = optimizer_kind::adamw;
+  float lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0, eps = 0, max_grad_norm = 0, dropout = 0;
+  std::uint64_t seed = 0;
+};
+
+struct program {
+  elem storage = elem::f32, accum = elem::f32;  ///< T and accum_t<T>
+  arena_sizes sizes;                             ///< the capacities it was laid out in (the plan's)
+  std::size_t persistent_bytes = 0;              ///< the persistent region used
+  std::size_t high_water = 0;                    ///< persistent + the stacks' peak
+  breakdown peak_by_category{};
+  std::string peak_tensor;
+  /// Every persistent tensor in allocation order (weights of all units, then gradients, master
+  /// weights, optimizer states) and the checkpoint's sections in its order (per unit: weights,
+  /// master, state1, state2; the backend appends loss_scaler and counters).
+  std::vector<persistent_tensor> persistent, checkpoint;
+  std::vector<op> step_begin, micro, step_end;
+  std::vector<arena_event> trace;  ///< construction's persistent tensors, then one whole step
+  std::size_t grad_accum = 1, micro_batch = 0, sequence = 0;
+  std::size_t tokens_per_micro = 0;  ///< token ids each micro-batch reads (and targets)
+  std::size_t dp = 1, tp = 1, dp_rank = 0, tp_rank = 0;
+  hparams hp;
+
+  std::size_t op_count() const { return step_begin.size() + micro.size() + step_end.size(); }
+};
+
+}  // namespace memalg::exec

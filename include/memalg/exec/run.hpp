@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: BSL-1.0
+// memalg/exec/run.hpp — the step-program interpreter and the concept a backend implements.
+//
+// A backend executes ops; the program (exec/program.hpp) has already decided every offset. The
+// concept asks for one call operator per op type, checked over the whole variant, so a backend
+// that forgets an op — or a new op a backend does not know yet — fails to compile at `run`, not at
+// run time. `run` walks step_begin once, `micro` once per accumulated micro-batch and step_end
+// once, honouring each op's `when`.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
+#include <variant>
+
+#include "memalg/exec/communicator.hpp"
+#include "memalg/exec/program.hpp"
+
+namespace memalg::exec {
+
+/// What the interpreter and the backend share during a step.
+struct run_state {
+  std::uint64_t step = 0, micro = 0, updates = 0;
+  bool skip = false;        ///< fp16 overflow: the backend's clip_scale sets it, optimizer ops then skip
+  float loss_scale = 1.0f;  ///< the dynamic loss scale (1 without loss scaling)
+};
+
+/// This rank's token and target ids for one step: grad_accum × tokens_per_micro each.
+struct step_io {
+  std::span<const std::int32_t> tokens, targets;
+};
+
+struct step_result {
+  float loss = 0, grad_norm = 0;
+  bool skipped = false;
+};
+
+namespace detail {
+template <class B, class V>
+struct handles_all : std::false_type {};
+template <class B, class... O>
+struct handles_all<B, std::variant<O...>>
+    : std::bool_constant<(std::invocable<B&, const O&, run_state&> && ...)> {};
+}  // namespace detail
+
+/// A backend: one call operator per op (op, run_state&), per-step hooks, and its communicators.
+template <class B>
+concept step_backend = detail::handles_all<B, op_body>::value &&
+                       requires(B& b, const program& p, step_io io, run_state& s) {
+                         b.begin_step(p, io, s);  // stage this step's ids
+                         { b.end_step(p, s) } -> std::same_as<step_result>;
+                         requires communicator<std::remove_reference_t<decltype(b.dp())>>;
+                         requires communicator<std::remove_reference_t<decltype(b.tp())>>;
+                       };
+
+/// One optimizer step of `p` on backend `b`.
+template <step_backend B>
+step_result run(const program& p, B& b, step_io io, run_state& s) {
+  const std::size_t n = p.grad_accum * p.tokens_per_micro;
+  if (io.tokens.size() != n || io.targets.size() != n)
+    throw std::invalid_argument("exec::run: expected grad_accum × micro_batch × sequence tokens and targets");
+  ++s.step;
+  s.skip = false;
+  b.begin_step(p, io, s);
+  const auto exec = [&](const op& o) {
+    if (o.cond == when::last_micro && s.micro + 1 != p.grad_accum) return;
+    if (o.cond == when::unless_skipped && s.skip) return;
+    std::visit([&](const auto& x) { b(x, s); }, o.body);
+  };
+  for (const op& o : p.step_begin) exec(o);
+  for (s.micro = 0; s.micro < p.grad_accum; ++s.micro)
+    for (const op& o : p.micro) exec(o);
+  s.micro = p.grad_accum - 1;  // step_end sees the last micro-batch, as the trainer does
+  for (const op& o : p.step_end) exec(o);
+  return b.end_step(p, s);
+}
+
+}  // namespace memalg::exec

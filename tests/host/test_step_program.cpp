@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: BSL-1.0
+// The step program against the CPU trainer: built on the host without running a kernel, its arena
+// bookkeeping is the trainer's event by event (name, offset, bytes, category, side, push or pop),
+// and its high-water mark is the plan's prediction. Also: the builder throws when the plan is 16
+// bytes short, the layout refuses a pop out of order, and the interpreter runs on the null backend.
+#include <doctest/doctest.h>
+
+#include <memalg/backend/cpu/local_communicator.hpp>
+#include <memalg/exec/arena_layout.hpp>
+#include <memalg/exec/build_program.hpp>
+#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/exec/null_backend.hpp>
+#include <memalg/exec/run.hpp>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace m = memalg;
+using namespace memalg::literals;
+using comm = m::backend::cpu::local_communicator;
+
+namespace {
+struct budget {
+  static constexpr m::device_desc value{"cpu", 1_GiB, m::bytes{}};
+};
+// The configurations of tests/host/test_runtime_plan.cpp.
+constexpr m::lm_config small(m::dtype logits, bool flash, std::uint64_t dropout, std::uint64_t layers) {
+  m::lm_config c{};
+  c.layers = layers;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab = 64;
+  c.positions = 32;
+  c.logits = logits;
+  c.flash = flash;
+  c.dropout_permille = dropout;
+  return c;
+}
+struct naive32 { static constexpr m::lm_config value = small(m::dtypes::fp32, false, 0, 4); };
+struct flash32 { static constexpr m::lm_config value = small(m::dtypes::fp32, true, 100, 5); };
+struct naive_bf16 { static constexpr m::lm_config value = small(m::dtypes::bf16, false, 0, 3); };
+struct flash_fp16 { static constexpr m::lm_config value = small(m::dtypes::fp16, true, 0, 4); };
+// examples/train_gpt_cpu.cpp's model (gpt_bytes), for its multi-rank plans.
+constexpr m::lm_config gpt_bytes() {
+  m::lm_config c{};
+  c.layers = 4;
+  c.hidden = 64;
+  c.heads = 4;
+  c.vocab = 256;
+  c.positions = 64;
+  c.logits = m::dtypes::fp32;
+  return c;
+}
+struct bytes32 { static constexpr m::lm_config value = gpt_bytes(); };
+// Many positions, a tiny batch: the embedding backward, where the runtime holds both embeddings'
+// unsharded gradients, the first residual and the embeddings' dropout mask, is the peak.
+constexpr m::lm_config long_positions(std::uint64_t dropout) {
+  m::lm_config c{};
+  c.layers = 1;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab = 64;
+  c.positions = 4096;
+  c.logits = m::dtypes::fp32;
+  c.flash = true;  // the runtime's dropout needs its flash attention
+  c.dropout_permille = dropout;
+  return c;
+}
+struct positions4k { static constexpr m::lm_config value = long_positions(0); };
+struct positions4k_dropout { static constexpr m::lm_config value = long_positions(100); };
+
+template <class Config, class Precision, class Optimizer, class... Options>
+using plan_for = m::plan<m::exec::runtime_gpt<Config>,
+                         m::train::recipe<Precision, Optimizer, m::train::reference_kernels, Options...>,
+                         m::parallel::mesh<>, budget>;
+template <class Config, class Mesh, class... Options>
+using mesh_plan = m::plan<m::exec::runtime_gpt<Config>,
+                          m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels, Options...>,
+                          Mesh, budget>;
+using example_batch = m::train::batch<8, 64>;
+
+std::vector<std::int32_t> ids(std::size_t n, int salt) {
+  std::vector<std::int32_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int32_t>((i * 13 + static_cast<std::size_t>(salt) * 7 + i / 3) % 64);
+  return v;
+}
+
+template <class T>
+constexpr m::exec::elem elem_of() {
+  if constexpr (std::is_same_v<T, m::bf16>) return m::exec::elem::bf16;
+  else if constexpr (std::is_same_v<T, m::fp16>) return m::exec::elem::f16;
+  else return m::exec::elem::f32;
+}
+
+std::string describe(const m::exec::arena_event& e) {
+  const char* kind = e.kind == m::exec::arena_layout::event_kind::persistent ? "persistent"
+                     : e.kind == m::exec::arena_layout::event_kind::push     ? "push"
+                                                                             : "pop";
+  return std::string(kind) + " " + e.name + " @" + std::to_string(e.offset) + " " + std::to_string(e.bytes) + "B cat " +
+         std::to_string(static_cast<int>(e.cat)) + (e.where == m::exec::arena_layout::side::saved ? " saved" : " transient");
+}
+
+/// The trainer's trace for one step of rank `r` equals the program's, and both reach the plan.
+template <class Plan, class Comm>
+void check_rank(m::exec::rank_coords r) {
+  using run = m::exec::gpt_run<Plan, Comm>;
+  Comm dp, tp;
+  if constexpr (std::is_same_v<Comm, m::exec::null_communicator>) {
+    dp = Comm(static_cast<int>(r.dp), static_cast<int>(run::config.dp));
+    tp = Comm(static_cast<int>(r.tp), static_cast<int>(run::config.tp));
+  }
+  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  // memory() is const; the trainer owns a mutable arena, so switching its trace on is sound.
+  const_cast<m::exec::arena&>(trainer.memory()).enable_trace();
+  const std::size_t n = run::config.micro_batch * run::config.sequence * run::config.grad_accum;
+  trainer.train_step(ids(n, 0), ids(n, 1));
+  const m::exec::arena_layout& got = trainer.memory().layout();
+
+  const m::exec::program prog = m::exec::build_program(run::config, run::arena, r, elem_of<typename run::storage>());
+  CHECK(m::exec::default_storage(run::config) == prog.storage);
+  const auto& want = got.trace();
+  REQUIRE(prog.trace.size() == want.size());
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < want.size() && mismatches < 5; ++i)
+    if (!(prog.trace[i] == want[i])) {
+      ++mismatches;
+      FAIL_CHECK("event " << i << ": program " << describe(prog.trace[i]) << ", trainer " << describe(want[i]));
+    }
+  CHECK(mismatches == 0);
+
+  const m::breakdown& plan = Plan::result.per_rank;
+  CHECK(prog.persistent_bytes == got.persistent_used());
+  CHECK(prog.persistent_bytes == Plan::result.most_loaded.at[0].model_states().value);
+  CHECK(prog.high_water == got.high_water());
+  CHECK(prog.high_water == (plan.total() - plan.reserve).value);
+  CHECK(prog.peak_by_category == got.peak_by_category());
+  CHECK(prog.peak_tensor == got.peak_tensor());
+  CHECK(prog.micro.size() > 0);
+}
+
+template <class Plan>
+void check_plan() {
+  constexpr m::mesh_desc mesh = Plan::mesh;
+  if constexpr (mesh.dp == 1 && mesh.tp == 1) {
+    check_rank<Plan, comm>({});
+  } else {
+    for (std::size_t d = 0; d < mesh.dp; ++d)
+      for (std::size_t t = 0; t < mesh.tp; ++t) {
+        CAPTURE(d);
+        CAPTURE(t);
+        check_rank<Plan, m::exec::null_communicator>({d, t});
+      }
+  }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("the step program's arena trace is the trainer's, event by event", Plan,
+                   // the matrix of test_runtime_plan.cpp
+                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
+                   plan_for<naive32, m::precision::fp32, m::optim::sgd<>, m::train::batch<2, 16>, m::train::recompute::every<3>>,
+                   plan_for<naive32, m::precision::fp32, m::optim::momentum<>, m::train::batch<1, 32>, m::train::grad_accum<3>>,
+                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>>,
+                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>, m::train::recompute::selective>,
+                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>,
+                            m::train::grad_accum<2>>,
+                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<4, 16>, m::train::recompute::full>,
+                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::momentum<>, m::train::batch<2, 16>,
+                            m::train::recompute::every<2>>,
+                   // the multi-rank plans of examples/train_gpt_cpu.cpp, every rank
+                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>, example_batch>,
+                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>, example_batch>,
+                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>,
+                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>,
+                             example_batch>,
+                   // ZeRO under recomputation, dropout and accumulation
+                   mesh_plan<flash32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>, m::train::batch<2, 16>,
+                             m::train::recompute::every<2>, m::train::grad_accum<2>>,
+                   mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>, m::parallel::tensor<2>>,
+                             m::train::batch<2, 16>, m::train::recompute::selective>,
+                   mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<0>>>, m::train::batch<2, 16>,
+                             m::train::recompute::full>,
+                   // the embedding backward as the peak
+                   mesh_plan<positions4k, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>,
+                             m::train::batch<1, 16>, m::train::recompute::full>,
+                   mesh_plan<positions4k_dropout, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>,
+                             m::train::batch<1, 16>, m::train::recompute::full>,
+                   mesh_plan<positions4k, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>>,
+                             m::train::batch<1, 16>, m::train::recompute::full>) {
+  check_plan<Plan>();
+}
+
+TEST_CASE("a step that does not fit the plan fails while building") {
+  using plan = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>>;
+  using run = m::exec::gpt_run<plan, comm>;
+  CHECK_NOTHROW(m::exec::build_program(run::config, run::arena));
+  m::exec::arena_sizes short_stack = run::arena;
+  short_stack.stack -= 16;
+  CHECK_THROWS_WITH_AS(m::exec::build_program(run::config, short_stack), doctest::Contains("under-predicts"),
+                       m::exec::arena_error);
+  m::exec::arena_sizes short_states = run::arena;
+  short_states.persistent -= 16;
+  short_states.stack += 16;
+  CHECK_THROWS_WITH_AS(m::exec::build_program(run::config, short_states), doctest::Contains("persistent region"),
+                       m::exec::arena_error);
+  m::exec::gpt_config bad = run::config;
+  bad.flash = false;  // dropout without flash attention
+  CHECK_THROWS_AS(m::exec::build_program(bad, run::arena), m::exec::program_error);
+}
+
+TEST_CASE("arena_layout keeps each side last-in first-out and traces on request") {
+  using L = m::exec::arena_layout;
+  L layout(64, 256);
+  const std::size_t w = layout.persistent("w", 64, m::category::weights);
+  CHECK(w == 0);
+  CHECK_THROWS_WITH_AS(layout.persistent("x", 16, m::category::weights), doctest::Contains("persistent region"),
+                       m::exec::arena_error);
+  layout.enable_trace();
+  const std::size_t a = layout.push("a", 32, m::category::activations);
+  const std::size_t b = layout.push("b", 48, m::category::activations);
+  const std::size_t t = layout.push("t", 16, m::category::temporaries, L::side::transient);
+  CHECK(a == 64);
+  CHECK(b == 96);
+  CHECK(t == 64 + 256 - 16);
+  CHECK_THROWS_WITH_AS(layout.pop(a), "arena: tensors must be released in reverse order of allocation", m::exec::arena_error);
+  CHECK_THROWS_WITH_AS(layout.push("big", 256, m::category::activations), doctest::Contains("under-predicts"),
+                       m::exec::arena_error);
+  CHECK_THROWS_AS(L::checked_bytes("odd", 3, 4), m::exec::arena_error);
+  layout.pop(t);  // the transient side is independent of the saved one
+  layout.pop(b);
+  layout.pop(a);
+  CHECK(layout.stack_depth() == 0);
+  CHECK(layout.high_water() == 64 + 32 + 48 + 16);
+  CHECK(layout.peak_tensor() == "t");
+  CHECK(layout.peak_by_category().temporaries == m::bytes{16});
+  const auto& tr = layout.trace();
+  REQUIRE(tr.size() == 7);  // the persistent tensor (always recorded), 3 pushes, 3 pops
+  CHECK(tr[0].kind == L::event_kind::persistent);
+  CHECK(tr[3].name == "t");
+  CHECK(tr[3].where == L::side::transient);
+  CHECK(tr[4] == L::event{"t", t, 16, m::category::temporaries, L::side::transient, L::event_kind::pop});
+  CHECK(tr[6].name == "a");
+}
+
+TEST_CASE("run() walks the sections on the null backend, honouring when") {
+  using plan = plan_for<naive32, m::precision::fp32, m::optim::momentum<>, m::train::batch<1, 32>, m::train::grad_accum<3>>;
+  using run = m::exec::gpt_run<plan, comm>;
+  const m::exec::program prog = m::exec::build_program(run::config, run::arena);
+  REQUIRE(prog.grad_accum == 3);
+  m::exec::null_backend backend(prog);
+  m::exec::run_state state;
+  const std::size_t n = prog.grad_accum * prog.tokens_per_micro;
+  const std::vector<std::int32_t> tok = ids(n, 0), tgt = ids(n, 1);
+  for (int s = 0; s < 2; ++s) {
+    const m::exec::step_result r = m::exec::run(prog, backend, {tok, tgt}, state);
+    CHECK_FALSE(r.skipped);
+  }
+  CHECK(state.step == 2);
+  // Single rank: nothing is last_micro-only; every micro op runs grad_accum times.
+  const std::uint64_t per_step = prog.step_begin.size() + 3 * prog.micro.size() + prog.step_end.size();
+  CHECK(backend.executed() == 2 * per_step);
+  CHECK_THROWS_AS(m::exec::run(prog, backend, {std::span(tok).first(n - 1), tgt}, state), std::invalid_argument);
+
+  // Multi-rank ZeRO-1 with accumulation: the reductions run once per step, in the last micro-batch.
+  using dp_plan = mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>, m::train::batch<1, 16>,
+                            m::train::grad_accum<2>>;
+  using dp_run = m::exec::gpt_run<dp_plan, m::exec::null_communicator>;
+  const m::exec::program p1 = m::exec::build_program(dp_run::config, dp_run::arena, {1, 0});
+  std::size_t last = 0;
+  for (const m::exec::op& o : p1.micro) last += o.cond == m::exec::when::last_micro;
+  CHECK(last == dp_run::config.layers + 3);  // one reduce-scatter per unit
+  m::exec::null_backend b1(p1);
+  CHECK(b1.dp().rank() == 1);
+  CHECK(b1.dp().size() == 2);
+  m::exec::run_state s1;
+  const std::size_t n1 = p1.grad_accum * p1.tokens_per_micro;
+  const std::vector<std::int32_t> tok1 = ids(n1, 0), tgt1 = ids(n1, 1);
+  for (int s = 0; s < 2; ++s) m::exec::run(p1, b1, {tok1, tgt1}, s1);
+  const std::uint64_t per1 = p1.step_begin.size() + 2 * p1.micro.size() - last + p1.step_end.size();
+  CHECK(b1.executed() == 2 * per1);
+}
