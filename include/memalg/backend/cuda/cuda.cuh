@@ -20,6 +20,7 @@
 #include "memalg/backend/cuda/activation.cuh"
 #include "memalg/backend/cuda/softmax.cuh"
 #include "memalg/backend/cuda/attention.cuh"
+#include "memalg/backend/cuda/rotary.cuh"
 #include "memalg/backend/cuda/dropout.cuh"
 #include "memalg/backend/cuda/cross_entropy.cuh"
 #include "memalg/backend/cuda/lm_head.cuh"
