@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -92,6 +93,7 @@ class gpt_lowering {
     p_.tp = c_.tp;
     p_.dp_rank = r_.dp;
     p_.tp_rank = r_.tp;
+    p_.loss_scaling = c_.loss_scaling;
     p_.hp = {c_.optimizer, c_.lr, c_.weight_decay, c_.momentum, c_.beta1, c_.beta2, c_.eps, c_.max_grad_norm,
              c_.dropout, c_.seed};
     return std::move(p_);
@@ -208,6 +210,55 @@ class gpt_lowering {
       section(u.name + ".master", u.master, category::master_weights);
       section(u.name + ".state1", u.state1, category::optimizer_states);
       section(u.name + ".state2", u.state2, category::optimizer_states);
+    }
+    describe_units();
+  }
+  /// gpt_trainer::initialise as data: GPT-2's init (std 0.02, 0.02/√(2L) for the residual
+  /// projections, norms at 1, biases at 0), by logical index so every TP rank draws its part.
+  void describe_units() {
+    const std::size_t C = c_.hidden, W = local_width(), F = local_ffn(), Wf = c_.hidden, Ff = c_.ffn, r = r_.tp;
+    const float std_w = 0.02f, std_res = 0.02f / std::sqrt(2.0f * static_cast<float>(c_.layers));  // GPT-2 init
+    using k = param_init::kind;
+    const auto ones = [](std::size_t at, std::size_t n) {
+      param_init i;
+      i.at = at;
+      i.cols = n;
+      i.constant = 1.0f;
+      return i;
+    };
+    const auto normal = [](std::size_t at, std::size_t rows, std::size_t cols, std::uint64_t tensor, std::size_t row0,
+                           std::size_t col0, std::size_t row_stride, float stddev) {
+      return param_init{k::normal, at, rows, cols, tensor, row0, col0, row_stride, stddev, 0.0f};
+    };
+    const int z = c_.zero_stage;
+    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+      const unit& u = units_[ui];
+      param_unit d;
+      d.name = u.name;
+      d.elements = u.elements;
+      d.shard = u.shard;
+      d.weight = u.weight;
+      d.grad = u.grad;
+      d.master = u.master;
+      d.state1 = u.state1;
+      d.state2 = u.state2;
+      d.weight_begin = z >= 3 ? shard_begin(u) : 0;
+      d.master_begin = z >= 1 ? shard_begin(u) : 0;
+      if (u.name == "wte" || u.name == "wpe") {
+        d.init.push_back(normal(0, 1, u.elements, ui, 0, 0, 0, std_w));
+      } else if (u.name == "lnf") {
+        d.init.push_back(ones(0, C));
+      } else {
+        const gpt_block_view& b = blk_;
+        d.init.push_back(ones(b.ln1_w, C));
+        d.init.push_back(ones(b.ln2_w, C));
+        for (std::size_t part = 0; part < 3; ++part)  // this rank's q, k, v rows of the logical [3C, C] matrix
+          d.init.push_back(normal(b.qkv_w + part * W * C, W, C, ui * 8 + 1, part * Wf + r * W, 0, C, std_w));
+        d.init.push_back(normal(b.proj_w, C, W, ui * 8 + 2, 0, r * W, Wf, std_res));  // proj [C, C]: this rank's columns
+        d.init.push_back(normal(b.fc1_w, F, C, ui * 8 + 3, r * F, 0, C, std_w));      // fc1 [F, C]: this rank's rows
+        d.init.push_back(normal(b.fc2_w, C, F, ui * 8 + 4, 0, r * F, Ff, std_res));   // fc2 [C, F]: this rank's columns
+      }
+      p_.units.push_back(std::move(d));
     }
   }
   std::size_t shard_begin(const unit& u) const { return r_.dp * u.shard; }

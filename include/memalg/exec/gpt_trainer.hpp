@@ -52,6 +52,7 @@
 #include "memalg/backend/cpu/linear.hpp"
 #include "memalg/backend/cpu/loss_scaler.hpp"
 #include "memalg/backend/cpu/optimizer.hpp"
+#include "memalg/backend/cpu/pointwise.hpp"
 #include "memalg/core/float16.hpp"
 #include "memalg/core/random.hpp"
 #include "memalg/exec/arena.hpp"
@@ -215,9 +216,7 @@ class gpt_trainer {
   // ---- deterministic initialisation by logical element index ----------------------------------
   float normal(std::uint64_t tensor, std::uint64_t index, float stddev) const {
     // Box–Muller on two counter-based uniforms: identical on any split of the tensor.
-    const std::uint64_t s = splitmix64(c_.seed ^ (tensor * 0x9E3779B97F4A7C15ULL));
-    const float u1 = std::max(uniform01(s, 2 * index), 1e-7f), u2 = uniform01(s, 2 * index + 1);
-    return stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * std::numbers::pi_v<float> * u2);
+    return backend::cpu::init_normal(c_.seed, tensor, index, stddev);
   }
   void initialise() {
     const std::size_t C = c_.hidden, W = local_width(), F = local_ffn(), Wf = c_.hidden, Ff = c_.ffn;
@@ -264,45 +263,24 @@ class gpt_trainer {
   static void zero(tensor_ref<U> t) {
     std::memset(static_cast<void*>(t.data), 0, t.count * sizeof(U));
   }
-  static void add_into(T* dst, const T* src, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i]));
-  }
+  static void add_into(T* dst, const T* src, std::size_t n) { backend::cpu::add(dst, dst, src, n); }
   /// x[N, C] += bias[C] (row-parallel outputs get their bias once, after the all-reduce).
-  static void add_bias(T* x, const T* bias, std::size_t N, std::size_t C) {
-    for (std::size_t n = 0; n < N; ++n)
-      for (std::size_t i = 0; i < C; ++i) x[n * C + i] = from_float<T>(to_float(x[n * C + i]) + to_float(bias[i]));
-  }
+  static void add_bias(T* x, const T* bias, std::size_t N, std::size_t C) { backend::cpu::add_bias(x, bias, N, C); }
   void tp_sum(T* x, std::size_t n) {
     if (c_.tp > 1) tp_.all_reduce(reinterpret_cast<float*>(x), n, reduce_op::sum);
   }
   /// Dropout of [N, C] rows with masks identical on every split: one stream per global sequence.
-  std::uint64_t dropout_seed(std::size_t site, std::size_t sequence) const {
-    const std::uint64_t global_seq = (step_ * c_.grad_accum + micro_) * c_.micro_batch * c_.dp +
-                                     static_cast<std::uint64_t>(dp_.rank()) * c_.micro_batch + sequence;
-    return splitmix64(c_.seed + 0x5bd1e995ULL * (site + 1) + splitmix64(global_seq));
-  }
   void dropout_rows(T* out, std::uint8_t* mask, const T* in, std::size_t site) {
-    const std::size_t per_seq = c_.sequence * c_.hidden;
-    for (std::size_t b = 0; b < c_.micro_batch; ++b)
-      backend::cpu::dropout_forward(out + b * per_seq, mask + b * per_seq, in + b * per_seq, per_seq, c_.dropout,
-                                    dropout_seed(site, b));
+    const std::uint64_t first = backend::cpu::dropout_global_sequence(step_, c_.grad_accum, micro_, c_.micro_batch, c_.dp,
+                                                                      static_cast<std::uint64_t>(dp_.rank()), 0);
+    backend::cpu::dropout_rows(out, mask, in, c_.micro_batch, c_.sequence * c_.hidden, c_.dropout, c_.seed, site, first);
   }
   /// LayerNorm statistics are recomputed in backward from the saved input (per-row scratch):
   /// the plan, like Korthikanti et al. §4.1, keeps only the norm's input.
   static void layernorm_stats(std::vector<A>& mean, std::vector<A>& rstd, const T* in, std::size_t N, std::size_t C) {
     mean.resize(N);
     rstd.resize(N);
-    for (std::size_t n = 0; n < N; ++n) {
-      A m = 0, v = 0;
-      for (std::size_t i = 0; i < C; ++i) m += to_float(in[n * C + i]);
-      m /= static_cast<A>(C);
-      for (std::size_t i = 0; i < C; ++i) {
-        const A d = to_float(in[n * C + i]) - m;
-        v += d * d;
-      }
-      mean[n] = m;
-      rstd[n] = A(1) / std::sqrt(v / static_cast<A>(C) + static_cast<A>(backend::cpu::layernorm_eps));
-    }
+    backend::cpu::layernorm_stats(mean.data(), rstd.data(), in, N, C);
   }
   void layernorm_fwd(T* out, const T* in, const T* w, const T* b) {
     layernorm_stats(scratch_mean_, scratch_rstd_, in, tokens(), c_.hidden);
@@ -398,7 +376,7 @@ class gpt_trainer {
       tp_sum(proj.data, N * C);
       add_bias(proj.data, W + b.proj_b, N, C);
       if (drop) dropout_rows(proj.data, s.mask1.data, proj.data, 2 * l);
-      for (std::size_t i = 0; i < N * C; ++i) s.x_mid[i] = from_float<T>(to_float(x_in[i]) + to_float(proj[i]));
+      backend::cpu::add(s.x_mid.data, x_in, proj.data, N * C);
       arena_.pop(proj);
     }
     s.ln2_out = arena_.push<T>("ln2_out", N * C, kind);
@@ -415,7 +393,7 @@ class gpt_trainer {
       tp_sum(fc2.data, N * C);
       add_bias(fc2.data, W + b.fc2_b, N, C);
       if (drop) dropout_rows(fc2.data, s.mask2.data, fc2.data, 2 * l + 1);
-      for (std::size_t i = 0; i < N * C; ++i) s.x_out[i] = from_float<T>(to_float(s.x_mid[i]) + to_float(fc2[i]));
+      backend::cpu::add(s.x_out.data, s.x_mid.data, fc2.data, N * C);
       arena_.pop(fc2);
     }
     return s;

@@ -151,6 +151,31 @@ struct persistent_tensor {
   category cat;
 };
 
+/// How one block of a unit's logical buffer (this rank's, before ZeRO sharding) starts: element
+/// at + r·cols + c (r < rows, c < cols) is `constant`, or N(0, stddev²) drawn for logical index
+/// (row0 + r)·row_stride + col0 + c of random tensor `rng_tensor` under program::hp.seed
+/// (backend/cpu/pointwise.hpp:init_normal) — so tensor-parallel ranks take their rows or columns
+/// of one logical matrix. Elements no block names start at zero.
+struct param_init {
+  enum class kind : std::uint8_t { constant, normal };
+  kind k = kind::constant;
+  std::uint64_t at = 0, rows = 1, cols = 0;
+  std::uint64_t rng_tensor = 0, row0 = 0, col0 = 0, row_stride = 0;
+  float stddev = 0, constant = 0;
+};
+
+/// A parameter unit (token embedding, position embedding, one block, the final norm): its
+/// persistent tensors and how its weights start. The weights are the logical values rounded to the
+/// storage type; the master copy is that rounding read back in the accumulation type; gradients and
+/// optimizer states start at zero.
+struct param_unit {
+  std::string name;
+  std::uint64_t elements = 0, shard = 0;  ///< logical elements on this rank; elements / dp
+  operand weight, grad, master, state1, state2;
+  std::uint64_t weight_begin = 0, master_begin = 0;  ///< logical index of weight[0] and master[0]
+  std::vector<param_init> init;
+};
+
 struct hparams {
   optimizer_kind optimizer = optimizer_kind::adamw;
   float lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0, eps = 0, max_grad_norm = 0, dropout = 0;
@@ -168,11 +193,13 @@ struct program {
   /// weights, optimizer states) and the checkpoint's sections in its order (per unit: weights,
   /// master, state1, state2; the backend appends loss_scaler and counters).
   std::vector<persistent_tensor> persistent, checkpoint;
+  std::vector<param_unit> units;  ///< in unit order (wte, wpe, blocks, lnf), with their initialisation
   std::vector<op> step_begin, micro, step_end;
   std::vector<arena_event> trace;  ///< construction's persistent tensors, then one whole step
   std::size_t grad_accum = 1, micro_batch = 0, sequence = 0;
   std::size_t tokens_per_micro = 0;  ///< token ids each micro-batch reads (and targets)
   std::size_t dp = 1, tp = 1, dp_rank = 0, tp_rank = 0;
+  bool loss_scaling = false;  ///< dynamic loss scaling (fp16): dloss and the norm carry the scale
   hparams hp;
 
   std::size_t op_count() const { return step_begin.size() + micro.size() + step_end.size(); }

@@ -16,8 +16,10 @@
 #include "memalg/backend/cpu/local_communicator.hpp"
 #include "memalg/backend/cpu/loss_scaler.hpp"
 #include "memalg/backend/cpu/optimizer.hpp"
+#include "memalg/backend/cpu/pointwise.hpp"
 #include "memalg/backend/cpu/rmsnorm.hpp"
 #include "memalg/backend/cpu/rotary.hpp"
+#include "memalg/backend/cpu/step_backend.hpp"
 
 #if !defined(MEMALG_NO_MPI) && __has_include(<mpi.h>)
 #include "memalg/backend/cpu/mpi_communicator.hpp"
