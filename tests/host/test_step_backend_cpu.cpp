@@ -5,7 +5,8 @@
 // naive and flash attention; dropout; recomputation none / selective / full / every-K;
 // accumulation; sgd, momentum, adamw) both run the same steps on the same ids from the same seed:
 // each step's loss and gradient norm, the final weights of every unit and the checkpoint sections
-// must be equal byte for byte, and the backend must touch exactly the plan's arena.
+// must be equal byte for byte, and the backend must touch exactly the plan's arena. gpt_run's
+// trainer (exec/program_trainer.hpp over this backend) must give the same numbers and memory.
 #include <doctest/doctest.h>
 
 #include <memalg/backend/cpu/local_communicator.hpp>
@@ -70,7 +71,7 @@ void check_plan() {
   const std::size_t n = run::config.micro_batch * run::config.sequence * run::config.grad_accum;
 
   comm dp, tp;
-  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  typename run::reference_trainer trainer(run::config, run::arena, dp, tp);
   std::vector<float> want_loss, want_norm;
   for (int s = 0; s < steps; ++s) {
     want_loss.push_back(trainer.train_step(ids(n, s), ids(n, s + 1)));
@@ -132,6 +133,25 @@ void check_plan() {
   CHECK(backend.capacity() == (plan.total() - plan.reserve).value);
   CHECK(prog.high_water == (plan.total() - plan.reserve).value);
   CHECK(backend.touched_bytes() == (plan.total() - plan.reserve).value);
+
+  // gpt_run's trainer is the program on this backend behind gpt_trainer's API: the same numbers,
+  // and memory() reports the plan's arena.
+  typename run::trainer facade(run::config, run::arena, bdp, btp);
+  std::vector<float> facade_loss, facade_norm;
+  for (int s = 0; s < steps; ++s) {
+    facade_loss.push_back(facade.train_step(ids(n, s), ids(n, s + 1)));
+    facade_norm.push_back(facade.last_grad_norm());
+  }
+  CHECK(same_bits(facade_loss, want_loss));
+  CHECK(same_bits(facade_norm, want_norm));
+  CHECK(facade.step_count() == trainer.step_count());
+  CHECK(facade.skipped_steps() == trainer.skipped_steps());
+  REQUIRE(facade.unit_count() == trainer.unit_count());
+  for (std::size_t u = 0; u < trainer.unit_count(); ++u) CHECK(same_bits(facade.unit_weights(u), trainer.unit_weights(u)));
+  CHECK(facade.memory().capacity() == trainer.memory().capacity());
+  CHECK(facade.memory().persistent_used() == trainer.memory().persistent_used());
+  CHECK(facade.memory().high_water() == trainer.memory().high_water());
+  CHECK(facade.memory().peak_by_category() == trainer.memory().peak_by_category());
 }
 }  // namespace
 

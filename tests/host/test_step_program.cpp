@@ -111,7 +111,7 @@ void check_rank(m::exec::rank_coords r) {
     dp = Comm(static_cast<int>(r.dp), static_cast<int>(run::config.dp));
     tp = Comm(static_cast<int>(r.tp), static_cast<int>(run::config.tp));
   }
-  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  typename run::reference_trainer trainer(run::config, run::arena, dp, tp);
   // memory() is const; the trainer owns a mutable arena, so switching its trace on is sound.
   const_cast<m::exec::arena&>(trainer.memory()).enable_trace();
   const std::size_t n = run::config.micro_batch * run::config.sequence * run::config.grad_accum;

@@ -10,14 +10,18 @@
 // `gpt_run<Plan, Comm>` cannot be instantiated for a plan that does not fit (require_fits prints
 // the numbers) or that the CPU runtime does not implement (a sentence says what). It allocates
 // the arena at the plan's size: the persistent region at the plan's model states, the stacks at
-// the plan's peak less those and the reserve.
+// the plan's peak less those and the reserve. Its `trainer` runs the plan's step program on the
+// CPU step backend (exec/program_trainer.hpp over backend/cpu/step_backend.hpp); `reference_trainer`
+// is the fixed gpt_trainer the program is checked against bit for bit.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "memalg/backend/cpu/step_backend.hpp"
 #include "memalg/exec/gpt_trainer.hpp"
+#include "memalg/exec/program_trainer.hpp"
 #include "memalg/model/transformer.hpp"
 #include "memalg/plan/plan.hpp"
 
@@ -211,7 +215,10 @@ class gpt_run {
  public:
   using plan = Plan;
   using storage = typename detail::storage_of<Plan>::type;
-  using trainer = gpt_trainer<storage, Comm>;
+  /// The step program of the plan on the CPU step backend (exec/program_trainer.hpp).
+  using trainer = program_trainer<backend::cpu::step_backend<storage, Comm>>;
+  /// The fixed CPU trainer the program is checked against, bit for bit (exec/gpt_trainer.hpp).
+  using reference_trainer = gpt_trainer<storage, Comm>;
 
   static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
   static constexpr runtime_issue issue = find_runtime_issue(model_config, Plan::training, Plan::mesh);

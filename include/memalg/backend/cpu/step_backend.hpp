@@ -70,6 +70,8 @@ class step_backend {
 
  public:
   static constexpr std::size_t alignment = 64;
+  /// The program element type of T (exec::program_trainer builds its program with it).
+  static constexpr exec::elem storage_elem = elem_of<T>();
 
   /// Allocates the program's arena and initialises the parameters. The communicators must match
   /// the program's mesh and rank; they must outlive the backend.
