@@ -5,6 +5,8 @@
 // bytes short, the layout refuses a pop out of order, and the interpreter runs on the null backend.
 #include <doctest/doctest.h>
 
+#include "runtime_plans.hpp"
+
 #include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/exec/arena_layout.hpp>
 #include <memalg/exec/build_program.hpp>
@@ -22,26 +24,7 @@ using namespace memalg::literals;
 using comm = m::backend::cpu::local_communicator;
 
 namespace {
-struct budget {
-  static constexpr m::device_desc value{"cpu", 1_GiB, m::bytes{}};
-};
-// The configurations of tests/host/test_runtime_plan.cpp.
-constexpr m::lm_config small(m::dtype logits, bool flash, std::uint64_t dropout, std::uint64_t layers) {
-  m::lm_config c{};
-  c.layers = layers;
-  c.hidden = 32;
-  c.heads = 4;
-  c.vocab = 64;
-  c.positions = 32;
-  c.logits = logits;
-  c.flash = flash;
-  c.dropout_permille = dropout;
-  return c;
-}
-struct naive32 { static constexpr m::lm_config value = small(m::dtypes::fp32, false, 0, 4); };
-struct flash32 { static constexpr m::lm_config value = small(m::dtypes::fp32, true, 100, 5); };
-struct naive_bf16 { static constexpr m::lm_config value = small(m::dtypes::bf16, false, 0, 3); };
-struct flash_fp16 { static constexpr m::lm_config value = small(m::dtypes::fp16, true, 0, 4); };
+using namespace memalg_test;
 // examples/train_gpt_cpu.cpp's model (gpt_bytes), for its multi-rank plans.
 constexpr m::lm_config gpt_bytes() {
   m::lm_config c{};
@@ -71,21 +54,12 @@ constexpr m::lm_config long_positions(std::uint64_t dropout) {
 struct positions4k { static constexpr m::lm_config value = long_positions(0); };
 struct positions4k_dropout { static constexpr m::lm_config value = long_positions(100); };
 
-template <class Config, class Precision, class Optimizer, class... Options>
-using plan_for = m::plan<m::exec::runtime_gpt<Config>,
-                         m::train::recipe<Precision, Optimizer, m::train::reference_kernels, Options...>,
-                         m::parallel::mesh<>, budget>;
 template <class Config, class Mesh, class... Options>
 using mesh_plan = m::plan<m::exec::runtime_gpt<Config>,
                           m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels, Options...>,
                           Mesh, budget>;
 using example_batch = m::train::batch<8, 64>;
 
-std::vector<std::int32_t> ids(std::size_t n, int salt) {
-  std::vector<std::int32_t> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int32_t>((i * 13 + static_cast<std::size_t>(salt) * 7 + i / 3) % 64);
-  return v;
-}
 
 template <class T>
 constexpr m::exec::elem elem_of() {

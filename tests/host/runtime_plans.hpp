@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: BSL-1.0
+// The runtime's test matrix, shared by the runtime-plan, step-program and step-backend tests.
+//
+// Small GPT-shaped models (naive or flash attention, dropout, fp32 / bf16 / fp16 logits) planned
+// under the memalg stack on a 1 GiB host budget, and the token ids every test feeds them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/memalg.hpp>
+
+namespace memalg_test {
+namespace m = memalg;
+using namespace memalg::literals;
+
+struct budget {
+  static constexpr m::device_desc value{"cpu", 1_GiB, m::bytes{}};
+};
+constexpr m::lm_config small(m::dtype logits, bool flash, std::uint64_t dropout, std::uint64_t layers) {
+  m::lm_config c{};
+  c.layers = layers;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab = 64;
+  c.positions = 32;
+  c.logits = logits;
+  c.flash = flash;
+  c.dropout_permille = dropout;
+  return c;
+}
+struct naive32 { static constexpr m::lm_config value = small(m::dtypes::fp32, false, 0, 4); };
+struct flash32 { static constexpr m::lm_config value = small(m::dtypes::fp32, true, 100, 5); };
+struct naive_bf16 { static constexpr m::lm_config value = small(m::dtypes::bf16, false, 0, 3); };
+struct flash_fp16 { static constexpr m::lm_config value = small(m::dtypes::fp16, true, 0, 4); };
+
+template <class Config, class Precision, class Optimizer, class... Options>
+using plan_for = m::plan<m::exec::runtime_gpt<Config>,
+                         m::train::recipe<Precision, Optimizer, m::train::reference_kernels, Options...>,
+                         m::parallel::mesh<>, budget>;
+
+inline std::vector<std::int32_t> ids(std::size_t n, int salt) {
+  std::vector<std::int32_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int32_t>((i * 13 + static_cast<std::size_t>(salt) * 7 + i / 3) % 64);
+  return v;
+}
+}  // namespace memalg_test
