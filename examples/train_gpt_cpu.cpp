@@ -42,6 +42,23 @@ struct gpt_fp32 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp3
 struct gpt_bf16 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16); };
 struct gpt_fp16_flash { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp16, true); };
 struct gpt_fp32_dropout { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32, true, 100); };
+/// The same size, Llama-shaped: RMSNorm, SwiGLU, rotary positions, 2 key/value heads for 4, no
+/// biases, an untied output layer, flash attention.
+struct llama_fp32 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = gpt_bytes(m::dtypes::fp32, true);
+    c.name = "llama-bytes";
+    c.positions = 0;
+    c.rotary = true;
+    c.kv_heads = 2;
+    c.ffn = 172;
+    c.rms_norm = true;
+    c.gated = true;
+    c.bias = false;
+    c.tied = false;
+    return c;
+  }();
+};
 
 template <class Config, class Recipe, class Mesh>
 using cpu_plan = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, cpu_budget>;
@@ -61,6 +78,9 @@ MEMALG_NAMED_PLAN(tiny_recompute, "tiny-recompute",
                            recipe<m::precision::fp32, m::optim::momentum<>, m::train::recompute::full,
                                   m::train::grad_accum<2>>,
                            single>);
+MEMALG_NAMED_PLAN(llama_fp32_plan, "llama-fp32",
+                  "fp32 AdamW, Llama-shaped (RMSNorm, SwiGLU, rotary, grouped-query flash attention, no biases, untied output), 1 rank",
+                  cpu_plan<llama_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
 MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
@@ -75,7 +95,7 @@ MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
 #undef MEMALG_NAMED_PLAN
 
-using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2>;
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2>;
 
 // ---- command line ---------------------------------------------------------------------------
 constexpr const char* help_text =

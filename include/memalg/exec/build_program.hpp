@@ -10,6 +10,12 @@
 // and peak by category are the trainer's, obtained without running a kernel; a push past the
 // plan or a pop out of order throws arena_error here, at build time.
 //
+// The same lowering takes gpt_config's block variant, which gpt_trainer does not implement:
+// RMSNorm, a SwiGLU MLP (fc1 writes [gate ‖ up]; its backward runs in place over d(out), so the
+// MLP backward holds 2·inner as the plan says), rotary positions when positions == 0 (in place on
+// qkv and on its gradient: no tensor added), grouped-query attention (qkv [N, (H + 2Hkv)·D]), no
+// biases, and an untied output layer (a last unit `lm_head`).
+//
 // The one reordering: ZeRO-0/1 gradient reductions, which the trainer runs after all
 // micro-batches, are emitted in `micro` with when::last_micro right after each unit's last
 // backward (nothing touches the buffer afterwards and the reduction is elementwise, so the result
@@ -104,10 +110,13 @@ class gpt_lowering {
   void validate() const {
     const auto fail = [](const std::string& why) { throw program_error("build_program: " + why); };
     if (c_.heads == 0 || c_.tp == 0 || c_.dp == 0) fail("heads, dp and tp must be at least 1");
-    if (c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
-    if (c_.heads % c_.tp != 0) fail("the tensor-parallel degree must divide the heads");
+    if (c_.head_dim == 0 && c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
+    if (kv_heads() == 0 || c_.heads % kv_heads() != 0) fail("the key/value heads must divide the heads");
+    if (c_.heads % c_.tp != 0 || kv_heads() % c_.tp != 0)
+      fail("the tensor-parallel degree must divide the heads and the key/value heads");
+    if (rotary() && head_dim() % 2 != 0) fail("rotary positions need an even head width");
     if (c_.ffn % c_.tp != 0) fail("the tensor-parallel degree must divide the MLP width");
-    if (c_.sequence > c_.positions) fail("the sequence is longer than the position embedding");
+    if (c_.positions != 0 && c_.sequence > c_.positions) fail("the sequence is longer than the position embedding");
     if (r_.dp >= c_.dp || r_.tp >= c_.tp) fail("the rank coordinates lie outside the mesh");
     if (c_.dropout > 0 && !c_.flash)
       fail("dropout needs flash attention: the reference naive attention has no attention-probability dropout");
@@ -124,11 +133,20 @@ class gpt_lowering {
   }
   std::size_t tokens() const { return c_.micro_batch * c_.sequence; }
   std::size_t local_heads() const { return c_.heads / c_.tp; }
-  std::size_t head_dim() const { return c_.hidden / c_.heads; }
-  std::size_t local_width() const { return c_.hidden / c_.tp; }
+  std::size_t kv_heads() const { return c_.kv_heads != 0 ? c_.kv_heads : c_.heads; }
+  std::size_t local_kv_heads() const { return kv_heads() / c_.tp; }
+  std::size_t head_dim() const { return c_.head_dim != 0 ? c_.head_dim : c_.hidden / c_.heads; }
+  /// Attention output width per rank (H·D / tp; hidden / tp for GPT-2).
+  std::size_t local_width() const { return local_heads() * head_dim(); }
+  std::size_t local_kv_width() const { return local_kv_heads() * head_dim(); }
+  std::size_t local_qkv() const { return local_width() + 2 * local_kv_width(); }
   std::size_t local_ffn() const { return c_.ffn / c_.tp; }
+  std::size_t fc1_rows() const { return c_.gated ? 2 * local_ffn() : local_ffn(); }
+  bool rotary() const { return c_.positions == 0; }
+  bool norm_bias() const { return !c_.rms_norm && c_.bias; }
+  std::size_t norm_elements() const { return norm_bias() ? 2 * c_.hidden : c_.hidden; }
   attn_shape shape() const {
-    return {u32(c_.micro_batch), u32(c_.sequence), u32(local_heads()), u32(local_heads()), u32(head_dim()), true,
+    return {u32(c_.micro_batch), u32(c_.sequence), u32(local_heads()), u32(local_kv_heads()), u32(head_dim()), true,
             c_.flash};
   }
   static std::uint32_t u32(std::size_t n) {
@@ -176,8 +194,11 @@ class gpt_lowering {
     element_ranges no_decay, replicated;
   };
   void build_units() {
-    blk_ = gpt_block_layout(c_.hidden, local_width(), local_ffn());
-    for (gpt_unit_spec& s : gpt_units("build_program", c_.vocab, c_.positions, c_.hidden, c_.layers, blk_, c_.dp)) {
+    blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), norm_bias(), c_.bias, c_.gated);
+    first_block_ = c_.positions != 0 ? 2 : 1;
+    lnf_ = first_block_ + c_.layers;
+    for (gpt_unit_spec& s : gpt_units("build_program", c_.vocab, c_.positions, c_.hidden, c_.layers, blk_, c_.dp,
+                                      norm_elements(), c_.tied)) {
       unit u;
       u.name = std::move(s.name);
       u.elements = s.elements;
@@ -216,7 +237,8 @@ class gpt_lowering {
   /// gpt_trainer::initialise as data: GPT-2's init (std 0.02, 0.02/√(2L) for the residual
   /// projections, norms at 1, biases at 0), by logical index so every TP rank draws its part.
   void describe_units() {
-    const std::size_t C = c_.hidden, W = local_width(), F = local_ffn(), Wf = c_.hidden, Ff = c_.ffn, r = r_.tp;
+    const std::size_t C = c_.hidden, W = local_width(), Wkv = local_kv_width(), F = local_ffn(), Ff = c_.ffn, r = r_.tp;
+    const std::size_t Wf = c_.heads * head_dim(), Wkvf = kv_heads() * head_dim();  // logical q and k/v widths
     const float std_w = 0.02f, std_res = 0.02f / std::sqrt(2.0f * static_cast<float>(c_.layers));  // GPT-2 init
     using k = param_init::kind;
     const auto ones = [](std::size_t at, std::size_t n) {
@@ -244,7 +266,7 @@ class gpt_lowering {
       d.state2 = u.state2;
       d.weight_begin = z >= 3 ? shard_begin(u) : 0;
       d.master_begin = z >= 1 ? shard_begin(u) : 0;
-      if (u.name == "wte" || u.name == "wpe") {
+      if (u.name == "wte" || u.name == "wpe" || u.name == "lm_head") {
         d.init.push_back(normal(0, 1, u.elements, ui, 0, 0, 0, std_w));
       } else if (u.name == "lnf") {
         d.init.push_back(ones(0, C));
@@ -252,10 +274,14 @@ class gpt_lowering {
         const gpt_block_view& b = blk_;
         d.init.push_back(ones(b.ln1_w, C));
         d.init.push_back(ones(b.ln2_w, C));
-        for (std::size_t part = 0; part < 3; ++part)  // this rank's q, k, v rows of the logical [3C, C] matrix
-          d.init.push_back(normal(b.qkv_w + part * W * C, W, C, ui * 8 + 1, part * Wf + r * W, 0, C, std_w));
-        d.init.push_back(normal(b.proj_w, C, W, ui * 8 + 2, 0, r * W, Wf, std_res));  // proj [C, C]: this rank's columns
+        // this rank's q, k, v rows of the logical [Wf + 2·Wkvf, C] matrix ([3C, C] for GPT-2)
+        d.init.push_back(normal(b.qkv_w, W, C, ui * 8 + 1, r * W, 0, C, std_w));
+        d.init.push_back(normal(b.qkv_w + W * C, Wkv, C, ui * 8 + 1, Wf + r * Wkv, 0, C, std_w));
+        d.init.push_back(normal(b.qkv_w + (W + Wkv) * C, Wkv, C, ui * 8 + 1, Wf + Wkvf + r * Wkv, 0, C, std_w));
+        d.init.push_back(normal(b.proj_w, C, W, ui * 8 + 2, 0, r * W, Wf, std_res));  // proj [C, Wf]: this rank's columns
         d.init.push_back(normal(b.fc1_w, F, C, ui * 8 + 3, r * F, 0, C, std_w));      // fc1 [F, C]: this rank's rows
+        if (c_.gated)  // the up rows of the logical [2F, C] gate ‖ up matrix
+          d.init.push_back(normal(b.fc1_w + F * C, F, C, ui * 8 + 3, Ff + r * F, 0, C, std_w));
         d.init.push_back(normal(b.fc2_w, C, F, ui * 8 + 4, 0, r * F, Ff, std_res));   // fc2 [C, F]: this rank's columns
       }
       p_.units.push_back(std::move(d));
@@ -311,17 +337,29 @@ class gpt_lowering {
     operand ln1_out, qkv, att, atty, x_mid, ln2_out, fc1_out, gelu_out, x_out, lse, mask1, mask2;
   };
   operand w_at(const operand& W, std::size_t at, std::size_t n) const { return sub(W, at, n); }
+  /// A bias (or LayerNorm shift) of n elements at `at`, null when the model has none.
+  operand b_at(const operand& W, std::size_t at, std::size_t n, bool present) const {
+    return present ? sub(W, at, n) : operand{};
+  }
+  void rope(const operand& x, bool backward) {
+    if (!rotary()) return;
+    if (backward) emit(ops::rotary_bwd{x, shape(), u32(head_dim()), c_.rope_theta});
+    else emit(ops::rotary_fwd{x, shape(), u32(head_dim()), c_.rope_theta});
+  }
 
   block_saved block_forward(std::size_t l, const operand& x_in, const operand& W, category kind = category::activations) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const gpt_block_view& b = blk_;
     const bool drop = c_.dropout > 0;
     const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
+    const std::size_t Q = local_qkv(), F1 = fc1_rows();
+    const bool rms = c_.rms_norm, nb = norm_bias(), bias = c_.bias;
     block_saved s{};
     s.ln1_out = push("ln1_out", N * C, T_, kind);
-    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), w_at(W, b.ln1_b, C), n, cc});
-    s.qkv = push("qkv", N * 3 * Wd, T_, kind);
-    emit(ops::linear_fwd{s.qkv, s.ln1_out, w_at(W, b.qkv_w, 3 * Wd * C), w_at(W, b.qkv_b, 3 * Wd), n, cc, 3 * wd});
+    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), n, cc, rms});
+    s.qkv = push("qkv", N * Q, T_, kind);
+    emit(ops::linear_fwd{s.qkv, s.ln1_out, w_at(W, b.qkv_w, Q * C), b_at(W, b.qkv_b, Q, bias), n, cc, u32(Q)});
+    rope(s.qkv, false);
     const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
     const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
     operand att_tmp{}, lse_tmp{};
@@ -343,24 +381,25 @@ class gpt_lowering {
       operand proj = transient("proj_out", N * C, T_, category::temporaries);
       emit(ops::linear_fwd{proj, s.atty, w_at(W, b.proj_w, C * Wd), operand{}, n, wd, cc});
       tp_sum(proj);
-      emit(ops::bias_add{proj, w_at(W, b.proj_b, C), n, cc});
+      if (bias) emit(ops::bias_add{proj, w_at(W, b.proj_b, C), n, cc});
       if (drop) dropout_rows(proj, s.mask1, 2 * l);
       emit(ops::residual_add{s.x_mid, x_in, proj});
       pop(proj);
     }
     s.ln2_out = push("ln2_out", N * C, T_, kind);
-    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), w_at(W, b.ln2_b, C), n, cc});
-    s.fc1_out = push("fc1_out", N * F, T_, kind);
-    emit(ops::linear_fwd{s.fc1_out, s.ln2_out, w_at(W, b.fc1_w, F * C), w_at(W, b.fc1_b, F), n, cc, f});
+    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), n, cc, rms});
+    s.fc1_out = push("fc1_out", N * F1, T_, kind);
+    emit(ops::linear_fwd{s.fc1_out, s.ln2_out, w_at(W, b.fc1_w, F1 * C), b_at(W, b.fc1_b, F1, bias), n, cc, u32(F1)});
     s.gelu_out = push("gelu_out", N * F, T_, kind);
-    emit(ops::activation_fwd{s.gelu_out, s.fc1_out});
+    emit(ops::activation_fwd{s.gelu_out, s.fc1_out, c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu,
+                             n, f});
     if (drop) s.mask2 = push("dropout_mask", N * C, elem::u8, kind);
     s.x_out = push("residual", N * C, T_, kind);
     {
       operand fc2 = transient("fc2_out", N * C, T_, category::temporaries);
       emit(ops::linear_fwd{fc2, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
       tp_sum(fc2);
-      emit(ops::bias_add{fc2, w_at(W, b.fc2_b, C), n, cc});
+      if (bias) emit(ops::bias_add{fc2, w_at(W, b.fc2_b, C), n, cc});
       if (drop) dropout_rows(fc2, s.mask2, 2 * l + 1);
       emit(ops::residual_add{s.x_out, s.x_mid, fc2});
       pop(fc2);
@@ -386,22 +425,28 @@ class gpt_lowering {
     const gpt_block_view& b = blk_;
     const bool drop = c_.dropout > 0;
     const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
+    const std::size_t Q = local_qkv(), F1 = fc1_rows();
+    const bool rms = c_.rms_norm, nb = norm_bias(), bias = c_.bias;
     {  // MLP branch
       operand dfc2 = dres;
       if (drop) {
         emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
         dfc2 = slot;
       }
-      operand dgelu = transient("grad_mlp_inner", N * F, T_, category::temporaries);
-      emit(ops::linear_bwd{dgelu, w_at(G, b.fc2_w, C * F), w_at(G, b.fc2_b, C), dfc2, s.gelu_out, w_at(W, b.fc2_w, C * F),
-                           n, f, cc});
-      emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
-      emit(ops::linear_bwd{slot, w_at(G, b.fc1_w, F * C), w_at(G, b.fc1_b, F), dgelu, s.ln2_out, w_at(W, b.fc1_w, F * C),
-                           n, cc, f});
+      // SwiGLU: d(out) [N, F] is the first half of d(gate ‖ up) [N, 2F], which the backward
+      // writes over it in place (the plan's 2·inner).
+      operand dgelu = transient("grad_mlp_inner", N * F1, T_, category::temporaries);
+      const operand dact = sub(dgelu, 0, N * F);
+      emit(ops::linear_bwd{dact, w_at(G, b.fc2_w, C * F), b_at(G, b.fc2_b, C, bias), dfc2, s.gelu_out,
+                           w_at(W, b.fc2_w, C * F), n, f, cc});
+      if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, ops::activation_kind::swiglu, n, f});
+      else emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
+      emit(ops::linear_bwd{slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, bias), dgelu, s.ln2_out,
+                           w_at(W, b.fc1_w, F1 * C), n, cc, u32(F1)});
       pop(dgelu);
       tp_sum(slot);
       operand dnorm = transient("grad_norm_in", N * C, T_, category::temporaries);
-      emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), w_at(G, b.ln2_b, C), slot, s.x_mid, w_at(W, b.ln2_w, C), n, cc});
+      emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), b_at(G, b.ln2_b, C, nb), slot, s.x_mid, w_at(W, b.ln2_w, C), n, cc, rms});
       emit(ops::residual_add{dres, dres, dnorm});
       pop(dnorm);
     }
@@ -412,9 +457,9 @@ class gpt_lowering {
         dproj = slot;
       }
       operand datty = transient("grad_attention_out", N * Wd, T_, category::temporaries);
-      emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), w_at(G, b.proj_b, C), dproj, s.atty, w_at(W, b.proj_w, C * Wd),
-                           n, wd, cc});
-      operand dqkv = transient("grad_qkv", N * 3 * Wd, T_, category::temporaries);
+      emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), b_at(G, b.proj_b, C, bias), dproj, s.atty,
+                           w_at(W, b.proj_w, C * Wd), n, wd, cc});
+      operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
       const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
       const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
       operand core = c_.flash ? s.lse : s.att;
@@ -429,13 +474,14 @@ class gpt_lowering {
       emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, shape()});
       if (!out_tmp.null()) pop(out_tmp);
       if (!keeps_core()) pop(core);
-      emit(ops::linear_bwd{slot, w_at(G, b.qkv_w, 3 * Wd * C), w_at(G, b.qkv_b, 3 * Wd), dqkv, s.ln1_out,
-                           w_at(W, b.qkv_w, 3 * Wd * C), n, cc, 3 * wd});
+      rope(dqkv, true);
+      emit(ops::linear_bwd{slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias), dqkv, s.ln1_out,
+                           w_at(W, b.qkv_w, Q * C), n, cc, u32(Q)});
       pop(dqkv);
       pop(datty);
       tp_sum(slot);
       operand dnorm = transient("grad_norm_in", N * C, T_, category::temporaries);
-      emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), w_at(G, b.ln1_b, C), slot, x_in, w_at(W, b.ln1_w, C), n, cc});
+      emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), b_at(G, b.ln1_b, C, nb), slot, x_in, w_at(W, b.ln1_w, C), n, cc, rms});
       emit(ops::residual_add{dres, dres, dnorm});
       pop(dnorm);
     }
@@ -447,15 +493,18 @@ class gpt_lowering {
     const std::uint32_t n = u32(N), cc = u32(C), v = u32(V);
     const bool drop = c_.dropout > 0;
     unit& wte = units_[0];
-    unit& wpe = units_[1];
-    unit& lnf = units_.back();
+    unit* wpe = c_.positions != 0 ? &units_[1] : nullptr;
+    unit& lnf = units_[lnf_];
+    unit& head = c_.tied ? wte : units_[lnf_ + 1];  // the output layer's weights
+    const bool nb = norm_bias(), rms = c_.rms_norm;
 
     operand emb_mask{};
     if (drop) emb_mask = push("dropout_mask", N * C, elem::u8, category::activations);
     operand x0 = push("residual", N * C, T_, category::activations);
     {
       auto we = use_weights(wte);
-      auto pe = use_weights(wpe);
+      weights_in_use pe{};
+      if (wpe) pe = use_weights(*wpe);
       emit(ops::embedding_fwd{x0, tok(), we.data, pe.data, u32(c_.micro_batch), u32(c_.sequence), cc});
       release(pe);
       release(we);
@@ -473,7 +522,7 @@ class gpt_lowering {
     if (need_pair)
       for (auto& p : pair) p = transient("segment_residual", N * C, T_, category::temporaries);
     for (std::size_t l = 0; l < L; ++l) {
-      unit& u = units_[2 + l];
+      unit& u = units_[first_block_ + l];
       if (!recompute_layers) {
         auto w = use_weights(u);
         saved[l] = block_forward(l, inputs[l], w.data);
@@ -497,26 +546,28 @@ class gpt_lowering {
     operand lnf_out = push("lnf_out", N * C, T_, category::activations);
     {
       auto wl = use_weights(lnf);
-      emit(ops::norm_fwd{lnf_out, inputs[L], sub(wl.data, 0, C), sub(wl.data, C, C), n, cc});
+      emit(ops::norm_fwd{lnf_out, inputs[L], sub(wl.data, 0, C), nb ? sub(wl.data, C, C) : operand{}, n, cc, rms});
       release(wl);
     }
     operand slot = transient("grad_slot", N * C, T_, category::temporaries);
     {
-      auto we = use_weights(wte);
+      auto we = use_weights(head);
       operand logits = transient("logits", N * V, T_, category::temporaries);
       emit(ops::linear_fwd{logits, lnf_out, we.data, operand{}, n, cc, v});
       emit(ops::loss{logits, tgt(), n, v, u32(c_.grad_accum)});
-      operand gw = grad_buffer(wte);
+      operand gw = grad_buffer(head);
       emit(ops::linear_bwd{slot, gw, operand{}, logits, lnf_out, we.data, n, cc, v});
-      finish_grad(wte, gw);
+      finish_grad(head, gw);
       pop(logits);
       release(we);
+      if (!c_.tied) reduce_after_last_backward(head);
     }
     operand dres = transient("grad_residual", N * C, T_, category::temporaries);
     {
       auto wn = use_weights(lnf);
       operand gl = grad_buffer(lnf);
-      emit(ops::norm_bwd{dres, sub(gl, 0, C), sub(gl, C, C), slot, inputs[L], sub(wn.data, 0, C), n, cc});
+      emit(ops::norm_bwd{dres, sub(gl, 0, C), nb ? sub(gl, C, C) : operand{}, slot, inputs[L], sub(wn.data, 0, C), n, cc,
+                         rms});
       finish_grad(lnf, gl);
       release(wn);
       reduce_after_last_backward(lnf);
@@ -528,7 +579,7 @@ class gpt_lowering {
       const std::size_t seg_begin = recompute_layers ? ((seg_end - 1) / seg) * seg : seg_end - 1;
       if (!recompute_layers) {
         const std::size_t l = seg_end - 1;
-        unit& u = units_[2 + l];
+        unit& u = units_[first_block_ + l];
         pop(saved[l].x_out);
         auto w = use_weights(u);
         operand g = grad_buffer(u);
@@ -541,14 +592,14 @@ class gpt_lowering {
         pop(inputs[seg_end]);
         std::vector<block_saved> rebuilt;
         for (std::size_t l = seg_begin; l < seg_end; ++l) {
-          auto w = use_weights(units_[2 + l]);
+          auto w = use_weights(units_[first_block_ + l]);
           rebuilt.push_back(block_forward(l, l == seg_begin ? inputs[l] : rebuilt.back().x_out, w.data, category::temporaries));
           release(w);
         }
         for (std::size_t l = seg_end; l-- > seg_begin;) {
           block_saved& s = rebuilt[l - seg_begin];
           pop(s.x_out);
-          unit& u = units_[2 + l];
+          unit& u = units_[first_block_ + l];
           auto w = use_weights(u);
           operand g = grad_buffer(u);
           block_backward(s, l == seg_begin ? inputs[l] : rebuilt[l - seg_begin - 1].x_out, w.data, g, dres, slot);
@@ -565,11 +616,11 @@ class gpt_lowering {
     if (drop) emit(ops::dropout_bwd{dres, dres, emb_mask, c_.dropout});
     {
       operand gw = grad_buffer(wte);
-      operand gp = grad_buffer(wpe);
+      operand gp = wpe ? grad_buffer(*wpe) : operand{};
       emit(ops::embedding_bwd{gw, gp, dres, tok(), u32(c_.micro_batch), u32(c_.sequence), cc});
-      finish_grad(wpe, gp);
+      if (wpe) finish_grad(*wpe, gp);
       finish_grad(wte, gw);
-      reduce_after_last_backward(wpe);
+      if (wpe) reduce_after_last_backward(*wpe);
       reduce_after_last_backward(wte);
     }
     pop(dres);
@@ -654,6 +705,7 @@ class gpt_lowering {
   elem A_ = elem::f32;  // accum_t of f32, bf16 and f16
   arena_layout layout_;
   gpt_block_view blk_{};
+  std::size_t first_block_ = 2, lnf_ = 0;  ///< unit indices of block 0 and the final norm
   std::vector<unit> units_;
   program p_;
   std::vector<op>* section_ = nullptr;

@@ -33,6 +33,14 @@ struct gpt_config {
   float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float max_grad_norm = 1.0f;  ///< ≤ 0: no clipping
   std::uint64_t seed = 1;
+  // block variant (GPT-2's by default; the reference gpt_trainer reads none of these)
+  std::size_t kv_heads = 0;     ///< key/value heads (0: heads; fewer: grouped-query attention)
+  std::size_t head_dim = 0;     ///< 0: hidden / heads
+  bool rms_norm = false;        ///< RMSNorm instead of LayerNorm
+  bool gated = false;           ///< SwiGLU MLP (fc1 writes [gate ‖ up]) instead of GeLU
+  bool bias = true;             ///< biases of the projections and LayerNorms
+  bool tied = true;             ///< the output layer shares the token embedding (else an `lm_head` unit)
+  float rope_theta = 10000.0f;  ///< positions == 0: rotary positions over the whole head width
 };
 
 /// Arena sizes the plan predicts (persistent model states; saved + transient peak).

@@ -24,6 +24,35 @@ struct gpt_block_view {
   std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
 };
 
+/// The general block: query width Wq and key/value width Wkv per rank (qkv is [Wq + 2·Wkv, C],
+/// proj [C, Wq]); norm_bias: LayerNorm biases (none for RMSNorm); bias: projection biases; gated:
+/// fc1 writes [gate ‖ up] (2F rows). Absent tensors take no elements (their offsets coincide).
+constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::size_t Wkv, std::size_t F,
+                                          bool norm_bias, bool bias, bool gated) {
+  gpt_block_view v{};
+  std::size_t o = 0;
+  const auto take = [&](std::size_t n) {
+    const std::size_t at = o;
+    o += n;
+    return at;
+  };
+  const std::size_t F1 = gated ? 2 * F : F;
+  v.ln1_w = take(C);
+  v.ln1_b = take(norm_bias ? C : 0);
+  v.qkv_w = take((Wq + 2 * Wkv) * C);
+  v.qkv_b = take(bias ? Wq + 2 * Wkv : 0);
+  v.proj_w = take(C * Wq);
+  v.proj_b = take(bias ? C : 0);
+  v.ln2_w = take(C);
+  v.ln2_b = take(norm_bias ? C : 0);
+  v.fc1_w = take(F1 * C);
+  v.fc1_b = take(bias ? F1 : 0);
+  v.fc2_w = take(C * F);
+  v.fc2_b = take(bias ? C : 0);
+  v.end = o;
+  return v;
+}
+
 constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t W, std::size_t F) {
   gpt_block_view v{};
   std::size_t o = 0;
@@ -58,6 +87,19 @@ struct gpt_unit_spec {
   element_ranges replicated;
 };
 
+/// Sets each unit's shard; throws, naming `who`, when one does not split evenly over dp.
+inline std::vector<gpt_unit_spec> detail_split_units(std::string_view who, std::vector<gpt_unit_spec> units,
+                                                     std::size_t dp) {
+  for (gpt_unit_spec& u : units) {
+    if (u.elements % dp != 0)
+      throw std::invalid_argument(std::string(who) + ": unit '" + u.name + "' (" + std::to_string(u.elements) +
+                                  " elements) does not split evenly over " + std::to_string(dp) +
+                                  " data-parallel ranks");
+    u.shard = u.elements / dp;
+  }
+  return units;
+}
+
 /// The units of a GPT of `layers` blocks; throws, naming `who`, when a unit does not split evenly
 /// over `dp` data-parallel ranks.
 inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vocab, std::size_t positions,
@@ -72,14 +114,26 @@ inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vo
                      {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}},
                      {{v.ln1_w, v.qkv_w}, {v.proj_b, v.fc1_w}, {v.fc2_b, v.end}}});
   units.push_back({"lnf", 2 * C, 0, {{0, 2 * C}}, {{0, 2 * C}}});
-  for (gpt_unit_spec& u : units) {
-    if (u.elements % dp != 0)
-      throw std::invalid_argument(std::string(who) + ": unit '" + u.name + "' (" + std::to_string(u.elements) +
-                                  " elements) does not split evenly over " + std::to_string(dp) +
-                                  " data-parallel ranks");
-    u.shard = u.elements / dp;
-  }
-  return units;
+  return detail_split_units(who, std::move(units), dp);
 }
+
+/// The same for the general model: no `wpe` unit when positions == 0 (rotary positions), a final
+/// norm of `final_norm` elements, and an untied output layer as a last unit `lm_head` [vocab, hidden].
+inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vocab, std::size_t positions,
+                                            std::size_t hidden, std::size_t layers, const gpt_block_view& v,
+                                            std::size_t dp, std::size_t final_norm, bool tied) {
+  const std::size_t C = hidden;
+  std::vector<gpt_unit_spec> units;
+  units.push_back({"wte", vocab * C, 0, {}, {{0, vocab * C}}});
+  if (positions != 0) units.push_back({"wpe", positions * C, 0, {}, {{0, positions * C}}});
+  for (std::size_t l = 0; l < layers; ++l)
+    units.push_back({"block" + std::to_string(l), v.end, 0,
+                     {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}},
+                     {{v.ln1_w, v.qkv_w}, {v.proj_b, v.fc1_w}, {v.fc2_b, v.end}}});
+  units.push_back({"lnf", final_norm, 0, {{0, final_norm}}, {{0, final_norm}}});
+  if (!tied) units.push_back({"lm_head", vocab * C, 0, {}, {{0, vocab * C}}});
+  return detail_split_units(who, std::move(units), dp);
+}
+
 
 }  // namespace memalg::exec

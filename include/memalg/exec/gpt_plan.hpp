@@ -74,8 +74,8 @@ constexpr std::string_view describe(runtime_issue i) {
     case runtime_issue::states: return "the CPU runtime keeps optimizer states in fp32";
     case runtime_issue::optimizer: return "the CPU runtime implements sgd, momentum, adam and adamw";
     case runtime_issue::unfused: return "the CPU runtime's optimizer is fused: add train::fused_optimizer to the recipe";
-    case runtime_issue::architecture: return "the CPU runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions";
-    case runtime_issue::heads: return "the CPU runtime's GPT uses multi-head attention with head width hidden / heads";
+    case runtime_issue::architecture: return "the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one fp32 rank, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)";
+    case runtime_issue::heads: return "the CPU runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)";
     case runtime_issue::chunked: return "the CPU runtime computes the loss unchunked";
     case runtime_issue::logits: return "the CPU runtime keeps logits in the weight dtype: set lm_config::logits";
     case runtime_issue::dropout: return "dropout needs flash attention in the CPU runtime (its naive attention has no probability dropout)";
@@ -97,8 +97,8 @@ struct runtime_check {
   static_assert(I != runtime_issue::states, "gpt_run: the CPU runtime keeps optimizer states in fp32");
   static_assert(I != runtime_issue::optimizer, "gpt_run: the CPU runtime implements sgd, momentum, adam and adamw");
   static_assert(I != runtime_issue::unfused, "gpt_run: the CPU runtime's optimizer is fused: add train::fused_optimizer to the recipe");
-  static_assert(I != runtime_issue::architecture, "gpt_run: the CPU runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions");
-  static_assert(I != runtime_issue::heads, "gpt_run: the CPU runtime's GPT uses multi-head attention with head width hidden / heads");
+  static_assert(I != runtime_issue::architecture, "gpt_run: the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one fp32 rank, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)");
+  static_assert(I != runtime_issue::heads, "gpt_run: the CPU runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)");
   static_assert(I != runtime_issue::chunked, "gpt_run: the CPU runtime computes the loss unchunked");
   static_assert(I != runtime_issue::logits, "gpt_run: the CPU runtime keeps logits in the weight dtype: set lm_config::logits");
   static_assert(I != runtime_issue::dropout, "gpt_run: dropout needs flash attention in the CPU runtime (its naive attention has no probability dropout)");
@@ -141,6 +141,41 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
   if (m.zero_stage == 3 && m.zero3_prefetch != 0) return runtime_issue::prefetch;
   if ((m.tp > 1 || m.dp > 1) && !fp32) return runtime_issue::multirank;
   if (t.offload_activations) return runtime_issue::offload;
+  return runtime_issue::none;
+}
+
+/// Whether a configuration leaves GPT-2's block (the step program's variants: RMSNorm, SwiGLU, no
+/// biases, untied output, rotary positions, grouped-query attention, another head width).
+constexpr bool llama_style(const lm_config& c) {
+  return c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || (c.kv_heads != 0 && c.kv_heads != c.heads) ||
+         (c.head_dim != 0 && c.head_dim * c.heads != c.hidden);
+}
+
+/// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
+/// configuration. GPT-2-style models: find_runtime_issue's rule, which the CUDA runtime shares.
+/// Llama-style ones (llama_style) on top: fp32 on one rank, flash attention when the key/value
+/// heads are fewer than the heads, rotary positions over whole heads (positions == 0, rotary_dim 0
+/// or the head width), no mixture of experts, parallel residual or shared norm.
+constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
+  if (!llama_style(c)) return find_runtime_issue(c, t, m);
+  lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
+  g.rms_norm = false;
+  g.gated = false;
+  g.bias = true;
+  g.tied = true;
+  g.positions = g.positions != 0 ? g.positions : 1;
+  g.kv_heads = 0;
+  g.head_dim = 0;
+  const runtime_issue rest = find_runtime_issue(g, t, m);
+  if (rest != runtime_issue::none && rest != runtime_issue::multirank) return rest;
+  if (c.experts != 0 || c.parallel_residual || c.shared_norm) return runtime_issue::architecture;
+  const std::uint64_t D = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
+  if (c.positions == 0 && (D % 2 != 0 || (c.rotary_dim != 0 && c.rotary_dim != D))) return runtime_issue::architecture;
+  const std::uint64_t kv = c.kv_heads != 0 ? c.kv_heads : c.heads;
+  if (D == 0 || kv == 0 || c.heads % kv != 0 || (c.head_dim == 0 && c.hidden % c.heads != 0)) return runtime_issue::heads;
+  if (kv != c.heads && !c.flash) return runtime_issue::heads;  // the plan's naive attention expands K/V to the heads
+  const precision_policy& p = t.precision;
+  if (!(p.weights == dtypes::fp32) || m.dp != 1 || m.tp != 1) return runtime_issue::architecture;
   return runtime_issue::none;
 }
 
@@ -187,6 +222,12 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.sequence = t.sequence;
   g.grad_accum = t.grad_accum;
   g.recompute = t.recompute;
+  g.kv_heads = c.kv_heads != 0 ? c.kv_heads : c.heads;
+  g.head_dim = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
+  g.rms_norm = c.rms_norm;
+  g.gated = c.gated;
+  g.bias = c.bias;
+  g.tied = c.tied;
   g.recompute_every = t.recompute_every != 0 ? t.recompute_every : 1;
   g.dp = m.dp;
   g.tp = m.tp;
@@ -217,11 +258,12 @@ class gpt_run {
   using storage = typename detail::storage_of<Plan>::type;
   /// The step program of the plan on the CPU step backend (exec/program_trainer.hpp).
   using trainer = program_trainer<backend::cpu::step_backend<storage, Comm>>;
-  /// The fixed CPU trainer the program is checked against, bit for bit (exec/gpt_trainer.hpp).
+  /// The fixed CPU trainer the program is checked against, bit for bit (exec/gpt_trainer.hpp);
+  /// GPT-2-style plans only (it ignores gpt_config's block variant: see llama_style).
   using reference_trainer = gpt_trainer<storage, Comm>;
 
   static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
-  static constexpr runtime_issue issue = find_runtime_issue(model_config, Plan::training, Plan::mesh);
+  static constexpr runtime_issue issue = find_cpu_runtime_issue(model_config, Plan::training, Plan::mesh);
   static_assert(detail::runtime_check<issue>::value, "gpt_run: the CPU runtime does not implement this plan");
   static_assert(require_fits<Plan>());
 

@@ -87,8 +87,9 @@ struct embedding_fwd { operand out, tok, wte, wpe; std::uint32_t B, S, C; };
 struct embedding_bwd { operand dwte, dwpe, dout, tok; std::uint32_t B, S, C; };
 // LayerNorm over rows of C; the statistics are backend scratch, recomputed from `in` in backward
 // (the plan keeps only the norm's input). Backward writes din and accumulates dw, db.
-struct norm_fwd { operand out, in, w, b; std::uint32_t N, C; };
-struct norm_bwd { operand din, dw, db, dout, in, w; std::uint32_t N, C; };
+// rms: RMSNorm (no bias, no mean; its rstd is recomputed from `in` too).
+struct norm_fwd { operand out, in, w, b; std::uint32_t N, C; bool rms = false; };
+struct norm_bwd { operand din, dw, db, dout, in, w; std::uint32_t N, C; bool rms = false; };
 // out[N, OC] = in[N, IC] · wᵀ (+ bias); backward writes din, accumulates dw, dbias.
 struct linear_fwd { operand out, in, w, bias; std::uint32_t N, IC, OC; };
 struct linear_bwd { operand din, dw, dbias, dout, in, w; std::uint32_t N, IC, OC; };
@@ -96,9 +97,15 @@ struct linear_bwd { operand din, dw, dbias, dout, in, w; std::uint32_t N, IC, OC
 // Flash backward reads the saved output `out`; naive takes none.
 struct attention_fwd { operand out, probs_or_lse, qkv; attn_shape sh; };
 struct attention_bwd { operand dqkv, dout, qkv, out, probs_or_lse; attn_shape sh; };
-enum class activation_kind : std::uint8_t { gelu };
-struct activation_fwd { operand out, in; activation_kind k = activation_kind::gelu; };
-struct activation_bwd { operand din, dout, in; activation_kind k = activation_kind::gelu; };
+// Rotary positions (RoPE) in place on the Q and K heads of a fused qkv [B·S, (H + 2Hkv)·D]
+// (position n % S, the first rot_dim dimensions of each head); backward rotates dQ, dK back.
+struct rotary_fwd { operand qkv; attn_shape sh; std::uint32_t rot_dim; float theta; };
+struct rotary_bwd { operand dqkv; attn_shape sh; std::uint32_t rot_dim; float theta; };
+// gelu: elementwise. swiglu: in [N, 2F] = [gate ‖ up] → out [N, F]; its backward writes din
+// [N, 2F] and may run in place over a dout [N, F] that is din's first N·F elements.
+enum class activation_kind : std::uint8_t { gelu, swiglu };
+struct activation_fwd { operand out, in; activation_kind k = activation_kind::gelu; std::uint32_t N = 0, F = 0; };
+struct activation_bwd { operand din, dout, in; activation_kind k = activation_kind::gelu; std::uint32_t N = 0, F = 0; };
 // Per sequence b of `rows`: mask and out over row_len elements; the seed comes from the step,
 // micro-batch, dp rank, site and sequence (program::seed), so masks agree on every split and
 // in recomputation.
@@ -132,7 +139,7 @@ struct all_gather { operand send, recv; group g; };
 
 using op_body =
     std::variant<ops::embedding_fwd, ops::embedding_bwd, ops::norm_fwd, ops::norm_bwd, ops::linear_fwd, ops::linear_bwd,
-                 ops::attention_fwd, ops::attention_bwd, ops::activation_fwd, ops::activation_bwd, ops::dropout_fwd,
+                 ops::attention_fwd, ops::attention_bwd, ops::rotary_fwd, ops::rotary_bwd, ops::activation_fwd, ops::activation_bwd, ops::dropout_fwd,
                  ops::dropout_bwd, ops::residual_add, ops::bias_add, ops::loss, ops::loss_mean, ops::scalar_div,
                  ops::zero, ops::copy, ops::sqnorm, ops::norm_parts, ops::clip_scale, ops::optimizer_update,
                  ops::all_reduce, ops::reduce_scatter, ops::all_gather>;

@@ -694,6 +694,14 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
       r.backward_temporary = max_b(bwd, m.backward_temporary) + gradients;
       // memalg's runtime also writes a norm's input gradient beside the two gradient buffers.
       if (c.reference()) r.backward_temporary = max_b(max_b(bwd, m.backward_temporary), hidden_input) + gradients;
+      // Under selective recomputation the rebuilt core lives only inside the attention backward
+      // (the stage adds it to the whole entry's backward): for gated (SwiGLU) blocks the attention
+      // branch carries it, so an MLP backward that is larger does not count it again.
+      if (c.reference() && c.recompute == recompute_kind::selective && (s.flags & layer_flags::gated) != 0 &&
+          (s.flags & layer_flags::moe) == 0) {
+        const bytes core = self.saved.core;
+        r.backward_temporary = max_b(max_b(bwd + core, m.backward_temporary), hidden_input) + gradients - core;
+      }
       r.comm = max_b(comm, m.comm);
       r.input = hidden_input;
       r.input_in_saved = true;

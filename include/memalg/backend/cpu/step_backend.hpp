@@ -42,6 +42,8 @@
 #include "memalg/backend/cpu/loss_scaler.hpp"
 #include "memalg/backend/cpu/optimizer.hpp"
 #include "memalg/backend/cpu/pointwise.hpp"
+#include "memalg/backend/cpu/rmsnorm.hpp"
+#include "memalg/backend/cpu/rotary.hpp"
 #include "memalg/core/float16.hpp"
 #include "memalg/exec/checkpoint.hpp"
 #include "memalg/exec/communicator.hpp"
@@ -134,10 +136,24 @@ class step_backend {
   }
   void operator()(const exec::ops::norm_fwd& o, exec::run_state&) {
     stats(o.N);
+    if (o.rms) {
+      rmsnorm_forward(ptr<T>(o.out), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), o.N, o.C);
+      return;
+    }
     layernorm_forward(ptr<T>(o.out), mean_.data(), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.b), o.N, o.C);
   }
   void operator()(const exec::ops::norm_bwd& o, exec::run_state&) {
     stats(o.N);
+    if (o.rms) {  // rstd recomputed from the saved input, as rmsnorm_forward computes it
+      const T* in = cptr<T>(o.in);
+      for (std::size_t r = 0; r < o.N; ++r) {
+        A ss = 0;
+        for (std::size_t c = 0; c < o.C; ++c) ss += to_float(in[r * o.C + c]) * to_float(in[r * o.C + c]);
+        rstd_[r] = A(1) / std::sqrt(ss / static_cast<A>(o.C) + static_cast<A>(rmsnorm_eps));
+      }
+      rmsnorm_backward(ptr<T>(o.din), ptr<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_.data(), o.N, o.C);
+      return;
+    }
     layernorm_stats(mean_.data(), rstd_.data(), cptr<T>(o.in), o.N, o.C);
     layernorm_backward(ptr<T>(o.din), ptr<T>(o.dw), ptr<T>(o.db), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w),
                        mean_.data(), rstd_.data(), o.N, o.C);
@@ -160,11 +176,43 @@ class step_backend {
       attention_flash_backward(ptr<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.out), cptr<A>(o.probs_or_lse), sh);
     else attention_naive_backward(ptr<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.probs_or_lse), sh);
   }
+  void operator()(const exec::ops::rotary_fwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.qkv.count != sh.rows() * sh.qkv_width()) fail("rotary_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
+    T* x = ptr<T>(o.qkv);
+    rope_qkv_forward(x, x, sh, o.rot_dim, static_cast<double>(o.theta));
+  }
+  void operator()(const exec::ops::rotary_bwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.dqkv.count != sh.rows() * sh.qkv_width()) fail("rotary_bwd: dqkv is not [B·S, (H + 2Hkv)·D]");
+    T* x = ptr<T>(o.dqkv);
+    rope_qkv_backward(x, x, sh, o.rot_dim, static_cast<double>(o.theta));
+  }
   void operator()(const exec::ops::activation_fwd& o, exec::run_state&) {
+    if (o.k == exec::ops::activation_kind::swiglu) {
+      const std::size_t nf = std::size_t{o.N} * o.F;
+      if (o.out.count != nf || o.in.count != 2 * nf) fail("activation_fwd: swiglu takes [N, 2F] to [N, F]");
+      swiglu_forward(ptr<T>(o.out), cptr<T>(o.in), o.N, o.F);
+      return;
+    }
     same_count(o.out, o.in);
     gelu_forward(ptr<T>(o.out), cptr<T>(o.in), o.out.count);
   }
   void operator()(const exec::ops::activation_bwd& o, exec::run_state&) {
+    if (o.k == exec::ops::activation_kind::swiglu) {
+      const std::size_t nf = std::size_t{o.N} * o.F;
+      if (o.dout.count != nf || o.din.count != 2 * nf || o.in.count != 2 * nf)
+        fail("activation_bwd: swiglu takes d[N, F] to d[N, 2F]");
+      T* din = ptr<T>(o.din);
+      const T* dout = cptr<T>(o.dout);
+      const T* in = cptr<T>(o.in);
+      // Row by row from the last: row n writes din[2nF, 2nF + 2F), which holds dout's rows 2n and
+      // 2n + 1 (already consumed) when dout is din's first half; row 0 reads each element before
+      // writing it. So dout may be the first N·F elements of din.
+      for (std::size_t r = o.N; r-- > 0;)
+        swiglu_backward(din + r * 2 * o.F, dout + r * o.F, in + r * 2 * o.F, 1, o.F);
+      return;
+    }
     same_count(o.din, o.dout);
     same_count(o.din, o.in);
     gelu_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), o.din.count);

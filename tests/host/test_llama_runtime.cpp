@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: BSL-1.0
+// Llama-shaped models (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases, untied output) on the CPU step program: high-water == plan.
+#include <doctest/doctest.h>
+
+#include "runtime_plans.hpp"
+
+#include <memalg/backend/cpu/local_communicator.hpp>
+#include <memalg/exec/gpt_plan.hpp>
+
+#include <cmath>
+#include <variant>
+#include <vector>
+
+namespace m = memalg;
+using comm = m::backend::cpu::local_communicator;
+
+namespace {
+using namespace memalg_test;
+
+constexpr m::lm_config llama(bool flash, std::uint64_t kv_heads, std::uint64_t layers) {
+  m::lm_config c{};
+  c.name = "llama-test";
+  c.layers = layers;
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = kv_heads;
+  c.ffn = 88;
+  c.vocab = 64;
+  c.positions = 0;
+  c.rotary = true;
+  c.rms_norm = true;
+  c.gated = true;
+  c.bias = false;
+  c.tied = false;
+  c.flash = flash;
+  c.logits = m::dtypes::fp32;
+  return c;
+}
+struct gqa_flash { static constexpr m::lm_config value = llama(true, 2, 3); };
+struct mqa_flash { static constexpr m::lm_config value = llama(true, 1, 2); };
+struct mha_naive { static constexpr m::lm_config value = llama(false, 0, 2); };
+
+template <class Plan>
+void check_llama() {
+  using run = m::exec::gpt_run<Plan, comm>;
+  static_assert(run::issue == m::exec::runtime_issue::none);
+  comm dp, tp;
+  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  const std::size_t n = run::config.micro_batch * run::config.sequence * run::config.grad_accum;
+  float first = 0, last = 0;
+  for (int s = 0; s < 10; ++s) {  // the same batch each step: the loss must fall
+    last = trainer.train_step(ids(n, 0), ids(n, 1));
+    if (s == 0) {
+      first = last;
+      CHECK(std::isfinite(trainer.last_grad_norm()));
+      CHECK(trainer.last_grad_norm() > 0.0f);
+    }
+    REQUIRE(std::isfinite(last));
+  }
+  CHECK(last < first);
+  const auto& mem = trainer.memory();
+  const m::breakdown& plan = Plan::result.per_rank;
+  CHECK(mem.capacity() == run::arena.persistent + run::arena.stack);
+  CHECK(mem.persistent_used() == Plan::result.most_loaded.at[0].model_states().value);
+  CHECK(mem.high_water() == (plan.total() - plan.reserve).value);
+  const m::breakdown& got = mem.peak_by_category();
+  CHECK(got.weights == plan.weights);
+  CHECK(got.gradients == plan.gradients);
+  CHECK(got.optimizer_states == plan.optimizer_states);
+  CHECK(got.activations + got.temporaries == plan.activations + plan.temporaries);
+  CHECK(got.activations == plan.activations);
+  CHECK(got.temporaries == plan.temporaries);
+  // The program's units: no position embedding, an untied lm_head after the final norm.
+  const auto& units = trainer.step_program().units;
+  REQUIRE(units.size() == run::config.layers + 3);
+  CHECK(units[1].name == "block0");
+  CHECK(units.back().name == "lm_head");
+  // Every block rotates Q and K (and dQ, dK back), runs SwiGLU and RMSNorm.
+  std::size_t rot_f = 0, rot_b = 0, swiglu = 0, rms = 0;
+  for (const m::exec::op& o : trainer.step_program().micro) {
+    if (std::holds_alternative<m::exec::ops::rotary_fwd>(o.body)) ++rot_f;
+    if (std::holds_alternative<m::exec::ops::rotary_bwd>(o.body)) ++rot_b;
+    if (const auto* a = std::get_if<m::exec::ops::activation_fwd>(&o.body); a && a->k == m::exec::ops::activation_kind::swiglu)
+      ++swiglu;
+    if (const auto* nf = std::get_if<m::exec::ops::norm_fwd>(&o.body); nf && nf->rms) ++rms;
+  }
+  CHECK(rot_b == run::config.layers);
+  CHECK(rot_f >= run::config.layers);
+  CHECK(swiglu >= run::config.layers);
+  CHECK(rms >= 2 * run::config.layers + 1);
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark at the plan's peak", Plan,
+                   plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
+                   plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<1, 32>, m::train::grad_accum<2>>,
+                   plan_for<mqa_flash, m::precision::fp32, m::optim::momentum<>, m::train::batch<2, 16>>,
+                   plan_for<mha_naive, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>) {
+  check_llama<Plan>();
+}
+
+TEST_CASE("recomputation changes a Llama-shaped model's memory, not its numbers") {
+  using none = plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  using full = plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>;
+  using sel = plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>;
+  const auto losses = [](auto* tag) {
+    using run = m::exec::gpt_run<std::remove_pointer_t<decltype(tag)>, comm>;
+    comm dp, tp;
+    typename run::trainer t(run::config, run::arena, dp, tp);
+    std::vector<float> out;
+    for (int s = 0; s < 3; ++s) out.push_back(t.train_step(ids(32, s), ids(32, s + 1)));
+    return std::pair{out, t.memory().high_water()};
+  };
+  const auto [l0, m0] = losses(static_cast<none*>(nullptr));
+  const auto [l1, m1] = losses(static_cast<full*>(nullptr));
+  const auto [l2, m2] = losses(static_cast<sel*>(nullptr));
+  CHECK(l0 == l1);
+  CHECK(l0 == l2);
+  CHECK(m1 < m0);
+}
+
+TEST_CASE("Llama-shaped plans the CPU runtime does not implement are named") {
+  using m::exec::find_cpu_runtime_issue;
+  using m::exec::find_runtime_issue;
+  using m::exec::runtime_issue;
+  const m::training_desc t = m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels>::value;
+  m::mesh_desc mesh{};
+  CHECK(find_cpu_runtime_issue(gqa_flash::value, t, mesh) == runtime_issue::none);
+  // The shared rule (the CUDA runtime's) still refuses them.
+  CHECK(find_runtime_issue(gqa_flash::value, t, mesh) == runtime_issue::architecture);
+  m::lm_config naive_gqa = gqa_flash::value;
+  naive_gqa.flash = false;
+  CHECK(find_cpu_runtime_issue(naive_gqa, t, mesh) == runtime_issue::heads);
+  m::lm_config partial = gqa_flash::value;
+  partial.rotary_dim = 4;
+  CHECK(find_cpu_runtime_issue(partial, t, mesh) == runtime_issue::architecture);
+  mesh.dp = 2;
+  mesh.world = 2;
+  CHECK(find_cpu_runtime_issue(gqa_flash::value, t, mesh) == runtime_issue::architecture);
+  const m::training_desc bf16 =
+      m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::reference_kernels>::value;
+  m::lm_config bf16_logits = gqa_flash::value;
+  bf16_logits.logits = m::dtypes::bf16;
+  CHECK(find_cpu_runtime_issue(bf16_logits, bf16, m::mesh_desc{}) == runtime_issue::architecture);
+  // GPT-2-style models follow the shared rule.
+  CHECK(find_cpu_runtime_issue(naive32::value, t, m::mesh_desc{}) == runtime_issue::none);
+}
