@@ -74,7 +74,7 @@ constexpr std::string_view describe(runtime_issue i) {
     case runtime_issue::states: return "the CPU runtime keeps optimizer states in fp32";
     case runtime_issue::optimizer: return "the CPU runtime implements sgd, momentum, adam and adamw";
     case runtime_issue::unfused: return "the CPU runtime's optimizer is fused: add train::fused_optimizer to the recipe";
-    case runtime_issue::architecture: return "the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one fp32 rank, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)";
+    case runtime_issue::architecture: return "the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one rank in fp32 or mixed-bf16, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)";
     case runtime_issue::heads: return "the CPU runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)";
     case runtime_issue::chunked: return "the CPU runtime computes the loss unchunked";
     case runtime_issue::logits: return "the CPU runtime keeps logits in the weight dtype: set lm_config::logits";
@@ -97,7 +97,7 @@ struct runtime_check {
   static_assert(I != runtime_issue::states, "gpt_run: the CPU runtime keeps optimizer states in fp32");
   static_assert(I != runtime_issue::optimizer, "gpt_run: the CPU runtime implements sgd, momentum, adam and adamw");
   static_assert(I != runtime_issue::unfused, "gpt_run: the CPU runtime's optimizer is fused: add train::fused_optimizer to the recipe");
-  static_assert(I != runtime_issue::architecture, "gpt_run: the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one fp32 rank, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)");
+  static_assert(I != runtime_issue::architecture, "gpt_run: the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one rank in fp32 or mixed-bf16, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)");
   static_assert(I != runtime_issue::heads, "gpt_run: the CPU runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)");
   static_assert(I != runtime_issue::chunked, "gpt_run: the CPU runtime computes the loss unchunked");
   static_assert(I != runtime_issue::logits, "gpt_run: the CPU runtime keeps logits in the weight dtype: set lm_config::logits");
@@ -153,7 +153,8 @@ constexpr bool llama_style(const lm_config& c) {
 
 /// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
 /// configuration. GPT-2-style models: find_runtime_issue's rule, which the CUDA runtime shares.
-/// Llama-style ones (llama_style) on top: fp32 on one rank, flash attention when the key/value
+/// Llama-style ones (llama_style) on top: fp32 or mixed-bf16 (bf16 weights, gradients,
+/// activations and logits, fp32 master and states) on one rank, flash attention when the key/value
 /// heads are fewer than the heads, rotary positions over whole heads (positions == 0, rotary_dim 0
 /// or the head width), no mixture of experts, parallel residual or shared norm.
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
@@ -175,7 +176,8 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   if (D == 0 || kv == 0 || c.heads % kv != 0 || (c.head_dim == 0 && c.hidden % c.heads != 0)) return runtime_issue::heads;
   if (kv != c.heads && !c.flash) return runtime_issue::heads;  // the plan's naive attention expands K/V to the heads
   const precision_policy& p = t.precision;
-  if (!(p.weights == dtypes::fp32) || m.dp != 1 || m.tp != 1) return runtime_issue::architecture;
+  if (!(p.weights == dtypes::fp32 || p.weights == dtypes::bf16) || m.dp != 1 || m.tp != 1)
+    return runtime_issue::architecture;  // fp16 (loss scaling) and multi-rank runs are GPT-2-only
   return runtime_issue::none;
 }
 
