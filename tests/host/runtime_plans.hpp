@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include <memalg/exec/gpt_plan.hpp>
@@ -40,6 +41,25 @@ template <class Config, class Precision, class Optimizer, class... Options>
 using plan_for = m::plan<m::exec::runtime_gpt<Config>,
                          m::train::recipe<Precision, Optimizer, m::train::reference_kernels, Options...>,
                          m::parallel::mesh<>, budget>;
+
+/// The runtime's single-rank test matrix: naive and flash attention, recomputation none /
+/// selective / full / every-K, dropout, accumulation, fp32 / mixed bf16 / fp16, AdamW / SGD /
+/// momentum (for doctest's TEST_CASE_TEMPLATE_APPLY).
+using runtime_matrix = std::tuple<
+    plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+    plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+    plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
+    plan_for<naive32, m::precision::fp32, m::optim::sgd<>, m::train::batch<2, 16>, m::train::recompute::every<3>>,
+    plan_for<naive32, m::precision::fp32, m::optim::momentum<>, m::train::batch<1, 32>, m::train::grad_accum<3>>,
+    plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>>,
+    plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>, m::train::recompute::selective>,
+    plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>,
+             m::train::grad_accum<2>>,
+    plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
+    plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<4, 16>, m::train::recompute::full>,
+    plan_for<flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
+    plan_for<flash_fp16, m::precision::amp_fp16, m::optim::momentum<>, m::train::batch<2, 16>,
+             m::train::recompute::every<2>>>;
 
 inline std::vector<std::int32_t> ids(std::size_t n, int salt) {
   std::vector<std::int32_t> v(n);

@@ -56,23 +56,8 @@ void check_exact() {
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE("the arena's high-water mark equals the plan's peak, to the byte", Plan,
-                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
-                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
-                   plan_for<naive32, m::precision::fp32, m::optim::sgd<>, m::train::batch<2, 16>, m::train::recompute::every<3>>,
-                   plan_for<naive32, m::precision::fp32, m::optim::momentum<>, m::train::batch<1, 32>, m::train::grad_accum<3>>,
-                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>>,
-                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>, m::train::recompute::selective>,
-                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>,
-                            m::train::grad_accum<2>>,
-                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<4, 16>, m::train::recompute::full>,
-                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::momentum<>, m::train::batch<2, 16>,
-                            m::train::recompute::every<2>>) {
-  check_exact<Plan>();
-}
+TEST_CASE_TEMPLATE_DEFINE("the arena's high-water mark equals the plan's peak, to the byte", Plan, runtime_exact) { check_exact<Plan>(); }
+TEST_CASE_TEMPLATE_APPLY(runtime_exact, runtime_matrix);
 
 TEST_CASE("recomputation changes the memory, not the numbers") {
   using none = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -130,44 +131,32 @@ void check_plan() {
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE("the step program's arena trace is the trainer's, event by event", Plan,
-                   // the matrix of test_runtime_plan.cpp
-                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
-                   plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
-                   plan_for<naive32, m::precision::fp32, m::optim::sgd<>, m::train::batch<2, 16>, m::train::recompute::every<3>>,
-                   plan_for<naive32, m::precision::fp32, m::optim::momentum<>, m::train::batch<1, 32>, m::train::grad_accum<3>>,
-                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>>,
-                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 32>, m::train::recompute::selective>,
-                   plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>,
-                            m::train::grad_accum<2>>,
-                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<4, 16>, m::train::recompute::full>,
-                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<flash_fp16, m::precision::amp_fp16, m::optim::momentum<>, m::train::batch<2, 16>,
-                            m::train::recompute::every<2>>,
-                   // the multi-rank plans of examples/train_gpt_cpu.cpp, every rank
-                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>, example_batch>,
-                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>, example_batch>,
-                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>,
-                   mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>,
-                             example_batch>,
-                   // ZeRO under recomputation, dropout and accumulation
-                   mesh_plan<flash32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>, m::train::batch<2, 16>,
-                             m::train::recompute::every<2>, m::train::grad_accum<2>>,
-                   mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>, m::parallel::tensor<2>>,
-                             m::train::batch<2, 16>, m::train::recompute::selective>,
-                   mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<0>>>, m::train::batch<2, 16>,
-                             m::train::recompute::full>,
-                   // the embedding backward as the peak
-                   mesh_plan<positions4k, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>,
-                             m::train::batch<1, 16>, m::train::recompute::full>,
-                   mesh_plan<positions4k_dropout, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>,
-                             m::train::batch<1, 16>, m::train::recompute::full>,
-                   mesh_plan<positions4k, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>>,
-                             m::train::batch<1, 16>, m::train::recompute::full>) {
+TEST_CASE_TEMPLATE_DEFINE("the step program's arena trace is the trainer's, event by event", Plan, step_trace) {
   check_plan<Plan>();
 }
+TEST_CASE_TEMPLATE_APPLY(step_trace, runtime_matrix);
+using mesh_matrix = std::tuple<
+    // the multi-rank plans of examples/train_gpt_cpu.cpp, every rank
+    mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>, example_batch>,
+    mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>, example_batch>,
+    mesh_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>,
+    mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>,
+              example_batch>,
+    // ZeRO under recomputation, dropout and accumulation
+    mesh_plan<flash32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>, m::train::batch<2, 16>,
+              m::train::recompute::every<2>, m::train::grad_accum<2>>,
+    mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>, m::parallel::tensor<2>>,
+              m::train::batch<2, 16>, m::train::recompute::selective>,
+    mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<0>>>, m::train::batch<2, 16>,
+              m::train::recompute::full>,
+    // the embedding backward as the peak
+    mesh_plan<positions4k, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>,
+              m::train::batch<1, 16>, m::train::recompute::full>,
+    mesh_plan<positions4k_dropout, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>,
+              m::train::batch<1, 16>, m::train::recompute::full>,
+    mesh_plan<positions4k, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>>,
+              m::train::batch<1, 16>, m::train::recompute::full>>;
+TEST_CASE_TEMPLATE_APPLY(step_trace, mesh_matrix);
 
 TEST_CASE("a step that does not fit the plan fails while building") {
   using plan = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>>;
