@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <memalg/exec/gpt_plan.hpp>
@@ -65,5 +66,19 @@ inline std::vector<std::int32_t> ids(std::size_t n, int salt) {
   std::vector<std::int32_t> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int32_t>((i * 13 + static_cast<std::size_t>(salt) * 7 + i / 3) % 64);
   return v;
+}
+/// `steps` losses of `Plan`'s trainer on the ids above (32 tokens a step; with `cycle`, the same
+/// `cycle` batches over and over), and its high-water mark.
+template <class Plan, class Comm>
+std::pair<std::vector<float>, std::size_t> losses_and_peak(int steps, int cycle = 0) {
+  using run = m::exec::gpt_run<Plan, Comm>;
+  Comm dp, tp;
+  typename run::trainer t(run::config, run::arena, dp, tp);
+  std::vector<float> out;
+  for (int s = 0; s < steps; ++s) {
+    const int k = cycle != 0 ? s % cycle : s;
+    out.push_back(t.train_step(ids(32, k), ids(32, k + 1)));
+  }
+  return {out, t.memory().high_water()};
 }
 }  // namespace memalg_test

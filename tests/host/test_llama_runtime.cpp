@@ -113,17 +113,9 @@ TEST_CASE("recomputation changes a Llama-shaped model's memory, not its numbers"
   using none = plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
   using full = plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>;
   using sel = plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>;
-  const auto losses = [](auto* tag) {
-    using run = m::exec::gpt_run<std::remove_pointer_t<decltype(tag)>, comm>;
-    comm dp, tp;
-    typename run::trainer t(run::config, run::arena, dp, tp);
-    std::vector<float> out;
-    for (int s = 0; s < 3; ++s) out.push_back(t.train_step(ids(32, s), ids(32, s + 1)));
-    return std::pair{out, t.memory().high_water()};
-  };
-  const auto [l0, m0] = losses(static_cast<none*>(nullptr));
-  const auto [l1, m1] = losses(static_cast<full*>(nullptr));
-  const auto [l2, m2] = losses(static_cast<sel*>(nullptr));
+  const auto [l0, m0] = losses_and_peak<none, comm>(3);
+  const auto [l1, m1] = losses_and_peak<full, comm>(3);
+  const auto [l2, m2] = losses_and_peak<sel, comm>(3);
   CHECK(l0 == l1);
   CHECK(l0 == l2);
   CHECK(m1 < m0);
@@ -133,17 +125,9 @@ TEST_CASE("a Llama-shaped model trains in mixed-bf16 close to fp32, and recomput
   using fp32 = plan_for<gqa_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
   using none = plan_for<gqa_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>;
   using full = plan_for<gqa_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>;
-  const auto losses = [](auto* tag) {
-    using run = m::exec::gpt_run<std::remove_pointer_t<decltype(tag)>, comm>;
-    comm dp, tp;
-    typename run::trainer t(run::config, run::arena, dp, tp);
-    std::vector<float> out;
-    for (int s = 0; s < 10; ++s) out.push_back(t.train_step(ids(32, s % 3), ids(32, s % 3 + 1)));
-    return std::pair{out, t.memory().high_water()};
-  };
-  const auto [l32, m32] = losses(static_cast<fp32*>(nullptr));
-  const auto [l0, m0] = losses(static_cast<none*>(nullptr));
-  const auto [l1, m1] = losses(static_cast<full*>(nullptr));
+  const auto [l32, m32] = losses_and_peak<fp32, comm>(10, 3);
+  const auto [l0, m0] = losses_and_peak<none, comm>(10, 3);
+  const auto [l1, m1] = losses_and_peak<full, comm>(10, 3);
   CHECK(l0 == l1);  // recomputation replays the same bf16 arithmetic
   CHECK(m1 < m0);
   CHECK(m0 < m32);  // 16-bit weights, gradients and activations

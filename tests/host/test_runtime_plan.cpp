@@ -64,18 +64,10 @@ TEST_CASE("recomputation changes the memory, not the numbers") {
   using full = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>;
   using every = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>>;
   using sel = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>;
-  const auto losses = [](auto* tag) {
-    using run = m::exec::gpt_run<std::remove_pointer_t<decltype(tag)>, comm>;
-    comm dp, tp;
-    typename run::trainer t(run::config, run::arena, dp, tp);
-    std::vector<float> out;
-    for (int s = 0; s < 4; ++s) out.push_back(t.train_step(ids(32, s), ids(32, s + 1)));
-    return std::pair{out, t.memory().high_water()};
-  };
-  const auto [l0, m0] = losses(static_cast<none*>(nullptr));
-  const auto [l1, m1] = losses(static_cast<full*>(nullptr));
-  const auto [l2, m2] = losses(static_cast<every*>(nullptr));
-  const auto [l3, m3] = losses(static_cast<sel*>(nullptr));
+  const auto [l0, m0] = losses_and_peak<none, comm>(4);
+  const auto [l1, m1] = losses_and_peak<full, comm>(4);
+  const auto [l2, m2] = losses_and_peak<every, comm>(4);
+  const auto [l3, m3] = losses_and_peak<sel, comm>(4);
   CHECK(l0 == l1);  // bit-identical: the same kernels on the same inputs, dropout masks included
   CHECK(l0 == l2);
   CHECK(l0 == l3);

@@ -74,6 +74,7 @@
 #include "memalg/exec/communicator.hpp"
 #include "memalg/exec/gpt_layout.hpp"
 #include "memalg/exec/gpt_plan_cuda.hpp"
+#include "memalg/exec/null_backend.hpp"
 
 namespace memalg::exec {
 
@@ -116,29 +117,12 @@ class local_device_communicator {
   cudaStream_t stream_ = nullptr;
 };
 
-/// Rank `rank` of `size` for dry runs: every operation does nothing (no data moves in a dry run).
-class dry_communicator {
+/// Rank `rank` of `size` for dry runs: every operation does nothing (no data moves in a dry run):
+/// the step program's null communicator, which the trainer also hands a stream.
+class dry_communicator : public null_communicator {
  public:
-  dry_communicator(int rank = 0, int size = 1) : rank_(rank), size_(size) {}
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return size_; }
+  using null_communicator::null_communicator;
   void set_stream(cudaStream_t) noexcept {}
-  template <class T>
-  void all_reduce(T*, std::size_t, reduce_op) {}
-  template <class T>
-  void reduce_scatter(const T*, T*, std::size_t) {}
-  template <class T>
-  void all_gather(const T*, T*, std::size_t) {}
-  template <class T>
-  void broadcast(T*, std::size_t, int) {}
-  template <class T>
-  void send(const T*, std::size_t, int) {}
-  template <class T>
-  void recv(T*, std::size_t, int) {}
-  void barrier() {}
-
- private:
-  int rank_, size_;
 };
 
 static_assert(communicator<local_device_communicator, float>);
