@@ -69,6 +69,18 @@ struct llama_bf16 {
   }();
 };
 
+/// The same size, Qwen2-shaped: as llama_fp32 but with biases on the q, k, v projections only and
+/// the output tied to the token embedding (Qwen2-0.5B's layout: modeling_qwen2.py, its config.json).
+struct qwen2_fp32 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = llama_fp32::value;
+    c.name = "qwen2-bytes";
+    c.qkv_bias = true;
+    c.tied = true;
+    return c;
+  }();
+};
+
 template <class Config, class Recipe, class Mesh>
 using cpu_plan = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, cpu_budget>;
 template <class Precision, class Optimizer, class... Options>
@@ -93,6 +105,9 @@ MEMALG_NAMED_PLAN(llama_fp32_plan, "llama-fp32",
 MEMALG_NAMED_PLAN(llama_bf16_plan, "llama-bf16",
                   "bf16 weights and gradients, fp32 master weights and AdamW states, Llama-shaped (as llama-fp32), 1 rank",
                   cpu_plan<llama_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>, single>);
+MEMALG_NAMED_PLAN(qwen2_fp32_plan, "qwen2-fp32",
+                  "fp32 AdamW, Qwen2-shaped (as llama-fp32 with q/k/v biases and a tied output), 1 rank",
+                  cpu_plan<qwen2_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
 MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
@@ -107,7 +122,7 @@ MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
 #undef MEMALG_NAMED_PLAN
 
-using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2>;
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2>;
 
 // ---- command line ---------------------------------------------------------------------------
 constexpr const char* help_text =

@@ -17,7 +17,8 @@ using comm = m::backend::cpu::local_communicator;
 namespace {
 using namespace memalg_test;
 
-constexpr m::lm_config llama(bool flash, std::uint64_t kv_heads, std::uint64_t layers, m::dtype logits = m::dtypes::fp32) {
+constexpr m::lm_config llama(bool flash, std::uint64_t kv_heads, std::uint64_t layers, m::dtype logits = m::dtypes::fp32,
+                             bool qwen2 = false) {
   m::lm_config c{};
   c.name = "llama-test";
   c.layers = layers;
@@ -31,7 +32,8 @@ constexpr m::lm_config llama(bool flash, std::uint64_t kv_heads, std::uint64_t l
   c.rms_norm = true;
   c.gated = true;
   c.bias = false;
-  c.tied = false;
+  c.tied = qwen2;  // Qwen2-0.5B ties its output; Llama does not
+  c.qkv_bias = qwen2;
   c.flash = flash;
   c.logits = logits;
   return c;
@@ -42,6 +44,9 @@ struct mha_naive { static constexpr m::lm_config value = llama(false, 0, 2); };
 // The same models for mixed-bf16: the CPU runtime keeps the logits in the weight dtype.
 struct gqa_flash_bf16 { static constexpr m::lm_config value = llama(true, 2, 3, m::dtypes::bf16); };
 struct mha_naive_bf16 { static constexpr m::lm_config value = llama(false, 0, 2, m::dtypes::bf16); };
+// Qwen2-shaped: q/k/v biases without the other biases, output tied to the token embedding.
+struct qwen2_flash { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::fp32, true); };
+struct qwen2_flash_bf16 { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::bf16, true); };
 
 template <class Plan>
 void check_llama() {
@@ -75,9 +80,15 @@ void check_llama() {
   CHECK(got.temporaries == plan.temporaries);
   // The program's units: no position embedding, an untied lm_head after the final norm.
   const auto& units = trainer.step_program().units;
-  REQUIRE(units.size() == run::config.layers + 3);
+  REQUIRE(units.size() == run::config.layers + (run::config.tied ? 2 : 3));
   CHECK(units[1].name == "block0");
-  CHECK(units.back().name == "lm_head");
+  CHECK(units.back().name == (run::config.tied ? "lnf" : "lm_head"));
+  // Qwen2's q/k/v biases: the qkv projection has a bias operand, the others none.
+  std::size_t biased = 0, unbiased = 0;
+  for (const m::exec::op& o : trainer.step_program().micro)
+    if (const auto* l = std::get_if<m::exec::ops::linear_fwd>(&o.body)) (l->bias.null() ? unbiased : biased) += 1;
+  CHECK(biased == (run::config.qkv_bias ? run::config.layers : 0));
+  CHECK(unbiased >= 3 * run::config.layers);
   // Every block rotates Q and K (and dQ, dK back), runs SwiGLU and RMSNorm.
   std::size_t rot_f = 0, rot_b = 0, swiglu = 0, rms = 0;
   for (const m::exec::op& o : trainer.step_program().micro) {
@@ -105,7 +116,10 @@ TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark
                    plan_for<gqa_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
                    plan_for<gqa_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
                    plan_for<gqa_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<1, 32>, m::train::grad_accum<2>>,
-                   plan_for<mha_naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>) {
+                   plan_for<mha_naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<qwen2_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<qwen2_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<qwen2_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>) {
   check_llama<Plan>();
 }
 

@@ -194,7 +194,7 @@ class gpt_lowering {
     element_ranges no_decay, replicated;
   };
   void build_units() {
-    blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), norm_bias(), c_.bias, c_.gated);
+    blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), norm_bias(), c_.bias, c_.gated, c_.qkv_bias);
     first_block_ = c_.positions != 0 ? 2 : 1;
     lnf_ = first_block_ + c_.layers;
     for (gpt_unit_spec& s : gpt_units("build_program", c_.vocab, c_.positions, c_.hidden, c_.layers, blk_, c_.dp,
@@ -358,7 +358,7 @@ class gpt_lowering {
     s.ln1_out = push("ln1_out", N * C, T_, kind);
     emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), n, cc, rms});
     s.qkv = push("qkv", N * Q, T_, kind);
-    emit(ops::linear_fwd{s.qkv, s.ln1_out, w_at(W, b.qkv_w, Q * C), b_at(W, b.qkv_b, Q, bias), n, cc, u32(Q)});
+    emit(ops::linear_fwd{s.qkv, s.ln1_out, w_at(W, b.qkv_w, Q * C), b_at(W, b.qkv_b, Q, bias || c_.qkv_bias), n, cc, u32(Q)});
     rope(s.qkv, false);
     const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
     const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
@@ -475,7 +475,7 @@ class gpt_lowering {
       if (!out_tmp.null()) pop(out_tmp);
       if (!keeps_core()) pop(core);
       rope(dqkv, true);
-      emit(ops::linear_bwd{slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias), dqkv, s.ln1_out,
+      emit(ops::linear_bwd{slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv, s.ln1_out,
                            w_at(W, b.qkv_w, Q * C), n, cc, u32(Q)});
       pop(dqkv);
       pop(datty);

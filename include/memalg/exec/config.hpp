@@ -39,6 +39,7 @@ struct gpt_config {
   bool rms_norm = false;        ///< RMSNorm instead of LayerNorm
   bool gated = false;           ///< SwiGLU MLP (fc1 writes [gate ‖ up]) instead of GeLU
   bool bias = true;             ///< biases of the projections and LayerNorms
+  bool qkv_bias = false;        ///< without `bias`: biases on the q, k, v projection only (Qwen2)
   bool tied = true;             ///< the output layer shares the token embedding (else an `lm_head` unit)
   float rope_theta = 10000.0f;  ///< positions == 0: rotary positions over the whole head width
 };

@@ -229,6 +229,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.rms_norm = c.rms_norm;
   g.gated = c.gated;
   g.bias = c.bias;
+  g.qkv_bias = c.qkv_bias && !c.bias;
   g.tied = c.tied;
   g.recompute_every = t.recompute_every != 0 ? t.recompute_every : 1;
   g.dp = m.dp;

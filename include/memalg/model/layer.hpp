@@ -97,6 +97,9 @@ inline constexpr std::uint32_t gelu_tanh = 1u << 15;          ///< block: GeLU w
 inline constexpr std::uint32_t shared_norm = 1u << 16;        ///< block: one norm feeds attention and MLP (Falcon-7B)
 inline constexpr std::uint32_t unfused_attention = 1u << 17;  ///< block: the attention keeps its scores whatever is asked (Falcon-7B)
 inline constexpr std::uint32_t residual_dropout = 1u << 18;   ///< block: dropout on each sub-layer's output (GPT-2, GPT-NeoX)
+/// block without `bias`: the query, key and value projections still have biases (Qwen2's
+/// q_proj/k_proj/v_proj with bias=True, o_proj and the MLP without; modeling_qwen2.py)
+inline constexpr std::uint32_t qkv_bias = 1u << 19;
 }  // namespace layer_flags
 
 /// Values of `layer_desc::group`.

@@ -105,6 +105,8 @@ constexpr param_tally attention_params(const layer_shape& s) {
   if (bias) {
     p.add_vector(q + 2 * kv);
     p.add_vector(s.hidden, true);
+  } else if ((s.flags & layer_flags::qkv_bias) != 0) {
+    p.add_vector(q + 2 * kv);  // column-parallel: split like the projections
   }
   return p;
 }
@@ -312,6 +314,8 @@ struct nf4_double_quant { static constexpr dtype value = dtypes::nf4_double_quan
 namespace opt {
 struct no_bias { static constexpr void apply(layer_options& o) { o.flags &= ~layer_flags::bias; } };
 struct bias { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::bias; } };
+/// Biases on the query, key and value projections only (with no_bias: Qwen2's attention).
+struct qkv_bias { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::qkv_bias; } };
 struct rmsnorm { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::rms_norm; } };
 struct layernorm { static constexpr void apply(layer_options& o) { o.flags &= ~layer_flags::rms_norm; } };
 /// SwiGLU MLP (Shazeer 2020), as in Llama.

@@ -83,6 +83,7 @@ struct lm_config {
   bool gated = false;           ///< SwiGLU
   bool tied = true;             ///< output layer shares the token embedding
   bool bias = true;
+  bool qkv_bias = false;         ///< without `bias`: biases on q, k, v only (Qwen2)
   bool flash = false;
   bool causal = true;
   std::uint64_t dropout_permille = 0;
@@ -117,7 +118,8 @@ constexpr layer_shape block_shape(const lm_config& c) {
             (c.fused_qkv ? layer_flags::fused_qkv : 0u) | (c.gelu_tanh ? layer_flags::gelu_tanh : 0u) |
             (c.shared_norm ? layer_flags::shared_norm : 0u) |
             (c.unfused_attention ? layer_flags::unfused_attention : 0u) |
-            (c.residual_dropout ? layer_flags::residual_dropout : 0u);
+            (c.residual_dropout ? layer_flags::residual_dropout : 0u) |
+            (c.qkv_bias ? layer_flags::qkv_bias : 0u);
   s.rotary_dim = c.rotary ? c.rotary_dim : 0;
   if (c.experts != 0) {
     s.flags |= layer_flags::moe;
