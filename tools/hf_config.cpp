@@ -234,7 +234,10 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     const bool mlp_bias = r.flag_or({"mlp_bias"}, false);
     const std::uint64_t h = c.hidden, q = mul(c.heads, c.head_dim), kv = mul(c.kv_heads, c.head_dim);
     std::uint64_t attention = add(add(mul(h, q), mul(2 * h, kv)), mul(q, h));
-    if (family == "qwen2") attention = add(attention, q + 2 * kv);  // Qwen2: q, k, v biases only
+    if (family == "qwen2") {  // Qwen2: q, k, v biases only
+      attention = add(attention, q + 2 * kv);
+      c.qkv_bias = true;
+    }
     if (attention_bias) attention = add(attention, q + 2 * kv + h);
     std::uint64_t mlp = mul(3 * h, c.ffn) + (mlp_bias ? 2 * c.ffn + h : 0);
     if (family == "mixtral") {
