@@ -46,6 +46,16 @@ struct gqa_flash_bf16 { static constexpr m::lm_config value = llama(true, 2, 3, 
 struct mha_naive_bf16 { static constexpr m::lm_config value = llama(false, 0, 2, m::dtypes::bf16); };
 // Qwen2-shaped: q/k/v biases without the other biases, output tied to the token embedding.
 struct qwen2_flash { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::fp32, true); };
+// GPT-NeoX's partial rotary (a quarter of each head rotates) with a head width other than hidden /
+// heads (12 for 32 / 4).
+struct partial_rotary_wide_heads {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = llama(true, 2, 2);
+    c.head_dim = 12;
+    c.rotary_dim = 4;
+    return c;
+  }();
+};
 struct qwen2_flash_bf16 { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::bf16, true); };
 
 template <class Plan>
@@ -92,7 +102,11 @@ void check_llama() {
   // Every block rotates Q and K (and dQ, dK back), runs SwiGLU and RMSNorm.
   std::size_t rot_f = 0, rot_b = 0, swiglu = 0, rms = 0;
   for (const m::exec::op& o : trainer.step_program().micro) {
-    if (std::holds_alternative<m::exec::ops::rotary_fwd>(o.body)) ++rot_f;
+    if (const auto* r = std::get_if<m::exec::ops::rotary_fwd>(&o.body)) {
+      ++rot_f;  // the model's rotated dimensions: all of the head, or GPT-NeoX's first rotary_dim
+      CHECK(r->rot_dim == (Plan::model_type::config.rotary_dim != 0 ? Plan::model_type::config.rotary_dim : run::config.head_dim));
+      CHECK(r->sh.D == run::config.head_dim);
+    }
     if (std::holds_alternative<m::exec::ops::rotary_bwd>(o.body)) ++rot_b;
     if (const auto* a = std::get_if<m::exec::ops::activation_fwd>(&o.body); a && a->k == m::exec::ops::activation_kind::swiglu)
       ++swiglu;
@@ -119,7 +133,8 @@ TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark
                    plan_for<mha_naive_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<qwen2_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<qwen2_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
-                   plan_for<qwen2_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>) {
+                   plan_for<qwen2_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<partial_rotary_wide_heads, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>) {
   check_llama<Plan>();
 }
 
@@ -170,7 +185,11 @@ TEST_CASE("Llama-shaped plans the CPU runtime does not implement are named") {
   naive_gqa.flash = false;
   CHECK(find_cpu_runtime_issue(naive_gqa, t, mesh) == runtime_issue::heads);
   m::lm_config partial = gqa_flash::value;
-  partial.rotary_dim = 4;
+  partial.rotary_dim = 4;  // partial rotary runs (GPT-NeoX's rotary_pct)
+  CHECK(find_cpu_runtime_issue(partial, t, mesh) == runtime_issue::none);
+  partial.rotary_dim = 3;  // an odd number of dimensions cannot rotate in pairs
+  CHECK(find_cpu_runtime_issue(partial, t, mesh) == runtime_issue::architecture);
+  partial.rotary_dim = 10;  // more than the head width (8)
   CHECK(find_cpu_runtime_issue(partial, t, mesh) == runtime_issue::architecture);
   mesh.dp = 2;
   mesh.world = 2;

@@ -115,6 +115,8 @@ class gpt_lowering {
     if (c_.heads % c_.tp != 0 || kv_heads() % c_.tp != 0)
       fail("the tensor-parallel degree must divide the heads and the key/value heads");
     if (rotary() && head_dim() % 2 != 0) fail("rotary positions need an even head width");
+    if (rotary() && (c_.rotary_dim % 2 != 0 || c_.rotary_dim > head_dim()))
+      fail("rotary_dim must be even and at most the head width");
     if (c_.ffn % c_.tp != 0) fail("the tensor-parallel degree must divide the MLP width");
     if (c_.positions != 0 && c_.sequence > c_.positions) fail("the sequence is longer than the position embedding");
     if (r_.dp >= c_.dp || r_.tp >= c_.tp) fail("the rank coordinates lie outside the mesh");
@@ -343,8 +345,9 @@ class gpt_lowering {
   }
   void rope(const operand& x, bool backward) {
     if (!rotary()) return;
-    if (backward) emit(ops::rotary_bwd{x, shape(), u32(head_dim()), c_.rope_theta});
-    else emit(ops::rotary_fwd{x, shape(), u32(head_dim()), c_.rope_theta});
+    const std::uint32_t rot = u32(c_.rotary_dim != 0 ? c_.rotary_dim : head_dim());
+    if (backward) emit(ops::rotary_bwd{x, shape(), rot, c_.rope_theta});
+    else emit(ops::rotary_fwd{x, shape(), rot, c_.rope_theta});
   }
 
   block_saved block_forward(std::size_t l, const operand& x_in, const operand& W, category kind = category::activations) {

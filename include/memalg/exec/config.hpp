@@ -41,7 +41,8 @@ struct gpt_config {
   bool bias = true;             ///< biases of the projections and LayerNorms
   bool qkv_bias = false;        ///< without `bias`: biases on the q, k, v projection only (Qwen2)
   bool tied = true;             ///< the output layer shares the token embedding (else an `lm_head` unit)
-  float rope_theta = 10000.0f;  ///< positions == 0: rotary positions over the whole head width
+  float rope_theta = 10000.0f;  ///< positions == 0: rotary positions (RoPE base θ)
+  std::size_t rotary_dim = 0;   ///< rotated dimensions per head (0: the whole head; GPT-NeoX's rotary_pct)
 };
 
 /// Arena sizes the plan predicts (persistent model states; saved + transient peak).

@@ -155,8 +155,9 @@ constexpr bool llama_style(const lm_config& c) {
 /// configuration. GPT-2-style models: find_runtime_issue's rule, which the CUDA runtime shares.
 /// Llama-style ones (llama_style) on top: fp32 or mixed-bf16 (bf16 weights, gradients,
 /// activations and logits, fp32 master and states) on one rank, flash attention when the key/value
-/// heads are fewer than the heads, rotary positions over whole heads (positions == 0, rotary_dim 0
-/// or the head width), no mixture of experts, parallel residual or shared norm.
+/// heads are fewer than the heads, rotary positions over an even number of each head's dimensions
+/// (positions == 0; rotary_dim 0 for all, else even and at most the head width), no mixture of
+/// experts, parallel residual or shared norm.
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
   if (!llama_style(c)) return find_runtime_issue(c, t, m);
   lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
@@ -171,7 +172,7 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   if (rest != runtime_issue::none && rest != runtime_issue::multirank) return rest;
   if (c.experts != 0 || c.parallel_residual || c.shared_norm) return runtime_issue::architecture;
   const std::uint64_t D = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
-  if (c.positions == 0 && (D % 2 != 0 || (c.rotary_dim != 0 && c.rotary_dim != D))) return runtime_issue::architecture;
+  if (c.positions == 0 && (D % 2 != 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > D)) return runtime_issue::architecture;
   const std::uint64_t kv = c.kv_heads != 0 ? c.kv_heads : c.heads;
   if (D == 0 || kv == 0 || c.heads % kv != 0 || (c.head_dim == 0 && c.hidden % c.heads != 0)) return runtime_issue::heads;
   if (kv != c.heads && !c.flash) return runtime_issue::heads;  // the plan's naive attention expands K/V to the heads
@@ -230,6 +231,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.gated = c.gated;
   g.bias = c.bias;
   g.qkv_bias = c.qkv_bias && !c.bias;
+  g.rotary_dim = c.positions == 0 && c.rotary_dim != 0 ? c.rotary_dim : 0;
   g.tied = c.tied;
   g.recompute_every = t.recompute_every != 0 ? t.recompute_every : 1;
   g.dp = m.dp;
