@@ -120,9 +120,14 @@ MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks",
 MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x 2 tensor-parallel ranks, ZeRO-2",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(llama_bf16_dp2, "llama-bf16-dp2",
+                  "bf16 weights and gradients, fp32 master weights and AdamW states, Llama-shaped (as llama-fp32), "
+                  "2 data-parallel ranks, ZeRO-1 (gradients reduced as bf16)",
+                  cpu_plan<llama_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
 #undef MEMALG_NAMED_PLAN
 
-using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2>;
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2, llama_bf16_dp2>;
 
 // ---- command line ---------------------------------------------------------------------------
 constexpr const char* help_text =

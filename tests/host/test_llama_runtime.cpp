@@ -44,6 +44,8 @@ struct mha_naive { static constexpr m::lm_config value = llama(false, 0, 2); };
 // The same models for mixed-bf16: the CPU runtime keeps the logits in the weight dtype.
 struct gqa_flash_bf16 { static constexpr m::lm_config value = llama(true, 2, 3, m::dtypes::bf16); };
 struct mha_naive_bf16 { static constexpr m::lm_config value = llama(false, 0, 2, m::dtypes::bf16); };
+// amp-fp16 (fp16 weights, gradients, activations and logits; fp32 master; dynamic loss scaling).
+struct gqa_flash_fp16 { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::fp16); };
 // Qwen2-shaped: q/k/v biases without the other biases, output tied to the token embedding.
 struct qwen2_flash { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::fp32, true); };
 // GPT-NeoX's partial rotary (a quarter of each head rotates) with a head width other than hidden /
@@ -134,7 +136,9 @@ TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark
                    plan_for<qwen2_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<qwen2_flash, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
                    plan_for<qwen2_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<partial_rotary_wide_heads, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>) {
+                   plan_for<partial_rotary_wide_heads, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<gqa_flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<gqa_flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>) {
   check_llama<Plan>();
 }
 
@@ -193,19 +197,20 @@ TEST_CASE("Llama-shaped plans the CPU runtime does not implement are named") {
   CHECK(find_cpu_runtime_issue(partial, t, mesh) == runtime_issue::architecture);
   mesh.dp = 2;
   mesh.world = 2;
-  CHECK(find_cpu_runtime_issue(gqa_flash::value, t, mesh) == runtime_issue::architecture);
+  CHECK(find_cpu_runtime_issue(gqa_flash::value, t, mesh) == runtime_issue::none);  // tests/mpi: test_llama_parallel
   const m::training_desc bf16 =
       m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::reference_kernels>::value;
   m::lm_config bf16_logits = gqa_flash::value;
   bf16_logits.logits = m::dtypes::bf16;
   CHECK(find_cpu_runtime_issue(bf16_logits, bf16, m::mesh_desc{}) == runtime_issue::none);
   CHECK(find_cpu_runtime_issue(gqa_flash::value, bf16, m::mesh_desc{}) == runtime_issue::logits);
-  CHECK(find_cpu_runtime_issue(bf16_logits, bf16, mesh) == runtime_issue::architecture);  // one rank only
+  CHECK(find_cpu_runtime_issue(bf16_logits, bf16, mesh) == runtime_issue::none);  // 16-bit reductions over MPI
   const m::training_desc fp16 =
       m::train::recipe<m::precision::amp_fp16, m::optim::adamw<>, m::train::reference_kernels>::value;
   m::lm_config fp16_logits = gqa_flash::value;
   fp16_logits.logits = m::dtypes::fp16;
-  CHECK(find_cpu_runtime_issue(fp16_logits, fp16, m::mesh_desc{}) == runtime_issue::architecture);
+  CHECK(find_cpu_runtime_issue(fp16_logits, fp16, m::mesh_desc{}) == runtime_issue::none);
+  CHECK(find_cpu_runtime_issue(fp16_logits, t, m::mesh_desc{}) == runtime_issue::logits);  // fp16 logits under fp32
   // GPT-2-style models follow the shared rule.
   CHECK(find_cpu_runtime_issue(naive32::value, t, m::mesh_desc{}) == runtime_issue::none);
 }

@@ -16,6 +16,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "memalg/backend/cpu/grad_norm.hpp"
@@ -100,6 +101,39 @@ TEST_CASE_TEMPLATE("all_gather: rank-major concatenation", T, float, double) {
   for (std::size_t i = 0; i < n; ++i) buf[me * n + i] = val<T>(me, i);
   c.all_gather(buf.data() + me * n, buf.data(), n);
   CHECK(buf == recv);
+}
+
+TEST_CASE_TEMPLATE("16-bit buffers reduce in fp32 and round once per combination", T, memalg::bf16, memalg::fp16) {
+  using memalg::from_float;
+  using memalg::to_float;
+  cpu::mpi_communicator c;
+  const int P = c.size(), me = c.rank();
+  const std::size_t n = 41;
+  // Small integers and halves: every partial sum is exact in both 16-bit types, so the expected
+  // values are exact whatever order MPI combines the ranks in.
+  std::vector<T> a(n), m(n), rs(P * n), out(n);
+  for (std::size_t i = 0; i < n; ++i) a[i] = m[i] = from_float<T>(val<float>(me, i));
+  for (std::size_t k = 0; k < rs.size(); ++k) rs[k] = from_float<T>(static_cast<float>((me + 1) * static_cast<int>(k % 16)));
+  c.all_reduce(a.data(), n, reduce_op::sum);
+  c.all_reduce(m.data(), n, reduce_op::max);
+  c.reduce_scatter(rs.data(), out.data(), n);
+  bool ok_sum = true, ok_max = true, ok_rs = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    ok_sum = ok_sum && to_float(a[i]) == static_cast<float>(P * (P - 1) / 2) + static_cast<float>(P) * static_cast<float>(i) * 0.5f;
+    ok_max = ok_max && to_float(m[i]) == val<float>(P - 1, i);
+    ok_rs = ok_rs && to_float(out[i]) == static_cast<float>(P * (P + 1) / 2 * static_cast<int>((me * n + i) % 16));
+  }
+  CHECK(ok_sum);
+  CHECK(ok_max);
+  CHECK(ok_rs);
+  // Rounding: 1 + 2^-9 (bf16) or 1 + 2^-12 (fp16) on every rank sums to P + P·ε in fp32; the
+  // result is that sum rounded to T at each combination, never a 16-bit integer sum of bit patterns.
+  const float eps = std::is_same_v<T, memalg::bf16> ? 0x1p-7f : 0x1p-10f;  // one ulp at 1
+  std::vector<T> one(1, from_float<T>(1.0f + eps));
+  c.all_reduce(one.data(), 1, reduce_op::sum);
+  const float got = to_float(one[0]);
+  CHECK(std::abs(got - static_cast<float>(P) * (1.0f + eps)) <= static_cast<float>(P) * eps);
+  CHECK(got > static_cast<float>(P) * 0.99f);
 }
 
 TEST_CASE_TEMPLATE("broadcast from every root", T, float, double) {

@@ -153,13 +153,16 @@ constexpr bool llama_style(const lm_config& c) {
 
 /// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
 /// configuration. GPT-2-style models: find_runtime_issue's rule, which the CUDA runtime shares.
-/// Llama-style ones (llama_style) on top: fp32 or mixed-bf16 (bf16 weights, gradients,
-/// activations and logits, fp32 master and states) on one rank, flash attention when the key/value
-/// heads are fewer than the heads, rotary positions over an even number of each head's dimensions
+/// Llama-style ones (llama_style): the same rule on the GPT-2 block of their shape (fp32,
+/// mixed-bf16 or amp-fp16, on any data- and tensor-parallel mesh it allows), flash attention when
+/// the key/value heads are fewer than the heads, rotary positions over an even number of each head's dimensions
 /// (positions == 0; rotary_dim 0 for all, else even and at most the head width), no mixture of
 /// experts, parallel residual or shared norm.
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
-  if (!llama_style(c)) return find_runtime_issue(c, t, m);
+  if (!llama_style(c)) {  // 16-bit multi-rank runs reduce through mpi_communicator's 16-bit operations
+    const runtime_issue shared = find_runtime_issue(c, t, m);
+    return shared == runtime_issue::multirank ? runtime_issue::none : shared;
+  }
   lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
   g.rms_norm = false;
   g.gated = false;
@@ -176,9 +179,6 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   const std::uint64_t kv = c.kv_heads != 0 ? c.kv_heads : c.heads;
   if (D == 0 || kv == 0 || c.heads % kv != 0 || (c.head_dim == 0 && c.hidden % c.heads != 0)) return runtime_issue::heads;
   if (kv != c.heads && !c.flash) return runtime_issue::heads;  // the plan's naive attention expands K/V to the heads
-  const precision_policy& p = t.precision;
-  if (!(p.weights == dtypes::fp32 || p.weights == dtypes::bf16) || m.dp != 1 || m.tp != 1)
-    return runtime_issue::architecture;  // fp16 (loss scaling) and multi-rank runs are GPT-2-only
   return runtime_issue::none;
 }
 

@@ -1,6 +1,12 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/backend/cpu/mpi_communicator.hpp — memalg::exec::communicator over MPI, for float and
-// double buffers in host memory.
+// memalg/backend/cpu/mpi_communicator.hpp — memalg::exec::communicator over MPI, for float,
+// double, bf16 and fp16 buffers in host memory.
+//
+// MPI has no 16-bit floating types, so bf16 and fp16 travel as MPI_UINT16_T and reduce through
+// user-defined operations (MPI_Op_create, MPI 4.1 §6.9.5): each combination of two partial sums
+// widens both to fp32, adds (or takes the max) and rounds once to the 16-bit type, which is what
+// NCCL does for its bf16 and fp16 reductions. No buffer beyond the caller's is needed, so a plan's
+// arena stays the whole story. The operations are created with the communicator and freed with it.
 //
 // The communicator works on its own duplicate of the MPI_Comm it is given (MPI_Comm_dup, as MPI
 // advises for libraries: our messages cannot match the application's), with the error handler set
@@ -13,6 +19,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <stdexcept>
@@ -20,13 +27,15 @@
 #include <type_traits>
 #include <utility>
 
+#include "memalg/core/float16.hpp"
 #include "memalg/exec/communicator.hpp"
 
 namespace memalg::backend::cpu {
 
 /// Element types the MPI communicator transports.
 template <class T>
-concept mpi_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
+concept mpi_element = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> ||
+                      std::is_same_v<T, fp16>;
 
 namespace detail {
 
@@ -34,8 +43,22 @@ template <mpi_element T>
 MPI_Datatype mpi_datatype() noexcept {
   if constexpr (std::is_same_v<T, float>) {
     return MPI_FLOAT;
-  } else {
+  } else if constexpr (std::is_same_v<T, double>) {
     return MPI_DOUBLE;
+  } else {
+    static_assert(sizeof(T) == 2);
+    return MPI_UINT16_T;  // the bits; reductions use the user operations below
+  }
+}
+
+/// MPI_User_function for a 16-bit type: inout[i] = round(op(float(in[i]), float(inout[i]))).
+template <class T, bool Max>
+void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = to_float(a[i]), y = to_float(b[i]);
+    b[i] = from_float<T>(Max ? (x > y || x != x ? x : y) : x + y);  // max keeps a NaN
   }
 }
 
@@ -96,13 +119,14 @@ class mpi_communicator {
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
   mpi_communicator(mpi_communicator&& o) noexcept
-      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_) {}
+      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_), ops_(std::exchange(o.ops_, null_ops())) {}
   mpi_communicator& operator=(mpi_communicator&& o) noexcept {
     if (this != &o) {
       release();
       comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
       rank_ = o.rank_;
       size_ = o.size_;
+      ops_ = std::exchange(o.ops_, null_ops());
     }
     return *this;
   }
@@ -125,9 +149,8 @@ class mpi_communicator {
   /// In place over all ranks.
   template <mpi_element T>
   void all_reduce(T* buf, std::size_t n, exec::reduce_op op) {
-    const MPI_Op mop = op == exec::reduce_op::max ? MPI_MAX : MPI_SUM;
     detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, detail::mpi_count(n, "MPI_Allreduce"),
-                                    detail::mpi_datatype<T>(), mop, comm_),
+                                    detail::mpi_datatype<T>(), reduction<T>(op), comm_),
                       "MPI_Allreduce");
   }
 
@@ -137,7 +160,8 @@ class mpi_communicator {
   void reduce_scatter(const T* send, T* recv, std::size_t n) {
     const int cnt = detail::mpi_count(n, "MPI_Reduce_scatter_block");
     const void* src = send == recv ? MPI_IN_PLACE : static_cast<const void*>(send);
-    detail::mpi_check(MPI_Reduce_scatter_block(src, recv, cnt, detail::mpi_datatype<T>(), MPI_SUM, comm_),
+    detail::mpi_check(MPI_Reduce_scatter_block(src, recv, cnt, detail::mpi_datatype<T>(),
+                                               reduction<T>(exec::reduce_op::sum), comm_),
                       "MPI_Reduce_scatter_block");
   }
 
@@ -192,6 +216,20 @@ class mpi_communicator {
     detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    // commute = 1: the sum of floating values is taken as commutative, as MPI_SUM is
+    detail::mpi_check(MPI_Op_create(&detail::reduce_16bit<bf16, false>, 1, &ops_[0]), "MPI_Op_create");
+    detail::mpi_check(MPI_Op_create(&detail::reduce_16bit<bf16, true>, 1, &ops_[1]), "MPI_Op_create");
+    detail::mpi_check(MPI_Op_create(&detail::reduce_16bit<fp16, false>, 1, &ops_[2]), "MPI_Op_create");
+    detail::mpi_check(MPI_Op_create(&detail::reduce_16bit<fp16, true>, 1, &ops_[3]), "MPI_Op_create");
+  }
+
+  /// MPI_SUM / MPI_MAX, or the 16-bit types' user operations.
+  template <mpi_element T>
+  MPI_Op reduction(exec::reduce_op op) const noexcept {
+    const bool max = op == exec::reduce_op::max;
+    if constexpr (std::is_same_v<T, bf16>) return ops_[max ? 1 : 0];
+    else if constexpr (std::is_same_v<T, fp16>) return ops_[max ? 3 : 2];
+    else return max ? MPI_MAX : MPI_SUM;
   }
 
   void check_peer(int peer, const char* what) const {
@@ -204,16 +242,25 @@ class mpi_communicator {
     if (comm_ == MPI_COMM_NULL) return;
     int finalised = 0;
     MPI_Finalized(&finalised);
-    if (!finalised) MPI_Comm_free(&comm_);  // errors cannot be reported from a destructor
+    if (!finalised) {  // errors cannot be reported from a destructor
+      for (MPI_Op& op : ops_)
+        if (op != MPI_OP_NULL) MPI_Op_free(&op);
+      MPI_Comm_free(&comm_);
+    }
     comm_ = MPI_COMM_NULL;
+    ops_ = null_ops();
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 0;
+  static std::array<MPI_Op, 4> null_ops() noexcept { return {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}; }
+  std::array<MPI_Op, 4> ops_ = null_ops();  ///< bf16 sum, max; fp16 sum, max
 };
 
 static_assert(exec::communicator<mpi_communicator, float>);
 static_assert(exec::communicator<mpi_communicator, double>);
+static_assert(exec::communicator<mpi_communicator, bf16>);
+static_assert(exec::communicator<mpi_communicator, fp16>);
 
 }  // namespace memalg::backend::cpu
