@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: BSL-1.0
+// exec::read_decoder_lm: the language model the runtime reads off a model's layer descriptors —
+// from transformer_lm of a config, from the presets, from a model written as layer types — and
+// the models it refuses, each with its sentence.
+#include <doctest/doctest.h>
+
+#include <memalg/exec/read_model.hpp>
+#include <memalg/model/compose.hpp>
+#include <memalg/model/presets.hpp>
+
+namespace m = memalg;
+namespace mm = memalg::model;
+namespace o = memalg::model::opt;
+using m::exec::read_decoder_lm;
+
+namespace {
+/// The fields the runtime builds its program from.
+void check_same_model(const m::lm_config& got, const m::lm_config& want) {
+  CHECK(got.layers == want.layers);
+  CHECK(got.hidden == want.hidden);
+  CHECK(got.heads == want.heads);
+  CHECK(got.kv_heads == (want.kv_heads != 0 ? want.kv_heads : want.heads));
+  CHECK(got.head_dim == (want.head_dim != 0 ? want.head_dim : want.hidden / want.heads));
+  CHECK(got.ffn == (want.ffn != 0 ? want.ffn : 4 * want.hidden));
+  CHECK(got.vocab == want.vocab);
+  CHECK(got.positions == want.positions);
+  CHECK(got.rms_norm == want.rms_norm);
+  CHECK(got.gated == want.gated);
+  CHECK(got.tied == want.tied);
+  CHECK(got.bias == want.bias);
+  CHECK(got.qkv_bias == (want.qkv_bias && !want.bias));
+  CHECK(got.flash == want.flash);
+  CHECK(got.causal == want.causal);
+  CHECK(got.dropout_permille == want.dropout_permille);
+  CHECK(got.rotary_dim == (want.rotary ? want.rotary_dim : 0));
+  CHECK(got.parallel_residual == want.parallel_residual);
+  CHECK(got.logits == want.logits);
+  CHECK(got.loss_chunk == want.loss_chunk);
+}
+
+constexpr m::lm_config small(bool llama) {
+  m::lm_config c{};
+  c.name = "small";
+  c.layers = 3;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab = 64;
+  c.positions = llama ? 0 : 16;
+  if (llama) {
+    c.kv_heads = 2;
+    c.ffn = 88;
+    c.rms_norm = true;
+    c.gated = true;
+    c.bias = false;
+    c.tied = false;
+    c.rotary = true;
+    c.flash = true;
+  }
+  return c;
+}
+}  // namespace
+
+TEST_CASE("read_decoder_lm reads transformer_lm's descriptors back") {
+  m::lm_config gpt = small(false);
+  m::lm_config llama = small(true);
+  m::lm_config qwen2 = small(true);
+  qwen2.qkv_bias = true;
+  qwen2.tied = true;
+  m::lm_config neox = small(true);
+  neox.rms_norm = false;
+  neox.bias = true;
+  neox.rotary_dim = 2;
+  neox.parallel_residual = true;
+  m::lm_config dropout = small(false);
+  dropout.dropout_permille = 100;
+  dropout.flash = true;
+  m::lm_config chunked = small(true);
+  chunked.loss_chunk = 16;
+  chunked.logits = m::dtypes::bf16;
+  for (const m::lm_config& c : {gpt, llama, qwen2, neox, dropout, chunked}) {
+    const m::exec::lm_reading r = read_decoder_lm(m::transformer_lm(c));
+    REQUIRE_MESSAGE(r.ok(), r.problem);
+    check_same_model(r.config, c);
+  }
+}
+
+TEST_CASE("read_decoder_lm reads the presets at compile time") {
+  constexpr m::exec::lm_reading gpt2 = read_decoder_lm(m::presets::gpt2_124m::value);
+  static_assert(gpt2.ok());
+  static_assert(gpt2.config.positions == 1024 && gpt2.config.tied && gpt2.config.bias && !gpt2.config.rms_norm);
+  constexpr m::exec::lm_reading llama = read_decoder_lm(m::presets::llama3_8b::value);
+  static_assert(llama.ok());
+  static_assert(llama.config.kv_heads == 8 && llama.config.positions == 0 && !llama.config.tied && llama.config.gated);
+  check_same_model(gpt2.config, m::presets::gpt2_124m::config);
+  check_same_model(llama.config, m::presets::llama3_8b::config);
+  check_same_model(read_decoder_lm(m::presets::mistral_7b::value).config, m::presets::mistral_7b::config);
+}
+
+namespace {
+// A Llama-shaped model written as layer types rather than as an lm_config.
+using block = mm::transformer_block<32, 4, 88, o::rmsnorm, o::swiglu, o::no_bias, o::flash, o::rotary, o::kv_heads<2>>;
+using hand_written = mm::sequential<mm::embedding<64, 32>, mm::repeat<3, block>, mm::rmsnorm<32>, mm::output<32, 64>>;
+}  // namespace
+
+TEST_CASE("read_decoder_lm reads a model written as layer types") {
+  const m::exec::lm_reading r = read_decoder_lm(hand_written::value);
+  REQUIRE_MESSAGE(r.ok(), r.problem);
+  check_same_model(r.config, small(true));
+}
+
+TEST_CASE("read_decoder_lm refuses what is not a decoder-only language model, saying why") {
+  const auto problem = [](const m::model_desc& d) { return std::string(read_decoder_lm(d).problem); };
+  CHECK(problem(m::presets::speech_tts_500m<>::value).find("repeated transformer blocks") != std::string::npos);  // a prenet follows its embedding
+  CHECK(problem(mm::sequential<block, mm::rmsnorm<32>, mm::output<32, 64>>::value).find("token embedding") != std::string::npos);
+  CHECK(problem(m::presets::mixtral_8x7b::value).find("mixture of experts") != std::string::npos);
+  CHECK(problem(mm::frozen<hand_written>::value).find("frozen") != std::string::npos);
+  CHECK(problem(mm::sequential<mm::embedding<64, 32>, mm::repeat<3, block>, mm::output<32, 64>>::value)
+            .find("final norm") != std::string::npos);
+  CHECK(problem(mm::sequential<mm::embedding<64, 32>, mm::repeat<3, block>, mm::rmsnorm<32>, mm::output<32, 128>>::value)
+            .find("vocabulary") != std::string::npos);
+  CHECK(problem(mm::sequential<mm::embedding<64, 32>, mm::repeat<3, block>, mm::layernorm<32>, mm::output<32, 64>>::value)
+            .find("blocks' kind") != std::string::npos);
+  CHECK(problem(mm::sequential<hand_written, mm::linear<64, 64>>::value).find("ends with its output") != std::string::npos);
+  CHECK(problem(mm::sequential<mm::embedding<64, 32>, mm::dropout<32, 100>, mm::repeat<3, block>, mm::rmsnorm<32>,
+                               mm::output<32, 64>>::value)
+            .find("one dropout probability") != std::string::npos);
+}
