@@ -58,6 +58,17 @@ struct partial_rotary_wide_heads {
     return c;
   }();
 };
+// A chunked loss: 8 logits rows at a time of the 32 a micro-batch has (and 12: a short last chunk),
+// over a vocabulary of 512 so that the logits are the step's largest transient.
+template <std::uint64_t Chunk>
+struct chunked {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = llama(true, 2, 2);
+    c.vocab = 512;
+    c.loss_chunk = Chunk;
+    return c;
+  }();
+};
 struct qwen2_flash_bf16 { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::bf16, true); };
 
 template <class Plan>
@@ -138,7 +149,9 @@ TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark
                    plan_for<qwen2_flash_bf16, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<partial_rotary_wide_heads, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<gqa_flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<gqa_flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>) {
+                   plan_for<gqa_flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
+                   plan_for<chunked<8>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<chunked<12>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>) {
   check_llama<Plan>();
 }
 
@@ -213,4 +226,25 @@ TEST_CASE("Llama-shaped plans the CPU runtime does not implement are named") {
   CHECK(find_cpu_runtime_issue(fp16_logits, t, m::mesh_desc{}) == runtime_issue::logits);  // fp16 logits under fp32
   // GPT-2-style models follow the shared rule.
   CHECK(find_cpu_runtime_issue(naive32::value, t, m::mesh_desc{}) == runtime_issue::none);
+}
+
+TEST_CASE("a chunked loss changes the head's memory, not the losses beyond fp32 rounding") {
+  using whole = plan_for<chunked<0>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  using by8 = plan_for<chunked<8>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  using by12 = plan_for<chunked<12>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  const auto [l0, m0] = losses_and_peak<whole, comm>(8, 3);
+  const auto [l8, m8] = losses_and_peak<by8, comm>(8, 3);
+  const auto [l12, m12] = losses_and_peak<by12, comm>(8, 3);
+  // The logits (32 rows × 512) are the peak's transient: 8 and 12 rows of them instead of 32.
+  CHECK(m8 < m12);
+  CHECK(m12 < m0);
+  CHECK(m0 - m8 <= (32 - 8) * 512 * sizeof(float));
+  CHECK(m0 - m12 == (32 - 12) * 512 * sizeof(float));
+  REQUIRE(l0.size() == l8.size());
+  for (std::size_t s = 0; s < l0.size(); ++s) {  // the same sums, split into chunks: fp32 rounding
+    CAPTURE(s);
+    CHECK(std::abs(l8[s] - l0[s]) <= 1e-5f * l0[s]);
+    CHECK(std::abs(l12[s] - l0[s]) <= 1e-5f * l0[s]);
+  }
+  CHECK(l8.back() < l8.front());
 }

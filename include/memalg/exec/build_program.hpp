@@ -186,6 +186,10 @@ class gpt_lowering {
   }
   operand tok() const { return {0, tokens(), elem::i32, where::tokens}; }
   operand tgt() const { return {0, tokens(), elem::i32, where::targets}; }
+  /// Target ids of rows [r0, r0 + rows) (an element offset, not a byte offset).
+  operand tgt(std::size_t r0, std::size_t rows) const { return {r0, rows, elem::i32, where::targets}; }
+  /// Logits rows a chunked loss projects at a time (all of them unchunked).
+  std::size_t loss_rows() const { return c_.loss_chunk != 0 && c_.loss_chunk < tokens() ? c_.loss_chunk : tokens(); }
 
   // ---- units ----------------------------------------------------------------------------------
   struct unit {
@@ -554,11 +558,18 @@ class gpt_lowering {
     operand slot = transient("grad_slot", N * C, T_, category::temporaries);
     {
       auto we = use_weights(head);
-      operand logits = transient("logits", N * V, T_, category::temporaries);
-      emit(ops::linear_fwd{logits, lnf_out, we.data, operand{}, n, cc, v});
-      emit(ops::loss{logits, tgt(), n, v, u32(c_.grad_accum)});
-      operand gw = grad_buffer(head);
-      emit(ops::linear_bwd{slot, gw, operand{}, logits, lnf_out, we.data, n, cc, v});
+      const std::size_t R = loss_rows();  // chunked: R rows of logits at a time, in place
+      operand logits = transient("logits", R * V, T_, category::temporaries);
+      operand gw = R == N ? operand{} : grad_buffer(head);
+      for (std::size_t r0 = 0; r0 < N; r0 += R) {
+        const std::size_t rows = std::min(R, N - r0);
+        const operand lg = sub(logits, 0, rows * V), h = sub(lnf_out, r0 * C, rows * C);
+        emit(ops::linear_fwd{lg, h, we.data, operand{}, u32(rows), cc, v});
+        emit(ops::loss{lg, R == N ? tgt() : tgt(r0, rows), u32(rows), v, u32(c_.grad_accum), scalars::loss_sum,
+                       R == N ? 0u : n});
+        if (R == N) gw = grad_buffer(head);  // unchunked: as the trainer, after the loss
+        emit(ops::linear_bwd{sub(slot, r0 * C, rows * C), gw, operand{}, lg, h, we.data, u32(rows), cc, v});
+      }
       finish_grad(head, gw);
       pop(logits);
       release(we);

@@ -43,6 +43,7 @@ struct gpt_config {
   bool tied = true;             ///< the output layer shares the token embedding (else an `lm_head` unit)
   float rope_theta = 10000.0f;  ///< positions == 0: rotary positions (RoPE base θ)
   std::size_t rotary_dim = 0;   ///< rotated dimensions per head (0: the whole head; GPT-NeoX's rotary_pct)
+  std::size_t loss_chunk = 0;   ///< logits rows projected and turned into their gradient at a time (0: all)
 };
 
 /// Arena sizes the plan predicts (persistent model states; saved + transient peak).

@@ -132,7 +132,6 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
   if (c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || c.experts != 0) return runtime_issue::architecture;
   if ((c.kv_heads != 0 && c.kv_heads != c.heads) || (c.head_dim != 0 && c.head_dim * c.heads != c.hidden))
     return runtime_issue::heads;
-  if (c.loss_chunk != 0) return runtime_issue::chunked;
   const dtype logits = c.logits.is_none() ? dtypes::fp32 : c.logits;
   if (!(logits == p.weights)) return runtime_issue::logits;
   if (c.dropout_permille != 0 && !c.flash) return runtime_issue::dropout;
@@ -232,6 +231,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.bias = c.bias;
   g.qkv_bias = c.qkv_bias && !c.bias;
   g.rotary_dim = c.positions == 0 && c.rotary_dim != 0 ? c.rotary_dim : 0;
+  g.loss_chunk = c.loss_chunk;
   g.tied = c.tied;
   g.recompute_every = t.recompute_every != 0 ? t.recompute_every : 1;
   g.dp = m.dp;

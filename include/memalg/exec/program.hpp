@@ -113,9 +113,15 @@ struct dropout_fwd { operand out, mask, in; std::uint32_t rows, row_len; float p
 struct dropout_bwd { operand din, dout, mask; float p; };
 struct residual_add { operand out, a, b; };  ///< out = a + b, rounded once (out may alias a)
 struct bias_add { operand x, bias; std::uint32_t N, C; };  ///< x[N, C] += bias[C]
-// Cross-entropy: the mean loss accumulates into `acc`; the logits become their gradient in place
-// with dloss = loss scale / grad_accum.
-struct loss { operand logits, targets; std::uint32_t N, V, grad_accum; std::uint64_t acc = scalars::loss_sum; };
+// Cross-entropy of N rows: Σ loss / rows_total accumulates into `acc`; the logits become their
+// gradient in place with dloss = loss scale / (grad_accum · rows_total). rows_total = 0 means N;
+// a chunked loss runs one op per chunk of the micro-batch's rows_total rows.
+struct loss {
+  operand logits, targets;
+  std::uint32_t N, V, grad_accum;
+  std::uint64_t acc = scalars::loss_sum;
+  std::uint32_t rows_total = 0;
+};
 struct loss_mean { std::uint32_t grad_accum; };  ///< scalars::loss = float(loss_sum / grad_accum)
 struct scalar_div { std::uint64_t slot; float by; };  ///< slot /= by
 struct zero { operand t; };

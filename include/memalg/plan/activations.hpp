@@ -728,10 +728,13 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         r.backward_temporary = r.logits * 2;
       }
       r.backward_temporary += hidden_input;  // the gradient it sends back
-      if (c.reference() && !(s.chunk != 0 && s.chunk < a.tokens)) {
+      if (c.reference()) {
         // memalg's runtime: logits in the activation dtype become their gradient in place (a
-        // fused classifier, as llm.c's); per-token losses are O(tokens) scratch.
-        r.forward_temporary = a.values(checked_mul(a.tokens, vocab));
+        // fused classifier, as llm.c's); per-token losses are O(tokens) scratch. Chunked: one
+        // chunk's rows at a time (exec/build_program.hpp), each projected, turned into its
+        // gradient in place and sent back into the hidden gradient before the next chunk.
+        const std::uint64_t rows = s.chunk != 0 && s.chunk < a.tokens ? s.chunk : a.tokens;
+        r.forward_temporary = a.values(checked_mul(rows, vocab));
         r.backward_temporary = r.forward_temporary + hidden_input;
       }
       if (c.sp) r.comm = a.values_per_token(s.hidden);

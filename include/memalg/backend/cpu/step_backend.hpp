@@ -239,9 +239,16 @@ class step_backend {
     T* logits = ptr<T>(o.logits);
     const std::int32_t* tgt = ids(o.targets, s);
     const A loss = cross_entropy_forward(token_losses_.data(), logits, tgt, o.N, o.V);
-    const A dloss = loss_scale() / static_cast<A>(o.grad_accum);
-    cross_entropy_backward(logits, logits, tgt, dloss, o.N, o.V);
-    scalar(o.acc) += loss;
+    A dloss = loss_scale() / static_cast<A>(o.grad_accum);
+    if (o.rows_total == 0 || o.rows_total == o.N) {
+      cross_entropy_backward(logits, logits, tgt, dloss, o.N, o.V);
+      scalar(o.acc) += loss;
+      return;
+    }
+    // One chunk of rows_total rows: its share of the mean, and of the mean's gradient.
+    const A share = static_cast<A>(o.N) / static_cast<A>(o.rows_total);
+    cross_entropy_backward(logits, logits, tgt, dloss * share, o.N, o.V);
+    scalar(o.acc) += loss * share;
   }
   void operator()(const exec::ops::loss_mean& o, exec::run_state&) {
     scalars_[exec::scalars::loss] = static_cast<float>(static_cast<A>(scalars_[exec::scalars::loss_sum]) / static_cast<A>(o.grad_accum));
