@@ -20,7 +20,7 @@
 #include <vector>
 
 #include <memalg/core/random.hpp>
-#include <memalg/exec/gpt_trainer.hpp>
+#include <memalg/exec/config.hpp>
 #include <memalg/model/transformer.hpp>
 
 namespace train_common {

@@ -10,7 +10,7 @@
 //   train_gpt_cpu --plan tiny-fp32 --steps 50 [--seed 1] [--checkpoint DIR [--resume]] [--json]
 //
 // `--steps` is the step the run ends at; with `--resume` it continues from the checkpoint's step.
-#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
 #if MEMALG_HAVE_MPI
 #include <memalg/backend/cpu/mpi_communicator.hpp>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// The CUDA trainer (exec/gpt_trainer_cuda.cuh) against the CPU trainer (exec/gpt_trainer.hpp).
+// The CUDA trainer (exec/gpt_trainer_cuda.cuh) against the CPU trainer (backend/cpu/gpt_trainer.hpp).
 //
 //   * loss trajectory, fp32: the same model, initialisation and data for 8 steps on both
 //     trainers; the first loss (forward only, before any update) must agree within a relative
@@ -18,8 +18,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "memalg/backend/cpu/gpt_run.hpp"
+#include "memalg/backend/cpu/gpt_trainer.hpp"
 #include "memalg/backend/cpu/local_communicator.hpp"
-#include "memalg/exec/gpt_trainer.hpp"
 #include "memalg/exec/gpt_trainer_cuda.cuh"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/memalg.hpp>
 
 namespace memalg_test {

@@ -4,8 +4,8 @@
 
 #include "runtime_plans.hpp"
 
+#include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
-#include <memalg/exec/gpt_plan.hpp>
 
 #include <cmath>
 #include <variant>

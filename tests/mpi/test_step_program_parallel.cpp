@@ -23,10 +23,10 @@
 #include <utility>
 #include <vector>
 
+#include "memalg/backend/cpu/gpt_trainer.hpp"
 #include "memalg/backend/cpu/mpi_communicator.hpp"
 #include "memalg/backend/cpu/step_backend.hpp"
 #include "memalg/exec/build_program.hpp"
-#include "memalg/exec/gpt_trainer.hpp"
 #include "memalg/exec/run.hpp"
 
 namespace cpu = memalg::backend::cpu;

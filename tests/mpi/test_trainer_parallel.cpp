@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "memalg/backend/cpu/gpt_trainer.hpp"
 #include "memalg/backend/cpu/local_communicator.hpp"
 #include "memalg/backend/cpu/mpi_communicator.hpp"
-#include "memalg/exec/gpt_trainer.hpp"
 
 namespace cpu = memalg::backend::cpu;
 using namespace memalg;

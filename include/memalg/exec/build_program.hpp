@@ -2,7 +2,7 @@
 // memalg/exec/build_program.hpp — lowers a GPT-2 training step to a step program, on the host.
 //
 // `build_program(cfg, sizes, rank)` issues, through an `arena_layout` of the plan's capacities,
-// exactly the pushes and pops `gpt_trainer` (exec/gpt_trainer.hpp) performs — its construction's
+// exactly the pushes and pops `gpt_trainer` (backend/cpu/gpt_trainer.hpp) performs — its construction's
 // persistent tensors, then one step: forward, loss, backward with recomputation none / selective /
 // full / every-K, dropout masks, naive or flash attention, ZeRO-3 gathers and ZeRO-2/3 unsharded
 // gradient buffers — and emits the ops in the same order. The step is a pure function of the

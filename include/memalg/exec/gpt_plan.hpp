@@ -1,27 +1,26 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/gpt_plan.hpp — from a compile-time plan to the CPU trainer that runs it.
+// memalg/exec/gpt_plan.hpp — from a compile-time plan to what a runtime needs to run it, host side
+// and backend-neutral.
 //
-// `runtime_gpt<Config>` is the model the CPU runtime trains, as a model type: the decoder-only
+// `runtime_gpt<Config>` is the model the runtimes train, as a model type: the decoder-only
 // `transformer_lm` of Config (model/transformer.hpp) with the runtime's one convention that the
 // generic builder does not assume — under tensor parallelism the token and position embeddings
 // and the tied output layer are replicated, not vocabulary-parallel (the reference cross-entropy
 // is not distributed). A plan over that model describes exactly what the trainer allocates.
 //
-// `gpt_run<Plan, Comm>` cannot be instantiated for a plan that does not fit (require_fits prints
-// the numbers) or that the CPU runtime does not implement (a sentence says what). It allocates
-// the arena at the plan's size: the persistent region at the plan's model states, the stacks at
-// the plan's peak less those and the reserve. Its `trainer` runs the plan's step program on the
-// CPU step backend (exec/program_trainer.hpp over backend/cpu/step_backend.hpp); `reference_trainer`
-// is the fixed gpt_trainer the program is checked against bit for bit.
+// The rules say which plans a runtime implements (find_runtime_issue, find_cpu_runtime_issue; the
+// sentences are exec/runtime_issues.hpp's); gpt_config_of is the trainer's configuration of a plan
+// and planned_arena its arena: the persistent region at the plan's model states, the stacks at the
+// plan's peak less those and the reserve. `gpt_run<Plan, Comm>`, the CPU trainer a plan
+// instantiates, binds these to the CPU step backend in backend/cpu/gpt_run.hpp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-#include "memalg/backend/cpu/step_backend.hpp"
-#include "memalg/exec/gpt_trainer.hpp"
-#include "memalg/exec/program_trainer.hpp"
+#include "memalg/exec/config.hpp"
+#include "memalg/exec/runtime_issues.hpp"
 #include "memalg/model/transformer.hpp"
 #include "memalg/plan/plan.hpp"
 
@@ -44,71 +43,6 @@ struct runtime_gpt {
   static constexpr lm_config config = Config::value;
   static constexpr model_desc value = runtime_gpt_model(config);
 };
-
-/// Why a runtime cannot run a configuration. One list for both trainers: the CPU one never reports
-/// head_width, the CUDA one never multirank (exec/gpt_plan_cuda.hpp).
-enum class runtime_issue : int {
-  none = 0,
-  precision,
-  activations,
-  states,
-  optimizer,
-  unfused,
-  architecture,
-  heads,
-  chunked,
-  logits,
-  dropout,
-  mesh,
-  prefetch,
-  multirank,
-  offload,
-  head_width,
-};
-
-constexpr std::string_view describe(runtime_issue i) {
-  switch (i) {
-    case runtime_issue::none: return {};
-    case runtime_issue::precision: return "the CPU runtime implements fp32, amp-fp16 and mixed-bf16 (gradients in the weight dtype, fp32 master)";
-    case runtime_issue::activations: return "the CPU runtime keeps activations in the weight dtype";
-    case runtime_issue::states: return "the CPU runtime keeps optimizer states in fp32";
-    case runtime_issue::optimizer: return "the CPU runtime implements sgd, momentum, adam and adamw";
-    case runtime_issue::unfused: return "the CPU runtime's optimizer is fused: add train::fused_optimizer to the recipe";
-    case runtime_issue::architecture: return "the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one rank in fp32 or mixed-bf16, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)";
-    case runtime_issue::heads: return "the CPU runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)";
-    case runtime_issue::chunked: return "the CPU runtime computes the loss unchunked";
-    case runtime_issue::logits: return "the CPU runtime keeps logits in the weight dtype: set lm_config::logits";
-    case runtime_issue::dropout: return "dropout needs flash attention in the CPU runtime (its naive attention has no probability dropout)";
-    case runtime_issue::mesh: return "the CPU runtime implements data parallelism with ZeRO and tensor parallelism only";
-    case runtime_issue::prefetch: return "the CPU runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>";
-    case runtime_issue::multirank: return "multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1";
-    case runtime_issue::offload: return "the CPU runtime keeps activations in its arena";
-    case runtime_issue::head_width: return "the CPU runtime takes any head width";  // never reported
-  }
-  return "unknown";
-}
-
-namespace detail {
-/// Instantiated with the issue; only the matching assertion fires, with the sentence.
-template <runtime_issue I>
-struct runtime_check {
-  static_assert(I != runtime_issue::precision, "gpt_run: the CPU runtime implements fp32, amp-fp16 and mixed-bf16 (gradients in the weight dtype, fp32 master)");
-  static_assert(I != runtime_issue::activations, "gpt_run: the CPU runtime keeps activations in the weight dtype");
-  static_assert(I != runtime_issue::states, "gpt_run: the CPU runtime keeps optimizer states in fp32");
-  static_assert(I != runtime_issue::optimizer, "gpt_run: the CPU runtime implements sgd, momentum, adam and adamw");
-  static_assert(I != runtime_issue::unfused, "gpt_run: the CPU runtime's optimizer is fused: add train::fused_optimizer to the recipe");
-  static_assert(I != runtime_issue::architecture, "gpt_run: the CPU runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one rank in fp32 or mixed-bf16, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)");
-  static_assert(I != runtime_issue::heads, "gpt_run: the CPU runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)");
-  static_assert(I != runtime_issue::chunked, "gpt_run: the CPU runtime computes the loss unchunked");
-  static_assert(I != runtime_issue::logits, "gpt_run: the CPU runtime keeps logits in the weight dtype: set lm_config::logits");
-  static_assert(I != runtime_issue::dropout, "gpt_run: dropout needs flash attention in the CPU runtime (its naive attention has no probability dropout)");
-  static_assert(I != runtime_issue::mesh, "gpt_run: the CPU runtime implements data parallelism with ZeRO and tensor parallelism only");
-  static_assert(I != runtime_issue::prefetch, "gpt_run: the CPU runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>");
-  static_assert(I != runtime_issue::multirank, "gpt_run: multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1");
-  static_assert(I != runtime_issue::offload, "gpt_run: the CPU runtime keeps activations in its arena");
-  static constexpr bool value = I == runtime_issue::none;
-};
-}  // namespace detail
 
 /// The first reason the CPU runtime cannot run a configuration (runtime_issue::none if it can).
 constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
@@ -190,20 +124,6 @@ struct config_of<runtime_gpt<C>> {
   static constexpr lm_config value = C::value;
 };
 
-template <class Plan>
-struct storage_of {
-  using type = float;
-};
-template <class Plan>
-  requires(Plan::training.precision.weights == dtypes::bf16)
-struct storage_of<Plan> {
-  using type = bf16;
-};
-template <class Plan>
-  requires(Plan::training.precision.weights == dtypes::fp16)
-struct storage_of<Plan> {
-  using type = fp16;
-};
 }  // namespace detail
 
 /// The trainer's runtime configuration for a plan over runtime_gpt<Config>.
@@ -253,27 +173,5 @@ constexpr arena_sizes planned_arena() {
   const std::size_t persistent = steady.model_states().value;
   return {persistent, static_cast<std::size_t>((peak.total() - peak.reserve).value) - persistent};
 }
-
-/// The trainer a plan instantiates; does not compile for a plan that does not fit or that the CPU
-/// runtime does not implement.
-template <class Plan, class Comm>
-class gpt_run {
- public:
-  using plan = Plan;
-  using storage = typename detail::storage_of<Plan>::type;
-  /// The step program of the plan on the CPU step backend (exec/program_trainer.hpp).
-  using trainer = program_trainer<backend::cpu::step_backend<storage, Comm>>;
-  /// The fixed CPU trainer the program is checked against, bit for bit (exec/gpt_trainer.hpp);
-  /// GPT-2-style plans only (it ignores gpt_config's block variant: see llama_style).
-  using reference_trainer = gpt_trainer<storage, Comm>;
-
-  static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
-  static constexpr runtime_issue issue = find_cpu_runtime_issue(model_config, Plan::training, Plan::mesh);
-  static_assert(detail::runtime_check<issue>::value, "gpt_run: the CPU runtime does not implement this plan");
-  static_assert(require_fits<Plan>());
-
-  static constexpr gpt_config config = gpt_config_of<Plan>(model_config);
-  static constexpr arena_sizes arena = planned_arena<Plan>();
-};
 
 }  // namespace memalg::exec

@@ -2,7 +2,8 @@
 // memalg/exec/gpt_plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
 //
 // The CUDA trainer (exec/gpt_trainer_cuda.cuh) runs the same plans as the CPU trainer
-// (exec/gpt_plan.hpp) with two differences, both decided here so that plain g++ can check them:
+// (backend/cpu/gpt_run.hpp) with three differences, all decided here so that plain g++ can check
+// them (gpt_run_cuda_check<Plan> is the check; its sentences are exec/runtime_issues.hpp's):
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
 //     weights and optimizer states). No fp16: the GPU trainer has no dynamic loss scaler.
 //   * multi-rank runs may use bf16: NCCL reduces bf16 (MPI cannot, hence the CPU's fp32 rule).
@@ -22,54 +23,6 @@
 
 namespace memalg::exec {
 
-/// The CUDA runtime's reasons are runtime_issue's (it never reports multirank: NCCL reduces bf16).
-using cuda_runtime_issue = runtime_issue;
-
-/// The sentence for the CUDA runtime (describe(runtime_issue) speaks of the CPU runtime).
-constexpr std::string_view describe_cuda(runtime_issue i) {
-  switch (i) {
-    case runtime_issue::none: return {};
-    case runtime_issue::precision: return "the CUDA runtime implements fp32 and mixed-bf16 (bf16 weights and gradients, fp32 master weights)";
-    case runtime_issue::activations: return "the CUDA runtime keeps activations in the weight dtype";
-    case runtime_issue::states: return "the CUDA runtime keeps optimizer states in fp32";
-    case runtime_issue::optimizer: return "the CUDA runtime implements sgd, momentum, adam and adamw";
-    case runtime_issue::unfused: return "the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe";
-    case runtime_issue::architecture: return "the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions";
-    case runtime_issue::heads: return "the CUDA runtime's GPT uses multi-head attention with head width hidden / heads";
-    case runtime_issue::chunked: return "the CUDA runtime computes the loss unchunked";
-    case runtime_issue::logits: return "the CUDA runtime keeps logits in the weight dtype: set lm_config::logits";
-    case runtime_issue::dropout: return "dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)";
-    case runtime_issue::mesh: return "the CUDA runtime implements data parallelism with ZeRO and tensor parallelism only";
-    case runtime_issue::prefetch: return "the CUDA runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>";
-    case runtime_issue::multirank: return "the CUDA runtime reduces bf16 with NCCL";  // never reported
-    case runtime_issue::offload: return "the CUDA runtime keeps activations in its arena";
-    case runtime_issue::head_width: return "the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)";
-  }
-  return "unknown";
-}
-
-namespace detail {
-/// Instantiated with the issue; only the matching assertion fires, with the sentence.
-template <runtime_issue I>
-struct cuda_runtime_check {
-  static_assert(I != runtime_issue::precision, "gpt_run_cuda: the CUDA runtime implements fp32 and mixed-bf16 (bf16 weights and gradients, fp32 master weights)");
-  static_assert(I != runtime_issue::activations, "gpt_run_cuda: the CUDA runtime keeps activations in the weight dtype");
-  static_assert(I != runtime_issue::states, "gpt_run_cuda: the CUDA runtime keeps optimizer states in fp32");
-  static_assert(I != runtime_issue::optimizer, "gpt_run_cuda: the CUDA runtime implements sgd, momentum, adam and adamw");
-  static_assert(I != runtime_issue::unfused, "gpt_run_cuda: the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe");
-  static_assert(I != runtime_issue::architecture, "gpt_run_cuda: the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions");
-  static_assert(I != runtime_issue::heads, "gpt_run_cuda: the CUDA runtime's GPT uses multi-head attention with head width hidden / heads");
-  static_assert(I != runtime_issue::chunked, "gpt_run_cuda: the CUDA runtime computes the loss unchunked");
-  static_assert(I != runtime_issue::logits, "gpt_run_cuda: the CUDA runtime keeps logits in the weight dtype: set lm_config::logits");
-  static_assert(I != runtime_issue::dropout, "gpt_run_cuda: dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)");
-  static_assert(I != runtime_issue::mesh, "gpt_run_cuda: the CUDA runtime implements data parallelism with ZeRO and tensor parallelism only");
-  static_assert(I != runtime_issue::prefetch, "gpt_run_cuda: the CUDA runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>");
-  static_assert(I != runtime_issue::offload, "gpt_run_cuda: the CUDA runtime keeps activations in its arena");
-  static_assert(I != runtime_issue::head_width, "gpt_run_cuda: the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)");
-  static constexpr bool value = I == runtime_issue::none;
-};
-}  // namespace detail
-
 /// The first reason the CUDA runtime cannot run a configuration (runtime_issue::none if it can).
 constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
   const precision_policy& p = t.precision;
@@ -86,6 +39,18 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   if (head_width == 0 || head_width > (c.flash ? 128u : 256u)) return runtime_issue::head_width;
   return runtime_issue::none;
 }
+
+/// The host side of the CUDA trainer a plan instantiates: `value` is true, and it does not compile
+/// for a plan that does not fit (require_fits) or that the CUDA runtime does not implement (the
+/// static_assert carries describe_cuda's sentence after "gpt_run_cuda: "). Plain g++ compiles it.
+template <class Plan>
+struct gpt_run_cuda_check {
+  static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
+  static constexpr cuda_runtime_issue issue = find_cuda_runtime_issue(model_config, Plan::training, Plan::mesh);
+  static_assert(detail::cuda_runtime_check<issue>::value, "gpt_run_cuda: the CUDA runtime does not implement this plan");
+  static_assert(require_fits<Plan>());
+  static constexpr bool value = true;
+};
 
 // ---- throughput ---------------------------------------------------------------------------------
 

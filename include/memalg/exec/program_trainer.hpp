@@ -6,8 +6,8 @@
 // arena and initialises the parameters) and runs one program per `train_step` through
 // exec::run. It keeps the API the GPT trainer's users call — train_step, memory(), state
 // sections with store/restore_counters for checkpoints, unit_weights, last_grad_norm,
-// step_count, skipped_steps — so `gpt_run<Plan, Comm>::trainer` (exec/gpt_plan.hpp) names it over
-// backend::cpu::step_backend and train_gpt_cpu runs the program.
+// step_count, skipped_steps — so `gpt_run<Plan, Comm>::trainer` (backend/cpu/gpt_run.hpp) names it
+// over backend::cpu::step_backend and train_gpt_cpu runs the program.
 //
 // The backend is any exec::step_backend that is constructible from (const program&, Comm& dp,
 // Comm& tp), names its storage type as `static constexpr exec::elem storage_elem`, and offers

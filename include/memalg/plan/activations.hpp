@@ -608,7 +608,7 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
       // Backward needs only the token ids (ignored: 4–8 bytes per token) and the arriving gradient
       // (memalg's runtime still holds both of its gradient buffers there).
       // memalg's runtime also keeps the embeddings' output (the first residual) until its
-      // embedding backward has run (exec/gpt_trainer.hpp pops it last).
+      // embedding backward has run (backend/cpu/gpt_trainer.hpp pops it last).
       r.backward_temporary = c.reference() ? gradients + hidden_input : hidden_input;
       break;
     case layer_kind::layernorm:
@@ -942,7 +942,7 @@ constexpr unit_transients entry_unit_transients(const model_desc& model, const l
   if (l.kind == layer_kind::embedding || l.kind == layer_kind::position_embedding) {
     // The runtime runs the token and position embeddings as one unit pair: forward gathers both
     // (ZeRO-3), backward holds both unsharded gradients at once and gathers nothing
-    // (exec/gpt_trainer.hpp: embedding_backward). So either entry's moment holds both.
+    // (backend/cpu/gpt_trainer.hpp: embedding_backward). So either entry's moment holds both.
     for (const layer_desc& e : model) {
       if (e.kind != layer_kind::embedding && e.kind != layer_kind::position_embedding) continue;
       const std::uint64_t n = elements_per_rank(e, m).total();

@@ -2,7 +2,7 @@
 // memalg/backend/cpu/step_backend.hpp — the CPU reference backend of the step program (exec/run.hpp's step_backend).
 //
 // `step_backend<T, Comm>` executes a `program` (exec/program.hpp) with the kernels of
-// backend/cpu, bit for bit as gpt_trainer (exec/gpt_trainer.hpp) does: the same kernels in the
+// backend/cpu, bit for bit as gpt_trainer (backend/cpu/gpt_trainer.hpp) does: the same kernels in the
 // same order on the same bytes, the same roundings (backend/cpu/pointwise.hpp holds the helpers
 // both use), the same dropout streams, the same serial gradient-norm sum, the same dynamic loss
 // scaler and the same fused optimizer runs. It owns

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/gpt_trainer.hpp — a GPT trained by the CPU reference backend, in one arena laid out
-// by its plan, on one rank or many (data parallel with ZeRO-0/1/2/3, tensor parallel).
+// memalg/backend/cpu/gpt_trainer.hpp — a GPT trained by the CPU reference backend, in one arena
+// laid out by its plan, on one rank or many (data parallel with ZeRO-0/1/2/3, tensor parallel).
 //
 // The model is `transformer_lm` (model/transformer.hpp) with LayerNorm, a GeLU MLP, learned
 // positions, tied embeddings and biases: GPT-2's structure (Radford et al. 2019). Every tensor the

@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: BSL-1.0
+// expect: gpt_run: the CPU runtime trains GPT-2-style models \(LayerNorm, GeLU MLP, biases, tied embeddings, learned positions\) and, on one rank in fp32 or mixed-bf16, Llama-style variants \(RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads\)
+// RMSNorm with parallel residuals (GPT-NeoX's block): neither GPT-2's block nor a Llama-style one.
+#include <memalg/backend/cpu/gpt_run.hpp>
+#include <memalg/backend/cpu/local_communicator.hpp>
+
+#include "runtime_plan.hpp"
+
+namespace m = memalg;
+struct cfg {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = fail_runtime::gpt();
+    c.rms_norm = true;
+    c.parallel_residual = true;
+    return c;
+  }();
+};
+using run = m::exec::gpt_run<fail_runtime::plan<cfg>,
+                              m::backend::cpu::local_communicator>;
+int main() { return static_cast<int>(run::issue); }

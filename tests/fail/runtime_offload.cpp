@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: BSL-1.0
+// expect: gpt_run: the CPU runtime keeps activations in its arena
+// Saved activations offloaded to host memory between the passes: the CPU runtime keeps them in
+// its arena.
+#include <memalg/backend/cpu/gpt_run.hpp>
+#include <memalg/backend/cpu/local_communicator.hpp>
+
+#include "runtime_plan.hpp"
+
+namespace m = memalg;
+using run = m::exec::gpt_run<fail_runtime::plan<fail_runtime::gpt_config, m::precision::fp32, m::optim::adamw<>, m::parallel::mesh<>,
+                                  m::train::offload_activations>,
+                              m::backend::cpu::local_communicator>;
+int main() { return static_cast<int>(run::issue); }
