@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// expect: gpt_run: the CPU runtime trains GPT-2-style models \(LayerNorm, GeLU MLP, biases, tied embeddings, learned positions\) and, on one rank in fp32 or mixed-bf16, Llama-style variants \(RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads\)
+// expect: gpt_run: the CPU runtime trains GPT-2-style models \(LayerNorm, GeLU MLP, biases, tied embeddings, learned positions\) and Llama-style variants \(RMSNorm, SwiGLU, no or q/k/v-only biases, tied or untied output, rotary positions over all or an even part of each head\), without mixture of experts, parallel residual or a shared norm
 // RMSNorm with parallel residuals (GPT-NeoX's block): neither GPT-2's block nor a Llama-style one.
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>

@@ -72,7 +72,6 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
   if (m.pp != 1 || m.cp != 1 || m.ep != 1 || m.sequence_parallel || m.offload != offload_kind::none)
     return runtime_issue::mesh;
   if (m.zero_stage == 3 && m.zero3_prefetch != 0) return runtime_issue::prefetch;
-  if ((m.tp > 1 || m.dp > 1) && !fp32) return runtime_issue::multirank;
   if (t.offload_activations) return runtime_issue::offload;
   return runtime_issue::none;
 }
@@ -92,10 +91,7 @@ constexpr bool llama_style(const lm_config& c) {
 /// (positions == 0; rotary_dim 0 for all, else even and at most the head width), no mixture of
 /// experts, parallel residual or shared norm.
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
-  if (!llama_style(c)) {  // 16-bit multi-rank runs reduce through mpi_communicator's 16-bit operations
-    const runtime_issue shared = find_runtime_issue(c, t, m);
-    return shared == runtime_issue::multirank ? runtime_issue::none : shared;
-  }
+  if (!llama_style(c)) return find_runtime_issue(c, t, m);
   lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
   g.rms_norm = false;
   g.gated = false;
@@ -105,7 +101,7 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   g.kv_heads = 0;
   g.head_dim = 0;
   const runtime_issue rest = find_runtime_issue(g, t, m);
-  if (rest != runtime_issue::none && rest != runtime_issue::multirank) return rest;
+  if (rest != runtime_issue::none) return rest;
   if (c.experts != 0 || c.parallel_residual || c.shared_norm) return runtime_issue::architecture;
   const std::uint64_t D = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (c.positions == 0 && (D % 2 != 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > D)) return runtime_issue::architecture;

@@ -30,11 +30,7 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
   if (!fp32 && !mixed_bf16) return runtime_issue::precision;
   const runtime_issue shared = find_runtime_issue(c, t, m);
-  if (shared == runtime_issue::multirank) {  // NCCL reduces bf16; offload is checked after it
-    if (t.offload_activations) return runtime_issue::offload;
-  } else if (shared != runtime_issue::none) {
-    return shared;
-  }
+  if (shared != runtime_issue::none) return shared;
   const std::uint64_t head_width = c.heads != 0 ? c.hidden / c.heads : 0;
   if (head_width == 0 || head_width > (c.flash ? 128u : 256u)) return runtime_issue::head_width;
   return runtime_issue::none;

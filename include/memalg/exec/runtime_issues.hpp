@@ -17,7 +17,7 @@
 namespace memalg::exec {
 
 /// Why a runtime cannot run a configuration. One list for both runtimes: the CPU one never reports
-/// head_width, the CUDA one never multirank (exec/gpt_plan_cuda.hpp).
+/// head_width (exec/gpt_plan_cuda.hpp).
 enum class runtime_issue : int {
   none = 0,
 #define MEMALG_RUNTIME(cpu, cuda) cpu
