@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/exec/gpt_plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
 //
-// The CUDA trainer (exec/gpt_trainer_cuda.cuh) runs the same plans as the CPU trainer
-// (exec/gpt_plan.hpp) with two differences, both decided here so that plain g++ can check them:
+// The CUDA runtime (backend/cuda/gpt_run.cuh: the plan's step program on the CUDA step backend,
+// backend/cuda/step_backend.cuh) runs the same plans as the CPU runtime (exec/gpt_plan.hpp) with
+// these differences, all decided here so that plain g++ can check them:
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
-//     weights and optimizer states). No fp16: the GPU trainer has no dynamic loss scaler.
-//   * multi-rank runs may use bf16: NCCL reduces bf16 (MPI cannot, hence the CPU's fp32 rule).
+//     weights and optimizer states). No fp16: the GPU backend has no dynamic loss scaler.
+//   * multi-rank GPT-2-style runs may use bf16: NCCL reduces bf16 (MPI cannot, hence the CPU's
+//     fp32 rule).
 //   * head width: at most 128 with flash attention, 256 without (the kernels' register tiles).
 // Everything else — GPT-2 architecture, optimizers, fused optimizer step, reference kernel
-// profile, DP/ZeRO/TP only, ZeRO-3 one layer at a time — is find_runtime_issue's rule.
+// profile, DP/ZeRO/TP only, ZeRO-3 one layer at a time — is find_runtime_issue's rule, and for
+// Llama-style blocks (llama_style: RMSNorm, SwiGLU, rotary, grouped-query flash attention, no
+// biases, untied output) find_cpu_runtime_issue's: one rank, fp32 or mixed-bf16.
 //
 // Throughput is reported as model FLOPs utilisation with llm.c's count (Karpathy, llm.c
 // `train_gpt2.cu`, after Chowdhery et al. 2022, PaLM appendix B): 6N + 6·L·C·T flops per trained
@@ -34,8 +38,8 @@ constexpr std::string_view describe_cuda(runtime_issue i) {
     case runtime_issue::states: return "the CUDA runtime keeps optimizer states in fp32";
     case runtime_issue::optimizer: return "the CUDA runtime implements sgd, momentum, adam and adamw";
     case runtime_issue::unfused: return "the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe";
-    case runtime_issue::architecture: return "the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions";
-    case runtime_issue::heads: return "the CUDA runtime's GPT uses multi-head attention with head width hidden / heads";
+    case runtime_issue::architecture: return "the CUDA runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one rank, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)";
+    case runtime_issue::heads: return "the CUDA runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)";
     case runtime_issue::chunked: return "the CUDA runtime computes the loss unchunked";
     case runtime_issue::logits: return "the CUDA runtime keeps logits in the weight dtype: set lm_config::logits";
     case runtime_issue::dropout: return "dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)";
@@ -57,8 +61,8 @@ struct cuda_runtime_check {
   static_assert(I != runtime_issue::states, "gpt_run_cuda: the CUDA runtime keeps optimizer states in fp32");
   static_assert(I != runtime_issue::optimizer, "gpt_run_cuda: the CUDA runtime implements sgd, momentum, adam and adamw");
   static_assert(I != runtime_issue::unfused, "gpt_run_cuda: the CUDA runtime's optimizer is fused: add train::fused_optimizer to the recipe");
-  static_assert(I != runtime_issue::architecture, "gpt_run_cuda: the CUDA runtime trains GPT-2-style models: LayerNorm, GeLU MLP, biases, tied embeddings, learned positions");
-  static_assert(I != runtime_issue::heads, "gpt_run_cuda: the CUDA runtime's GPT uses multi-head attention with head width hidden / heads");
+  static_assert(I != runtime_issue::architecture, "gpt_run_cuda: the CUDA runtime trains GPT-2-style models (LayerNorm, GeLU MLP, biases, tied embeddings, learned positions) and, on one rank, Llama-style variants (RMSNorm, SwiGLU, no biases, untied output, rotary positions over whole heads)");
+  static_assert(I != runtime_issue::heads, "gpt_run_cuda: the CUDA runtime's GPT uses multi-head attention with head width hidden / heads (grouped-query attention and other head widths: Llama-style models with flash attention)");
   static_assert(I != runtime_issue::chunked, "gpt_run_cuda: the CUDA runtime computes the loss unchunked");
   static_assert(I != runtime_issue::logits, "gpt_run_cuda: the CUDA runtime keeps logits in the weight dtype: set lm_config::logits");
   static_assert(I != runtime_issue::dropout, "gpt_run_cuda: dropout needs flash attention in the CUDA runtime (its naive attention has no probability dropout)");
@@ -76,13 +80,18 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
   if (!fp32 && !mixed_bf16) return runtime_issue::precision;
-  const runtime_issue shared = find_runtime_issue(c, t, m);
-  if (shared == runtime_issue::multirank) {  // NCCL reduces bf16; offload is checked after it
-    if (t.offload_activations) return runtime_issue::offload;
-  } else if (shared != runtime_issue::none) {
-    return shared;
+  if (llama_style(c)) {  // the CPU runtime's rule for the step program's block variants (one rank)
+    const runtime_issue variant = find_cpu_runtime_issue(c, t, m);
+    if (variant != runtime_issue::none) return variant;
+  } else {
+    const runtime_issue shared = find_runtime_issue(c, t, m);
+    if (shared == runtime_issue::multirank) {  // NCCL reduces bf16; offload is checked after it
+      if (t.offload_activations) return runtime_issue::offload;
+    } else if (shared != runtime_issue::none) {
+      return shared;
+    }
   }
-  const std::uint64_t head_width = c.heads != 0 ? c.hidden / c.heads : 0;
+  const std::uint64_t head_width = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (head_width == 0 || head_width > (c.flash ? 128u : 256u)) return runtime_issue::head_width;
   return runtime_issue::none;
 }
