@@ -120,7 +120,8 @@ class gpt_lowering {
     if (r_.dp >= c_.dp || r_.tp >= c_.tp) fail("the rank coordinates lie outside the mesh");
     if (c_.dropout > 0 && !c_.flash)
       fail("dropout needs flash attention: the reference naive attention has no attention-probability dropout");
-    if ((c_.dp > 1 || c_.tp > 1) && T_ != elem::f32) fail("multi-rank runs reduce in fp32; use the fp32 precision policy");
+    // 16-bit collectives are the backend's business: MPI has no bf16 reduction (the CPU runtime's
+    // rule keeps its multi-rank runs in fp32), NCCL has (the CUDA runtime reduces bf16).
     if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
     if (c_.recompute == recompute_kind::every_k && c_.recompute_every == 0) fail("recompute every:K needs K >= 1");
     switch (c_.optimizer) {
