@@ -173,8 +173,8 @@ using nccl_comm = cu::nccl_communicator;
 
 /// The binary's one communicator type, so that the step backend is instantiated once per storage
 /// type (each instantiation costs seconds of host compilation): an NCCL group when there is one,
-/// else a group of one rank (collectives are copies); a stand-in for rank `rank` of a group of
-/// `size` only names the rank (the dry run builds its programs from rank coordinates).
+/// else a group of one rank (collectives are copies). The dry run needs none: it builds each
+/// rank's program from its coordinates.
 class device_group {  // external linkage: nvcc warns about unused members of internal classes
  public:
   device_group(int rank = 0, int size = 1) : rank_(rank), size_(size) {}
@@ -239,7 +239,7 @@ class device_group {  // external linkage: nvcc warns about unused members of in
   }
  private:
   cu::local_device_communicator& local() {
-    if (size_ != 1) throw std::logic_error("device_group: a stand-in for a dry run cannot communicate");
+    if (size_ != 1) throw std::logic_error("device_group: a group of more than one rank needs NCCL");
     return local_;
   }
 #if MEMALG_TRAIN_WITH_NCCL

@@ -162,46 +162,6 @@ struct step_backend_memory {
 
 namespace detail::step {
 
-/// LayerNorm statistics only, with layernorm_forward_kernel's arithmetic (same bits): the program
-/// keeps only the norm's input, backward recomputes them.
-template <class T>
-__global__ void layernorm_stats_kernel(float* mean, float* rstd, const T* in, std::int64_t rows, std::int64_t cols,
-                                       float eps) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / warp_size) + threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
-  if (row >= rows) return;
-  const T* x = in + row * cols;
-  float sum = 0.0f;
-  for (std::int64_t c = lane; c < cols; c += warp_size) sum += to_float(x[c]);
-  const float m = warp_sum(sum) / static_cast<float>(cols);
-  float var = 0.0f;
-  for (std::int64_t c = lane; c < cols; c += warp_size) {
-    const float d = to_float(x[c]) - m;
-    var += d * d;
-  }
-  const float r = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(cols) + eps);
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
-}
-
-/// RMSNorm's rstd only, with rmsnorm_forward_kernel's arithmetic (same bits).
-template <class T>
-__global__ void rmsnorm_stats_kernel(float* rstd, const T* in, std::int64_t rows, std::int64_t cols, float eps) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / warp_size) + threadIdx.x / warp_size;
-  const int lane = threadIdx.x % warp_size;
-  if (row >= rows) return;
-  const T* x = in + row * cols;
-  float sq = 0.0f;
-  for (std::int64_t c = lane; c < cols; c += warp_size) {
-    const float v = to_float(x[c]);
-    sq += v * v;
-  }
-  const float r = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(cols) + eps);
-  if (lane == 0) rstd[row] = r;
-}
-
 /// out = a + b, rounded once (out may alias a or b).
 template <class T>
 struct add_op {
@@ -347,18 +307,12 @@ class step_backend {
     stats(o.N);
     const T* in = cptr<T>(o.in);
     const auto rows = static_cast<std::int64_t>(o.N), cols = static_cast<std::int64_t>(o.C);
-    const launch_1d l = warp_per_row_launch(rows);
-    if (l.grid == 0) return;
-    if (o.rms) {  // rstd recomputed from the saved input, as rmsnorm_forward computes it
-      detail::step::rmsnorm_stats_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(rstd_, in, rows, cols,
-                                                                                                 rmsnorm_eps);
-      MEMALG_CUDA_CHECK_LAUNCH("rmsnorm_stats_kernel");
+    if (o.rms) {  // rstd recomputed from the saved input, as rmsnorm_forward computes it (same bits)
+      rmsnorm_stats(rstd_, in, rows, cols, rmsnorm_eps, stream());
       rmsnorm_backward(ptr<T>(o.din), ptr<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_, rows, cols, stream());
       return;
     }
-    detail::step::layernorm_stats_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(mean_, rstd_, in, rows,
-                                                                                                 cols, layernorm_eps);
-    MEMALG_CUDA_CHECK_LAUNCH("layernorm_stats_kernel");
+    layernorm_stats(mean_, rstd_, in, rows, cols, layernorm_eps, stream());
     layernorm_backward(ptr<T>(o.din), ptr<T>(o.dw), ptr<T>(o.db), cptr<T>(o.dout), in, cptr<T>(o.w), mean_, rstd_, rows,
                        cols, stream());
   }
@@ -412,7 +366,13 @@ class step_backend {
       const std::size_t nf = std::size_t{o.N} * o.F;
       if (o.dout.count != nf || o.din.count != 2 * nf || o.in.count != 2 * nf)
         fail("activation_bwd: swiglu takes d[N, F] to d[N, 2F]");
-      swiglu_backward_rows(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), o.N, o.F);
+      T* din = ptr<T>(o.din);
+      const T* dout = cptr<T>(o.dout);
+      const T* in = cptr<T>(o.in);
+      if (dout == din) swiglu_backward_in_place(din, in, o.N, o.F, stream());  // the program's form
+      else if (o.dout.offset + o.dout.bytes() <= o.din.offset || o.din.offset + o.din.bytes() <= o.dout.offset)
+        swiglu_backward(din, dout, in, o.N, o.F, stream());
+      else fail("activation_bwd: swiglu's dout may only be the first half of din or apart from it");
       return;
     }
     same_count(o.din, o.dout);
@@ -752,26 +712,6 @@ class step_backend {
   void scalar(detail::step::scalar_kind k, int dst, int src, float x = 0.0f, int flag = 0) {
     detail::step::scalar_kernel<><<<1, 1, 0, stream()>>>(scalars_, k, dst, src, x, flag);
     MEMALG_CUDA_CHECK_LAUNCH("scalar_kernel");
-  }
-
-  /// SwiGLU backward over rows; when dout is din's first N·F elements (the program's in-place
-  /// form) the rows go in waves [⌈hi/2⌉, hi) from the last: a wave writes din from row 2·lo·F on,
-  /// past every dout row not yet read, so each wave runs in parallel; row 0 last (each element
-  /// reads its dout before writing over it).
-  void swiglu_backward_rows(T* din, const T* dout, const T* in, std::size_t N, std::size_t F) {
-    const auto f = static_cast<std::int64_t>(F);
-    const bool in_place = reinterpret_cast<const std::byte*>(dout) >= reinterpret_cast<const std::byte*>(din) &&
-                          reinterpret_cast<const std::byte*>(dout) < reinterpret_cast<const std::byte*>(din + 2 * N * F);
-    if (!in_place) {
-      swiglu_backward(din, dout, in, static_cast<std::int64_t>(N), f, stream());
-      return;
-    }
-    if (dout != din) fail("activation_bwd: swiglu's dout may only be the first half of din");
-    for (std::size_t hi = N; hi > 0;) {
-      const std::size_t lo = hi == 1 ? 0 : (hi + 1) / 2;
-      swiglu_backward(din + lo * 2 * F, dout + lo * F, in + lo * 2 * F, static_cast<std::int64_t>(hi - lo), f, stream());
-      hi = lo;
-    }
   }
 
   /// memmove on the stream: overlapping ranges in chunks no longer than the distance between them.
