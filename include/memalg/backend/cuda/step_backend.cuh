@@ -12,8 +12,8 @@
 //   * the step's scalar file (exec::scalars) on the device, with two slots of its own (a micro-batch
 //     loss and a segment's Σg² before they are folded in); the loss and the norm come back to the
 //     host once, at end_step;
-//   * scratch outside the plan, as the fixed CUDA trainer kept it and as the CPU backend keeps it in
-//     std::vector: per-row LayerNorm/RMSNorm statistics (recomputed from the saved input in
+//   * scratch outside the plan, as the former fixed CUDA trainer held it and as the CPU backend keeps
+//     it in std::vector: per-row LayerNorm/RMSNorm statistics (recomputed from the saved input in
 //     backward), per-token losses, the naive attention backward's row dots, the gradient-norm
 //     partials, the embedding backward's sort keys and the step's token and target ids. Its size
 //     is step_backend_scratch_bytes(program): the largest of each over the program's ops;
@@ -31,9 +31,10 @@
 // computed on the host with backend/cpu/pointwise.hpp's init_normal and rounded with the CPU's
 // conversions (core/float16.hpp), then copied, so the initial weights are bit-identical.
 //
-// What the program may say that this backend refuses, at construction, with a sentence: fp16
-// storage and dynamic loss scaling (no loss scaler on the GPU), and element types other than the
-// storage type, fp32, u8 masks and the ids. Dropout masks agree with the CPU's (one counter-based
+// What the program may say that this backend refuses with a sentence (std::invalid_argument): at
+// construction fp16 storage and dynamic loss scaling (no loss scaler on the GPU) and optimizers
+// other than sgd, momentum, adam and adamw; as an op resolves its operands, an operand outside the
+// arena or of another element type than the kernel's. Dropout masks agree with the CPU's (one counter-based
 // stream per global sequence, the same seeds). The gradient norm's non-finite flag is raised when
 // a segment's Σg² is not finite (a non-finite element, or squares overflowing fp32).
 //
