@@ -5,20 +5,16 @@
 # (`#include "memalg/backend/...`, `<memalg/backend/...`, or a relative `../backend/...`).
 #   include(cmake/check_exec_includes.cmake)   at configure time (the top-level CMakeLists.txt)
 #   cmake -DMEMALG_SOURCE_DIR=<dir> -P cmake/check_exec_includes.cmake   as a build step
-#
-# One file is skipped: exec/gpt_trainer_cuda.cuh, the fixed CUDA trainer, is being removed (the
-# step program on a CUDA step backend replaces it); drop the exception with the file.
 if(CMAKE_SCRIPT_MODE_FILE AND NOT CMAKE_PARENT_LIST_FILE)
   cmake_minimum_required(VERSION 3.25)  # -P: the policies the project sets (IN_LIST)
 endif()
-set(MEMALG_EXEC_INCLUDE_EXCEPTIONS include/memalg/exec/gpt_trainer_cuda.cuh)
 
 function(memalg_check_exec_includes source_dir)
   file(GLOB _files RELATIVE ${source_dir} ${source_dir}/include/memalg/exec/*)
   list(SORT _files)
   set(_found "")
   foreach(_f IN LISTS _files)
-    if(_f IN_LIST MEMALG_EXEC_INCLUDE_EXCEPTIONS OR IS_DIRECTORY ${source_dir}/${_f})
+    if(IS_DIRECTORY ${source_dir}/${_f})
       continue()
     endif()
     file(STRINGS ${source_dir}/${_f} _hits REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](memalg/|\\.\\./)backend/")

@@ -1,19 +1,27 @@
 // SPDX-License-Identifier: BSL-1.0
 // examples/train_gpt_cuda.cu — the GPU reference training binary (train_gpt_cpu's flags and JSON).
 //
-// A GPT trained byte-level on the GPL-3 text every Debian system ships, by the CUDA trainer
-// (exec/gpt_trainer_cuda.cuh) in one device arena of exactly its plan's size. Named plans range
-// from a tiny model (the CPU binary's, for comparisons) to a GPT-2 124M-shaped bf16 AdamW plan.
+// A GPT trained byte-level on the GPL-3 text every Debian system ships: the plan's step program
+// (exec/build_program.hpp) — the program train_gpt_cpu runs on the CPU step backend — trained by
+// exec::program_trainer on the CUDA step backend (backend/cuda/gpt_run.cuh, step_backend.cuh) in
+// one device arena of exactly its plan's size. Named plans range from a tiny model (the CPU
+// binary's, for comparisons) to a GPT-2 124M-shaped bf16 AdamW plan.
 // One process per GPU: multi-rank plans run under MPI (the NCCL unique id is broadcast with it),
 //   mpirun -np 2 train_gpt_cuda --plan dp2-zero1
 // and a build without MPI runs the one-rank plans in one process on one GPU.
 //
 //   train_gpt_cuda --list-plans
 //   train_gpt_cuda --plan gpt2-124m --steps 40 --json
-//   train_gpt_cuda --plan gpt2-124m --dry-run      (no GPU needed: walks the arena of every rank)
+//   train_gpt_cuda --plan gpt2-124m --dry-run      (no GPU needed: every rank's program on
+//                                                   exec::null_backend, its arena trace replayed)
 //
 // Without a CUDA device it prints one line and exits with 77 (ctest's skip code).
-#include <memalg/exec/gpt_trainer_cuda.cuh>
+#include <memalg/backend/cuda/gpt_run.cuh>
+#include <memalg/backend/cuda/local_communicator.cuh>
+#include <memalg/backend/cuda/memory.cuh>
+#include <memalg/exec/build_program.hpp>
+#include <memalg/exec/null_backend.hpp>
+#include <memalg/exec/run.hpp>
 #if MEMALG_TRAIN_WITH_NCCL  // set by the build when it links NCCL
 #include <memalg/backend/cuda/nccl_communicator.cuh>
 #endif
@@ -135,7 +143,8 @@ constexpr const char* help_text =
     "  --json           one final object: plan, steps, loss_first, loss_last, tokens_per_s, mfu,\n"
     "                   memory {predicted_arena, measured_arena, predicted_peak, measured_peak},\n"
     "                   memory_layers {context, libraries, scratch, communicator, arena, modules, ...}\n"
-    "  --dry-run        no GPU: walk every rank's arena pushes and pops and compare with the plan\n"
+    "  --dry-run        no GPU: run every rank's step program on a backend that executes nothing,\n"
+    "                   replay its arena trace and compare the high-water mark with the plan\n"
     "                   (--plan all: every plan)\n"
     "  --peak-tflops X  the device's dense bf16 peak for the MFU (default: from the device name)\n"
     "  MFU = (6N + 6*L*C*T) * tokens/s / (peak * GPUs): N parameters, L layers, C width, T sequence\n"
@@ -162,10 +171,10 @@ using nccl_comm = cu::nccl_communicator;
 
 }  // namespace
 
-/// The binary's one communicator type, so that the trainer is instantiated once per storage type
-/// (each instantiation costs seconds of host compilation): an NCCL group when there is one, else
-/// a group of one rank (collectives are copies), or — in a dry run, which calls no collective —
-/// a stand-in for rank `rank` of a group of `size`.
+/// The binary's one communicator type, so that the step backend is instantiated once per storage
+/// type (each instantiation costs seconds of host compilation): an NCCL group when there is one,
+/// else a group of one rank (collectives are copies). The dry run needs none: it builds each
+/// rank's program from its coordinates.
 class device_group {  // external linkage: nvcc warns about unused members of internal classes
  public:
   device_group(int rank = 0, int size = 1) : rank_(rank), size_(size) {}
@@ -229,14 +238,14 @@ class device_group {  // external linkage: nvcc warns about unused members of in
     local().barrier();
   }
  private:
-  m::exec::local_device_communicator& local() {
-    if (size_ != 1) throw std::logic_error("device_group: a stand-in for a dry run cannot communicate");
+  cu::local_device_communicator& local() {
+    if (size_ != 1) throw std::logic_error("device_group: a group of more than one rank needs NCCL");
     return local_;
   }
 #if MEMALG_TRAIN_WITH_NCCL
   std::unique_ptr<nccl_comm> nccl_;
 #endif
-  m::exec::local_device_communicator local_;
+  cu::local_device_communicator local_;
   int rank_, size_;
 };
 
@@ -250,7 +259,7 @@ struct measured_layers {
   std::size_t free_after = 0;
 };
 
-void print_layers_json(const measured_layers& ml, const m::exec::cuda_trainer_memory& r, std::size_t reserve) {
+void print_layers_json(const measured_layers& ml, const cu::step_backend_memory& r, std::size_t reserve) {
   std::printf("\"memory_layers\": {\"total\": %zu, \"context\": %zu, \"communicator\": %zu, \"libraries\": %zu, "
               "\"gemm_workspace\": %zu, \"scratch\": %zu, \"scratch_requested\": %zu, \"arena\": %zu, "
               "\"arena_requested\": %zu, \"modules\": %zu, \"free_after\": %zu, \"predicted_reserve\": %zu}",
@@ -262,16 +271,18 @@ void print_layers_json(const measured_layers& ml, const m::exec::cuda_trainer_me
 template <class Named>
 int train(const cuda_options& o, const process& p, device_group& dp, device_group& tp, std::size_t dp_rank,
           cu::overhead_meter& meter, measured_layers& ml) {
-  using run = m::exec::gpt_run_cuda<typename Named::plan, device_group>;
+  using run = cu::gpt_run<typename Named::plan, device_group>;
   const std::vector<std::int32_t> text = read_bytes(o.data);
-  typename run::trainer trainer(run::config, run::arena, dp, tp, m::exec::cuda_trainer_options{false, &meter, true});
+  // The plan's step program, on the CUDA step backend: it allocates (and measures) its cuBLASLt
+  // workspace, its scratch and the arena.
+  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  meter.step();  // the backend measured its own allocations; the first step's growth is counted from here
   const checkpoint_place ckpt = checkpoint_of(o, Named::name, p.rank, p.size);
   std::uint64_t start = 0;
   if (o.resume) {
     auto sections = trainer.state_sections();
     start = m::exec::load_checkpoint(ckpt.file, ckpt.fingerprint, sections);
-    trainer.upload_state();
-    trainer.restore_counters();
+    trainer.restore_counters();  // copies the loaded sections to the device
   }
   require_steps_after(start, o);
 
@@ -281,7 +292,7 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
   auto t0 = std::chrono::steady_clock::now();
   for (std::uint64_t s = start; s < o.steps; ++s) {
     batch_for(text, run::config, o.seed, s, dp_rank, tok, tgt);
-    const float loss = trainer.train_step(tok, tgt);  // returns after the step finished on the GPU
+    const float loss = trainer.train_step(tok, tgt);  // returns after the step finished on the GPU (end_step)
     const cu::memory_snapshot snap = cu::memory_snapshot_of(p.device);
     ml.peak_used = std::max(ml.peak_used, snap.used_bytes());
     if (s == start) {
@@ -322,11 +333,12 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
                   Named::name.data(), static_cast<unsigned long long>(o.steps - start), static_cast<double>(first),
                   static_cast<double>(last), tokens_per_s, mfu, device.c_str(), peak, p.size, predicted_arena,
                   mem.high_water(), run::predicted_device_peak, ml.peak_used);
-      print_layers_json(ml, trainer.memory_report(), run::predicted_reserve);
+      print_layers_json(ml, trainer.backend().memory_report(), run::predicted_reserve);
       std::printf("}\n");
     } else {
-      const auto& r = trainer.memory_report();
+      const auto& r = trainer.backend().memory_report();
       std::printf("\nplan %s: %s\n", Named::name.data(), Named::description.data());
+      std::printf("step program: %zu ops a step on the CUDA step backend\n", trainer.step_program().op_count());
       std::printf("device %s, %d rank(s); loss %.4f -> %.4f over %llu steps\n", device.c_str(), p.size,
                   static_cast<double>(first), static_cast<double>(last), static_cast<unsigned long long>(o.steps - start));
       std::printf("%.0f tokens/s, MFU %.2f%% (6N + 6LCT flops per token over %.1f TFLOP/s dense bf16%s)\n",
@@ -346,25 +358,52 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
   return exact ? 0 : 4;
 }
 
-// ---- dry run: no GPU, every rank's arena ------------------------------------------------------
+// ---- dry run: no GPU, every rank's step program -------------------------------------------------
+/// The arena high-water mark a program's own trace reaches (its persistent tensors, then one whole
+/// step's pushes and pops), replayed independently of the builder's bookkeeping; throws when an
+/// event lies outside the program's capacities or a pop releases more than is live.
+std::size_t trace_high_water(const m::exec::program& p) {
+  const std::size_t capacity = p.sizes.persistent + p.sizes.stack;
+  std::size_t live = 0, high = 0;
+  for (const m::exec::arena_event& e : p.trace) {
+    if (e.offset > capacity || e.bytes > capacity - e.offset)
+      throw std::runtime_error("the program's trace places " + e.name + " outside its arena");
+    if (e.kind == m::exec::arena_layout::event_kind::pop) {
+      if (e.bytes > live) throw std::runtime_error("the program's trace pops " + e.name + " past what is live");
+      live -= e.bytes;
+    } else {
+      live += e.bytes;
+      high = std::max(high, live);
+    }
+  }
+  return high;
+}
+
 template <class Named>
 int dry_run(const cuda_options& o) {
   using plan = typename Named::plan;
-  using run = m::exec::gpt_run_cuda<plan, device_group>;
+  using run = cu::gpt_run<plan, device_group>;
   constexpr m::mesh_desc mesh = plan::mesh;
   const std::size_t predicted = run::arena.persistent + run::arena.stack;
-  std::size_t worst = 0, scratch = 0;
+  std::size_t worst = 0, scratch = 0, ops = 0;
   bool exact = true;
   const std::size_t tokens = run::config.grad_accum * run::config.micro_batch * run::config.sequence;
   const std::vector<std::int32_t> ids(tokens, 0);
   for (std::uint64_t rank = 0; rank < mesh.world; ++rank) {
-    const int tp_rank = static_cast<int>(rank % mesh.tp), dp_rank = static_cast<int>(rank / mesh.tp);
-    device_group dp(dp_rank, static_cast<int>(mesh.dp)), tp(tp_rank, static_cast<int>(mesh.tp));
-    typename run::trainer trainer(run::config, run::arena, dp, tp, m::exec::cuda_trainer_options{true, nullptr, true});
-    for (std::uint64_t s = 0; s < std::min<std::uint64_t>(o.steps, 2); ++s) trainer.train_step(ids, ids);
-    worst = std::max(worst, trainer.memory().high_water());
-    scratch = std::max(scratch, trainer.memory_report().scratch);
-    exact = exact && trainer.memory().high_water() == predicted;
+    const std::size_t tp_rank = rank % mesh.tp, dp_rank = rank / mesh.tp;
+    // The program the CUDA step backend would run on this rank, on a backend that executes nothing.
+    const m::exec::program program =
+        m::exec::build_program(run::config, run::arena, m::exec::rank_coords{dp_rank, tp_rank}, run::backend::storage_elem);
+    m::exec::null_backend backend(program);
+    m::exec::run_state state{};
+    for (std::uint64_t s = 0; s < std::min<std::uint64_t>(o.steps, 2); ++s)
+      m::exec::run(program, backend, m::exec::step_io{ids, ids}, state);
+    if (backend.executed() == 0) throw std::runtime_error("the step program of rank " + std::to_string(rank) + " is empty");
+    const std::size_t traced = trace_high_water(program);
+    worst = std::max(worst, traced);
+    scratch = std::max(scratch, cu::step_backend_scratch_bytes(program));
+    ops = std::max<std::size_t>(ops, program.op_count());
+    exact = exact && traced == predicted && program.high_water == predicted;
   }
   if (o.json)
     std::printf("{\"plan\": \"%s\", \"dry_run\": true, \"ranks\": %llu, \"memory\": {\"predicted_arena\": %zu, "
@@ -372,9 +411,9 @@ int dry_run(const cuda_options& o) {
                 Named::name.data(), static_cast<unsigned long long>(mesh.world), predicted, worst,
                 run::predicted_device_peak, scratch);
   else
-    std::printf("plan %s (dry run, %llu rank(s), no kernels): arena predicted %zu B, high-water %zu B (%s); "
-                "device peak predicted %s; trainer scratch %zu B\n",
-                Named::name.data(), static_cast<unsigned long long>(mesh.world), predicted, worst,
+    std::printf("plan %s (dry run, %llu rank(s), step program of %zu ops, no kernels): arena predicted %zu B, "
+                "high-water %zu B (%s); device peak predicted %s; backend scratch %zu B\n",
+                Named::name.data(), static_cast<unsigned long long>(mesh.world), ops, predicted, worst,
                 exact ? "equal" : "DIFFERENT", cu::format_bytes(run::predicted_device_peak).c_str(), scratch);
   return exact ? 0 : 4;
 }

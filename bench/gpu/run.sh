@@ -8,11 +8,18 @@
 # need not be installed: the headers come from .deps/ (bench/gpu/prepare_deps.sh writes it where
 # they are installed; carry it along). It
 #   1. configures a build for one architecture (MEMALG_BENCH_ARCH, default 90) without MPI and
-#      builds only the GPU tests and train_gpt_cuda;
-#   2. runs the GPU tests: every kernel and the CUDA trainer against the CPU reference, the plan's
-#      arena against the trainer's high-water mark (ctest, JUnit XML in $OUT/ctest.xml);
-#   3. trains the GPT-2 124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for
-#      MEMALG_BENCH_STEPS steps (default 40) and the tiny fp32 plan, with --json;
+#      builds only the GPU tests, train_gpt_cuda and train_gpt_cpu;
+#   2. runs the GPU tests: every kernel against the CPU reference, and the CUDA step backend
+#      against the CPU step backend on the same step programs (GPT-2 and Llama-shaped, fp32 and
+#      mixed-bf16), the plan's arena against the program's high-water mark (ctest, JUnit XML in
+#      $OUT/ctest.xml);
+#   3. trains with train_gpt_cuda (the plan's step program on the CUDA step backend) the GPT-2
+#      124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for MEMALG_BENCH_STEPS steps (default
+#      40) and the tiny fp32 and bf16 plans, with --json;
+#   3a. trains the tiny fp32 plan with train_gpt_cpu too: the same program on the CPU step
+#      backend, on the same batches; the first losses must agree within a relative 1e-5 and the
+#      last, after 50 AdamW steps that amplify rounding differences, within 1e-2
+#      ($OUT/same_program.txt);
 #   3b. runs the PyTorch ground-truth harness (bench/torch/measure.py) on CUDA tensors, capped at
 #      2 minutes ($OUT/measured_cuda.json), and sets the pytorch stack's plans beside it
 #      ($OUT/compare_cuda.md);
@@ -99,7 +106,7 @@ stage configure 180 "$out/configure.log" \
     -DMEMALG_BOOST_INCLUDE_DIR="$root/.deps/include" -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON "${nccl_args[@]}" ||
   { log "configure failed: see $out/configure.log"; tail -30 "$out/configure.log"; exit 1; }
 targets=$(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\(memalg_device_[a-z_0-9]*\): phony$/\1/p' | sort -u)
-targets="$targets train_gpt_cuda"
+targets="$targets train_gpt_cuda train_gpt_cpu"
 # The planner's tool, for stage 3b's comparison, where its dependencies were found.
 ninja -C "$build" -t targets all 2>/dev/null | grep -q '^memalg_tool: ' && targets="$targets memalg_tool"
 log "targets: $(echo $targets)"
@@ -118,6 +125,26 @@ stage "train gpt2-124m ($steps steps)" 240 "$out/gpt2-124m.log" \
   bash -c "'$bin' --plan gpt2-124m --steps $steps --json > '$out/gpt2-124m.json'"
 stage "train tiny-fp32 (50 steps)" 60 "$out/tiny-fp32.log" \
   bash -c "'$bin' --plan tiny-fp32 --steps 50 --json > '$out/tiny-fp32.json'"
+stage "train tiny-bf16 (50 steps)" 60 "$out/tiny-bf16.log" \
+  bash -c "'$bin' --plan tiny-bf16 --steps 50 --json > '$out/tiny-bf16.json'"
+
+# ---- 3a. the same program on the CPU step backend ------------------------------------------------
+stage "train tiny-fp32 on the CPU backend (50 steps)" 120 "$out/tiny-fp32-cpu.log" \
+  bash -c "'$build/examples/train_gpt_cpu' --plan tiny-fp32 --steps 50 --json > '$out/tiny-fp32-cpu.json'"
+stage "same program, CPU vs CUDA backend" 10 "$out/same_program.txt" python3 - "$out" <<'PY'
+import json, os, re, sys
+out = sys.argv[1]
+def run(name):
+    return json.loads(re.search(r'\{"plan".*\}', open(os.path.join(out, name)).read()).group(0))
+gpu, cpu = run("tiny-fp32.json"), run("tiny-fp32-cpu.json")
+first = abs(gpu["loss_first"] - cpu["loss_first"]) / abs(cpu["loss_first"])
+last = abs(gpu["loss_last"] - cpu["loss_last"]) / abs(cpu["loss_last"])
+print(f"tiny-fp32, 50 steps: CUDA {gpu['loss_first']:.6f} -> {gpu['loss_last']:.6f}, "
+      f"CPU {cpu['loss_first']:.6f} -> {cpu['loss_last']:.6f}; relative difference first {first:.2e} "
+      f"(tolerance 1e-5), last {last:.2e} (tolerance 1e-2)")
+sys.exit(0 if first <= 1e-5 and last <= 1e-2 else 1)
+PY
+cat "$out/same_program.txt"
 
 # ---- 3b. the PyTorch ground truth with CUDA tensors ----------------------------------------------
 # bench/torch/measure.py on the GPU: the quick subset, torch.cuda.max_memory_allocated and
@@ -137,7 +164,7 @@ out = sys.argv[1]
 def mib(b):
     return "-" if b is None else f"{b / 2**20:,.1f} MiB"
 runs = []
-for name in ("gpt2-124m", "tiny-fp32"):
+for name in ("gpt2-124m", "tiny-fp32", "tiny-bf16"):
     try:
         text = open(os.path.join(out, name + ".json")).read()
         runs.append(json.loads(re.search(r'\{"plan".*\}', text).group(0)))
@@ -162,12 +189,15 @@ for r in runs:
     print(f"| CUDA context (after cudaFree(0)) | {mib(l['context'])} | reserve {mib(l['predicted_reserve'])} incl. workspace |")
     print(f"| NCCL (after first collective) | {mib(l['communicator'])} | - |")
     print(f"| cuBLASLt handle + workspace | {mib(l['libraries'])} | {mib(l['gemm_workspace'])} |")
-    print(f"| trainer scratch | {mib(l['scratch'])} | {mib(l['scratch_requested'])} |")
+    print(f"| backend scratch | {mib(l['scratch'])} | {mib(l['scratch_requested'])} |")
     print(f"| arena | {mib(l['arena'])} | {mib(l['arena_requested'])} |")
     print(f"| first step (lazy modules) | {mib(l['modules'])} | - |")
     overhead = l["context"] + l["communicator"] + l["libraries"] + l["scratch"] + l["modules"]
     print(f"| all but the arena | {mib(overhead)} | reserve {mib(l['predicted_reserve'])} |")
     print(f"| device total | {mib(l['total'])} | - |")
+same = os.path.join(out, "same_program.txt")
+if os.path.exists(same):
+    print(f"\nsame step program on both backends: {open(same).read().strip()}")
 tests = open(os.path.join(out, "ctest.log")).read() if os.path.exists(os.path.join(out, "ctest.log")) else ""
 m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", tests)
 skipped = len(re.findall(r"\*\*\*Skipped|Not Run", tests))

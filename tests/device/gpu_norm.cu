@@ -39,6 +39,12 @@ TEST_CASE_TEMPLATE("layernorm: forward and backward match the CPU reference", T,
   check_close<T>("out", d_out.download(), r_out);
   check_close<T>("mean", d_mean.download(), r_mean, stats_tolerance);
   check_close<T>("rstd", d_rstd.download(), r_rstd, stats_tolerance);
+  {  // the statistics alone (a backward that recomputes them): the forward's bits
+    dbuf<float> s_mean(N), s_rstd(N);
+    cu::layernorm_stats(s_mean.get(), s_rstd.get(), d_in.get(), N, C);
+    CHECK(s_mean.download() == d_mean.download());
+    CHECK(s_rstd.download() == d_rstd.download());
+  }
   cu::layernorm_backward(d_din.get(), d_dw.get(), d_db.get(), d_dout.get(), d_in.get(), d_w.get(), d_mean.get(),
                          d_rstd.get(), N, C);
   check_close<T>("din", d_din.download(), r_din);
@@ -63,6 +69,11 @@ TEST_CASE_TEMPLATE("rmsnorm: forward and backward match the CPU reference", T, f
   cu::rmsnorm_forward(d_out.get(), d_rstd.get(), d_in.get(), d_w.get(), N, C);
   check_close<T>("out", d_out.download(), r_out);
   check_close<T>("rstd", d_rstd.download(), r_rstd, stats_tolerance);
+  {  // rstd alone (a backward that recomputes it): the forward's bits
+    dbuf<float> s_rstd(N);
+    cu::rmsnorm_stats(s_rstd.get(), d_in.get(), N, C);
+    CHECK(s_rstd.download() == d_rstd.download());
+  }
   cu::rmsnorm_backward(d_din.get(), d_dw.get(), d_dout.get(), d_in.get(), d_w.get(), d_rstd.get(), N, C);
   check_close<T>("din", d_din.download(), r_din);
   check_close<T>("dw", d_dw.download(), r_dw);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gpu_test_util.hpp"
@@ -51,6 +52,29 @@ TEST_CASE_TEMPLATE("swiglu: forward and backward match the CPU reference", T, fl
     check_close<T>("out", d_out.download(), r_out);
     cu::swiglu_backward(d_din.get(), d_dout.get(), d_in.get(), N, F);
     check_close<T>("din", d_din.download(), r_din);
+  }
+}
+
+TEST_CASE_TEMPLATE("swiglu: the in-place backward equals the out-of-place one bit for bit", T, float, cu::bf16, cu::fp16) {
+  // The step program's form: dout [N, F] is the first half of din [N, 2F]. Odd, even and tiny row
+  // counts exercise every shape of the waves (9: [5,9) [3,5) [2,3) [1,2) [0,1)).
+  const std::int64_t F = 40;
+  for (const std::int64_t N : {9, 8, 2, 1}) {
+    CAPTURE(N);
+    const auto in = random_values<T>(N * 2 * F, -3, 3, 31);
+    const auto dout = random_values<T>(N * F, -1, 1, 32);
+    const auto r_in = to_double(in), r_dout = to_double(dout);
+    std::vector<double> r_din(N * 2 * F);
+    cpu::swiglu_backward(r_din.data(), r_dout.data(), r_in.data(), N, F);
+    dbuf<T> d_in(in), d_dout(dout), d_din(N * 2 * F);
+    cu::swiglu_backward(d_din.get(), d_dout.get(), d_in.get(), N, F);
+    std::vector<T> both(N * 2 * F, cu::from_float<T>(0.0f));
+    std::memcpy(both.data(), dout.data(), dout.size() * sizeof(T));
+    dbuf<T> d_both(both);
+    cu::swiglu_backward_in_place(d_both.get(), d_in.get(), N, F);
+    const std::vector<T> got = d_both.download(), want = d_din.download();
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+    check_close<T>("din in place", got, r_din);
   }
 }
 

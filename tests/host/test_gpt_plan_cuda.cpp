@@ -60,6 +60,30 @@ TEST_CASE("the CUDA attention kernels bound the head width") {
   CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::head_width);
 }
 
+TEST_CASE("the CUDA runtime trains Llama-style blocks, as the CPU runtime does") {
+  m::lm_config c = gpt2(256);  // flash attention
+  c.positions = 0;             // rotary positions
+  c.rotary = true;
+  c.kv_heads = 4;              // grouped-query attention, 3 query heads per key/value head
+  c.rms_norm = true;
+  c.gated = true;
+  c.bias = false;
+  c.tied = false;
+  CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::mixed_bf16>(c) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::amp_fp16>(c) == ex::cuda_runtime_issue::precision);
+  // On several ranks too, as on the CPU (the program splits the block variants over dp and tp).
+  using dp2 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>;
+  CHECK(issue<m::precision::fp32, dp2>(c) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::mixed_bf16, dp2>(c) == ex::cuda_runtime_issue::none);
+  // Fewer key/value heads need flash attention; so does the CPU runtime.
+  c.flash = false;
+  CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::heads);
+  c.flash = true;
+  c.head_dim = 192;  // wider than the flash kernels' 128
+  CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::head_width);
+}
+
 TEST_CASE("MFU: GPT-2 124M parameters and 6N + 6LCT flops per token") {
   // Hugging Face's gpt2 (vocab 50257) has 124,439,808 parameters; llm.c pads the vocabulary to
   // 50304 and prints num_parameters 124,475,904.

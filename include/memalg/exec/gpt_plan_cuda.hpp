@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/exec/gpt_plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
 //
-// The CUDA trainer (exec/gpt_trainer_cuda.cuh) runs the same plans as the CPU trainer
-// (backend/cpu/gpt_run.hpp) with three differences, all decided here so that plain g++ can check
-// them (gpt_run_cuda_check<Plan> is the check; its sentences are exec/runtime_issues.hpp's):
+// The CUDA runtime (backend/cuda/gpt_run.cuh: the plan's step program on the CUDA step backend,
+// backend/cuda/step_backend.cuh) runs the same plans as the CPU runtime (exec/gpt_plan.hpp) with
+// these differences, all decided here so that plain g++ can check them:
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
-//     weights and optimizer states). No fp16: the GPU trainer has no dynamic loss scaler.
-//   * multi-rank runs may use bf16: NCCL reduces bf16 (MPI cannot, hence the CPU's fp32 rule).
+//     weights and optimizer states). No fp16: the GPU backend has no dynamic loss scaler.
 //   * head width: at most 128 with flash attention, 256 without (the kernels' register tiles).
 // Everything else — GPT-2 architecture, optimizers, fused optimizer step, reference kernel
-// profile, DP/ZeRO/TP only, ZeRO-3 one layer at a time — is find_runtime_issue's rule.
+// profile, DP/ZeRO/TP only, ZeRO-3 one layer at a time — is find_runtime_issue's rule, and for
+// Llama-style blocks (llama_style: RMSNorm, SwiGLU, rotary, grouped-query flash attention, no
+// or q/k/v-only biases) find_cpu_runtime_issue's.
 //
 // Throughput is reported as model FLOPs utilisation with llm.c's count (Karpathy, llm.c
 // `train_gpt2.cu`, after Chowdhery et al. 2022, PaLM appendix B): 6N + 6·L·C·T flops per trained
@@ -29,9 +30,14 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
   if (!fp32 && !mixed_bf16) return runtime_issue::precision;
-  const runtime_issue shared = find_runtime_issue(c, t, m);
-  if (shared != runtime_issue::none) return shared;
-  const std::uint64_t head_width = c.heads != 0 ? c.hidden / c.heads : 0;
+  if (llama_style(c)) {  // the CPU runtime's rule for the step program's block variants
+    const runtime_issue variant = find_cpu_runtime_issue(c, t, m);
+    if (variant != runtime_issue::none) return variant;
+  } else {
+    const runtime_issue shared = find_runtime_issue(c, t, m);
+    if (shared != runtime_issue::none) return shared;
+  }
+  const std::uint64_t head_width = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (head_width == 0 || head_width > (c.flash ? 128u : 256u)) return runtime_issue::head_width;
   return runtime_issue::none;
 }

@@ -147,13 +147,28 @@ void swiglu_forward(T* out, const T* in, std::int64_t rows, std::int64_t f, cuda
                       "swiglu_forward");
 }
 
-/// din[N,2F] from dout[N,F] and the forward input in[N,2F]; din must not alias in.
+/// din[N,2F] from dout[N,F] and the forward input in[N,2F]; din must not alias in or dout.
 template <storage_type T>
 void swiglu_backward(T* din, const T* dout, const T* in, std::int64_t rows, std::int64_t f,
                      cudaStream_t stream = nullptr) {
   constexpr int w = max_vec_width(sizeof(T));
   launch_pointwise<w>(rows * f, common_vec_width(w, f, din, in, dout), detail::swiglu_backward_op<T>{din, in, dout, f},
                       stream, "swiglu_backward");
+}
+
+/// swiglu_backward in place: d holds dout[N,F] in its first N·F elements on entry and din[N,2F]
+/// on exit (the step program's form: the MLP backward holds 2·inner, not 3·inner). Row n writes
+/// d[2nF, 2nF + 2F), over dout rows 2n and 2n + 1, so the rows go in waves [⌈hi/2⌉, hi) from the
+/// last: a wave writes from row 2·lo·F ≥ hi·F on, past every dout row it or a later wave reads,
+/// and runs in parallel; row 0 goes last alone (each element reads its dout before it writes).
+/// ⌈log₂ N⌉ + 1 launches.
+template <storage_type T>
+void swiglu_backward_in_place(T* d, const T* in, std::int64_t rows, std::int64_t f, cudaStream_t stream = nullptr) {
+  for (std::int64_t hi = rows; hi > 0;) {
+    const std::int64_t lo = hi == 1 ? 0 : (hi + 1) / 2;
+    swiglu_backward(d + lo * 2 * f, d + lo * f, in + lo * 2 * f, hi - lo, f, stream);
+    hi = lo;
+  }
 }
 
 }  // namespace memalg::backend::cuda

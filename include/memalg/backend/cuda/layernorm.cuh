@@ -40,10 +40,12 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
     var += d * d;
   }
   const float r = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(cols) + eps);
-  T* y = out + row * cols;
-  for (std::int64_t c = lane; c < cols; c += warp_size) {
-    const float b = bias != nullptr ? to_float(bias[c]) : 0.0f;
-    y[c] = from_float<T>((to_float(x[c]) - m) * r * to_float(weight[c]) + b);
+  if (out != nullptr) {  // null: the statistics only (layernorm_stats)
+    T* y = out + row * cols;
+    for (std::int64_t c = lane; c < cols; c += warp_size) {
+      const float b = bias != nullptr ? to_float(bias[c]) : 0.0f;
+      y[c] = from_float<T>((to_float(x[c]) - m) * r * to_float(weight[c]) + b);
+    }
   }
   if (lane == 0) {
     if (mean != nullptr) mean[row] = m;
@@ -115,6 +117,19 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* in, const T* w
   detail::layernorm_forward_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(out, mean, rstd, in, weight,
                                                                                          bias, rows, cols, eps);
   MEMALG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
+}
+
+/// mean[rows] and rstd[rows] of in[rows, cols] only, with layernorm_forward's arithmetic (the same
+/// bits): for a backward that recomputes the statistics from the saved input.
+template <storage_type T>
+void layernorm_stats(float* mean, float* rstd, const T* in, std::int64_t rows, std::int64_t cols,
+                     float eps = layernorm_eps, cudaStream_t stream = nullptr) {
+  const launch_1d l = warp_per_row_launch(rows);
+  if (l.grid == 0) return;
+  detail::layernorm_forward_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(
+      static_cast<T*>(nullptr), mean, rstd, in, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr), rows,
+      cols, eps);
+  MEMALG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel (statistics)");
 }
 
 /// din = (written), dweight/dbias += (either may be null). din may alias dout.

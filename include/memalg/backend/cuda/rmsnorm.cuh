@@ -35,8 +35,10 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* in, const T
     sq += v * v;
   }
   const float r = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(cols) + eps);
-  T* y = out + row * cols;
-  for (std::int64_t c = lane; c < cols; c += warp_size) y[c] = from_float<T>(to_float(x[c]) * r * to_float(weight[c]));
+  if (out != nullptr) {  // null: rstd only (rmsnorm_stats)
+    T* y = out + row * cols;
+    for (std::int64_t c = lane; c < cols; c += warp_size) y[c] = from_float<T>(to_float(x[c]) * r * to_float(weight[c]));
+  }
   if (lane == 0 && rstd != nullptr) rstd[row] = r;
 }
 
@@ -91,6 +93,18 @@ void rmsnorm_forward(T* out, float* rstd, const T* in, const T* weight, std::int
   detail::rmsnorm_forward_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(out, rstd, in, weight, rows,
                                                                                        cols, eps);
   MEMALG_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
+}
+
+/// rstd[rows] of in[rows, cols] only, with rmsnorm_forward's arithmetic (the same bits): for a
+/// backward that recomputes it from the saved input.
+template <storage_type T>
+void rmsnorm_stats(float* rstd, const T* in, std::int64_t rows, std::int64_t cols, float eps = rmsnorm_eps,
+                   cudaStream_t stream = nullptr) {
+  const launch_1d l = warp_per_row_launch(rows);
+  if (l.grid == 0) return;
+  detail::rmsnorm_forward_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(
+      static_cast<T*>(nullptr), rstd, in, static_cast<const T*>(nullptr), rows, cols, eps);
+  MEMALG_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel (statistics)");
 }
 
 /// din = (written), dweight += (may be null). din may alias dout.
