@@ -64,6 +64,7 @@ enum class runtime_issue : int {
   multirank,
   offload,
   head_width,
+  pipeline,
 };
 
 constexpr std::string_view describe(runtime_issue i) {
@@ -79,11 +80,12 @@ constexpr std::string_view describe(runtime_issue i) {
     case runtime_issue::chunked: return "the CPU runtime computes the loss unchunked";
     case runtime_issue::logits: return "the CPU runtime keeps logits in the weight dtype: set lm_config::logits";
     case runtime_issue::dropout: return "dropout needs flash attention in the CPU runtime (its naive attention has no probability dropout)";
-    case runtime_issue::mesh: return "the CPU runtime implements data parallelism with ZeRO and tensor parallelism only";
+    case runtime_issue::mesh: return "the CPU runtime implements data parallelism with ZeRO, tensor parallelism and 1F1B pipeline parallelism only";
     case runtime_issue::prefetch: return "the CPU runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>";
     case runtime_issue::multirank: return "multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1";
     case runtime_issue::offload: return "the CPU runtime keeps activations in its arena";
     case runtime_issue::head_width: return "the CPU runtime takes any head width";  // never reported
+    case runtime_issue::pipeline: return "the CPU runtime's pipeline stages run 1F1B in fp32 over GPT-2-style blocks with an untied output layer, without recomputation or with selective recomputation, under ZeRO-0 or ZeRO-1, without tensor parallelism";
   }
   return "unknown";
 }
@@ -102,10 +104,11 @@ struct runtime_check {
   static_assert(I != runtime_issue::chunked, "gpt_run: the CPU runtime computes the loss unchunked");
   static_assert(I != runtime_issue::logits, "gpt_run: the CPU runtime keeps logits in the weight dtype: set lm_config::logits");
   static_assert(I != runtime_issue::dropout, "gpt_run: dropout needs flash attention in the CPU runtime (its naive attention has no probability dropout)");
-  static_assert(I != runtime_issue::mesh, "gpt_run: the CPU runtime implements data parallelism with ZeRO and tensor parallelism only");
+  static_assert(I != runtime_issue::mesh, "gpt_run: the CPU runtime implements data parallelism with ZeRO, tensor parallelism and 1F1B pipeline parallelism only");
   static_assert(I != runtime_issue::prefetch, "gpt_run: the CPU runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>");
   static_assert(I != runtime_issue::multirank, "gpt_run: multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1");
   static_assert(I != runtime_issue::offload, "gpt_run: the CPU runtime keeps activations in its arena");
+  static_assert(I != runtime_issue::pipeline, "gpt_run: the CPU runtime's pipeline stages run 1F1B in fp32 over GPT-2-style blocks with an untied output layer, without recomputation or with selective recomputation, under ZeRO-0 or ZeRO-1, without tensor parallelism");
   static constexpr bool value = I == runtime_issue::none;
 };
 }  // namespace detail
@@ -157,7 +160,34 @@ constexpr bool llama_style(const lm_config& c) {
 /// activations and logits, fp32 master and states) on one rank, flash attention when the key/value
 /// heads are fewer than the heads, rotary positions over whole heads (positions == 0, rotary_dim 0
 /// or the head width), no mixture of experts, parallel residual or shared norm.
+constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m);
+
+/// Pipeline plans (pp > 1) on the CPU runtime: the rest of the rule on the same plan without the
+/// pipeline, and then the stage program's limits (exec/build_program.hpp). The output layer is
+/// untied: the planner's stages hold no copy of a tied token embedding on the last stage (nor
+/// Megatron's embedding-group all-reduce), so a tied model would not be what the plan counts.
+constexpr runtime_issue find_cpu_pipeline_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
+  mesh_desc one = m;
+  one.pp = 1;
+  one.world = m.world / m.pp;
+  one.schedule = pipeline_schedule::one_f_one_b;
+  one.virtual_stages = 1;
+  lm_config g = c;
+  g.tied = true;  // judged as the GPT-2 block of the same shape
+  const runtime_issue rest = find_cpu_runtime_issue(g, t, one);
+  if (rest != runtime_issue::none && rest != runtime_issue::multirank) return rest;
+  const precision_policy& p = t.precision;
+  const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
+  // (Under tensor parallelism the runtime replicates the output layer, which the planner does for
+  // a tied one only: runtime_gpt_model.)
+  if (!fp32 || c.tied || m.tp > 1 || m.schedule != pipeline_schedule::one_f_one_b || m.virtual_stages != 1 || m.zero_stage > 1 ||
+      (t.recompute != recompute_kind::none && t.recompute != recompute_kind::selective))
+    return runtime_issue::pipeline;
+  return runtime_issue::none;
+}
+
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
+  if (m.pp > 1) return find_cpu_pipeline_issue(c, t, m);
   if (!llama_style(c)) return find_runtime_issue(c, t, m);
   lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
   g.rms_norm = false;
@@ -233,6 +263,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.recompute_every = t.recompute_every != 0 ? t.recompute_every : 1;
   g.dp = m.dp;
   g.tp = m.tp;
+  g.pp = m.pp;
   g.zero_stage = m.zero_stage;
   g.master_weights = !t.precision.master_weights.is_none();
   g.loss_scaling = t.precision.weights == dtypes::fp16;
@@ -248,6 +279,16 @@ constexpr arena_sizes planned_arena() {
   constexpr breakdown peak = Plan::result.per_rank;
   constexpr breakdown steady = Plan::result.most_loaded.at[0];
   const std::size_t persistent = steady.model_states().value;
+  return {persistent, static_cast<std::size_t>((peak.total() - peak.reserve).value) - persistent};
+}
+
+/// Arena sizes the plan predicts for the ranks of pipeline stage `stage` (evaluate_stage: that
+/// stage's timeline, not the most loaded one).
+template <class Plan>
+constexpr arena_sizes planned_stage_arena(std::uint64_t stage) {
+  const plan_result r = evaluate_stage(Plan::model, Plan::training, Plan::mesh, Plan::device, stage);
+  const breakdown peak = r.per_rank;
+  const std::size_t persistent = r.most_loaded.at[0].model_states().value;
   return {persistent, static_cast<std::size_t>((peak.total() - peak.reserve).value) - persistent};
 }
 
@@ -271,6 +312,8 @@ class gpt_run {
 
   static constexpr gpt_config config = gpt_config_of<Plan>(model_config);
   static constexpr arena_sizes arena = planned_arena<Plan>();
+  /// The arena of pipeline stage `stage` (`arena` is the most loaded stage's).
+  static constexpr arena_sizes stage_arena(std::size_t stage) { return planned_stage_arena<Plan>(stage); }
 };
 
 }  // namespace memalg::exec

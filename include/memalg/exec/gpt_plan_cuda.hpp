@@ -44,6 +44,7 @@ constexpr std::string_view describe_cuda(runtime_issue i) {
     case runtime_issue::multirank: return "the CUDA runtime reduces bf16 with NCCL";  // never reported
     case runtime_issue::offload: return "the CUDA runtime keeps activations in its arena";
     case runtime_issue::head_width: return "the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)";
+    case runtime_issue::pipeline: return "the CUDA runtime runs no pipeline";  // never reported (pp > 1 is a mesh issue)
   }
   return "unknown";
 }
