@@ -146,6 +146,10 @@ TEST_CASE("plans the CPU runtime does not implement are named") {
   tp2.tp = 2;
   CHECK(m::exec::find_cpu_runtime_issue(untied, t, tp2) == runtime_issue::pipeline);
   m::training_desc bf16 = m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::reference_kernels>::value;
-  CHECK(m::exec::find_cpu_runtime_issue(untied, bf16, mesh) == runtime_issue::pipeline);
+  CHECK(m::exec::find_cpu_runtime_issue(untied, bf16, mesh) == runtime_issue::logits);  // the rest of the rule first
+  m::lm_config untied_bf16 = untied;
+  untied_bf16.logits = m::dtypes::bf16;
+  CHECK(m::exec::find_cpu_runtime_issue(untied_bf16, bf16, m::mesh_desc{}) == runtime_issue::none);  // one rank: allowed
+  CHECK(m::exec::find_cpu_runtime_issue(untied_bf16, bf16, mesh) == runtime_issue::pipeline);
   CHECK(m::exec::describe(runtime_issue::mesh) == "the CPU runtime implements data parallelism with ZeRO, tensor parallelism and 1F1B pipeline parallelism only");
 }
