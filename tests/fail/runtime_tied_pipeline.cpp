@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// expect: pipeline stages run 1F1B in fp32 over GPT-2-style blocks with an untied output layer
+// expect: pipeline stages run 1F1B in fp32 with an untied output layer
 // The CPU runtime's pipeline stages hold no copy of a tied token embedding on the last stage (nor
 // does the planner count one), so a tied model is refused for pp > 1.
 #include <memalg/backend/cpu/local_communicator.hpp>

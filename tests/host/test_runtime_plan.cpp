@@ -151,5 +151,10 @@ TEST_CASE("plans the CPU runtime does not implement are named") {
   untied_bf16.logits = m::dtypes::bf16;
   CHECK(m::exec::find_cpu_runtime_issue(untied_bf16, bf16, m::mesh_desc{}) == runtime_issue::none);  // one rank: allowed
   CHECK(m::exec::find_cpu_runtime_issue(untied_bf16, bf16, mesh) == runtime_issue::pipeline);
+  // Llama-style blocks in a pipeline: as on one rank, without data parallelism.
+  m::lm_config rms = untied;
+  rms.rms_norm = true;
+  CHECK(m::exec::find_cpu_runtime_issue(rms, t, mesh) == runtime_issue::none);
+  CHECK(m::exec::find_cpu_runtime_issue(rms, t, zero2) == runtime_issue::architecture);
   CHECK(m::exec::describe(runtime_issue::mesh) == "the CPU runtime implements data parallelism with ZeRO, tensor parallelism and 1F1B pipeline parallelism only");
 }

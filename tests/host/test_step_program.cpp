@@ -168,6 +168,23 @@ constexpr m::lm_config untied(m::lm_config c) {
 struct bytes32_untied { static constexpr m::lm_config value = untied(gpt_bytes()); };
 struct naive32_untied { static constexpr m::lm_config value = untied(naive32::value); };
 struct flash32_untied { static constexpr m::lm_config value = untied(flash32::value); };
+// Llama-shaped: RMSNorm, SwiGLU, rotary positions (no position embedding on the first stage),
+// grouped-query flash attention, no biases.
+struct llama_untied {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = naive32::value;
+    c.kv_heads = 2;
+    c.ffn = 88;
+    c.positions = 0;
+    c.rotary = true;
+    c.rms_norm = true;
+    c.gated = true;
+    c.bias = false;
+    c.tied = false;
+    c.flash = true;
+    return c;
+  }();
+};
 using pipeline_batch = m::train::batch<4, 64>;
 
 template <class Plan>
@@ -227,7 +244,8 @@ using pipeline_matrix = std::tuple<
               m::train::batch<2, 16>, m::train::grad_accum<3>>,
     mesh_plan<naive32_untied, m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>, m::train::batch<2, 16>,
               m::train::grad_accum<2>, m::train::recompute::selective>,
-    mesh_plan<flash32_untied, m::parallel::mesh<m::parallel::pipeline<2>>, m::train::batch<2, 32>, m::train::grad_accum<3>>>;
+    mesh_plan<flash32_untied, m::parallel::mesh<m::parallel::pipeline<2>>, m::train::batch<2, 32>, m::train::grad_accum<3>>,
+    mesh_plan<llama_untied, m::parallel::mesh<m::parallel::pipeline<2>>, m::train::batch<2, 16>, m::train::grad_accum<3>>>;
 TEST_CASE_TEMPLATE_APPLY(stage_plans, pipeline_matrix);
 
 TEST_CASE("a pipeline stage's sections follow 1F1B, and its stages pair every send with a receive") {

@@ -8,7 +8,8 @@
 // every rank: the losses agree with the one-rank run within 1e-5 relative, they fall, and the
 // arena and its high-water mark are the stage's plan (evaluate_stage) to the byte.
 //
-// Run with 2 ranks (pp2) or 4 (pp2-dp2, and pp4 whose middle stages receive and send).
+// Run with 2 ranks (pp2, and the Llama-shaped model in two stages) or 4 (pp2-dp2, and pp4 whose
+// middle stages receive and send).
 #include <mpi.h>
 
 #include <cmath>
@@ -48,8 +49,24 @@ struct gpt_untied {  // examples/train_common.hpp's gpt_bytes, untied
     return c;
   }();
 };
-template <class Mesh, std::uint64_t B>
-using plan_of = m::plan<m::exec::runtime_gpt<gpt_untied>,
+/// examples/train_gpt_cpu.cpp's llama-fp32: RMSNorm, SwiGLU, rotary positions, 2 key/value heads
+/// for 4, flash attention, no biases, untied output.
+struct llama {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = gpt_untied::value;
+    c.positions = 0;
+    c.rotary = true;
+    c.kv_heads = 2;
+    c.ffn = 172;
+    c.rms_norm = true;
+    c.gated = true;
+    c.bias = false;
+    c.flash = true;
+    return c;
+  }();
+};
+template <class Mesh, std::uint64_t B, class Model = gpt_untied>
+using plan_of = m::plan<m::exec::runtime_gpt<Model>,
                         m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::batch<B, 64>,
                                          m::train::grad_accum<4>, m::train::reference_kernels>,
                         Mesh, budget>;
@@ -139,6 +156,8 @@ using pp4 = plan_of<m::parallel::mesh<m::parallel::pipeline<4>>, 4>;
 using pp2_dp2 = plan_of<m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>, 4>;
 using one_rank_b4 = plan_of<m::parallel::mesh<>, 4>;
 using one_rank_b8 = plan_of<m::parallel::mesh<>, 8>;
+using llama_pp2 = plan_of<m::parallel::mesh<m::parallel::pipeline<2>>, 4, llama>;
+using llama_one_rank = plan_of<m::parallel::mesh<>, 4, llama>;
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +169,7 @@ int main(int argc, char** argv) {
     try {
       if (world.size() == 2) {
         failures += !check<pp2, one_rank_b4>("pp2", world).empty();
+        failures += !check<llama_pp2, llama_one_rank>("llama-pp2", world).empty();
       } else if (world.size() == 4) {
         failures += !check<pp2_dp2, one_rank_b8>("pp2-dp2", world).empty();
         failures += !check<pp4, one_rank_b4>("pp4", world).empty();

@@ -85,7 +85,7 @@ constexpr std::string_view describe(runtime_issue i) {
     case runtime_issue::multirank: return "multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1";
     case runtime_issue::offload: return "the CPU runtime keeps activations in its arena";
     case runtime_issue::head_width: return "the CPU runtime takes any head width";  // never reported
-    case runtime_issue::pipeline: return "the CPU runtime's pipeline stages run 1F1B in fp32 over GPT-2-style blocks with an untied output layer, without recomputation or with selective recomputation, under ZeRO-0 or ZeRO-1, without tensor parallelism";
+    case runtime_issue::pipeline: return "the CPU runtime's pipeline stages run 1F1B in fp32 with an untied output layer, without recomputation or with selective recomputation, under ZeRO-0 or ZeRO-1, without tensor parallelism (Llama-style blocks: without data parallelism too)";
   }
   return "unknown";
 }
@@ -108,7 +108,7 @@ struct runtime_check {
   static_assert(I != runtime_issue::prefetch, "gpt_run: the CPU runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>");
   static_assert(I != runtime_issue::multirank, "gpt_run: multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1");
   static_assert(I != runtime_issue::offload, "gpt_run: the CPU runtime keeps activations in its arena");
-  static_assert(I != runtime_issue::pipeline, "gpt_run: the CPU runtime's pipeline stages run 1F1B in fp32 over GPT-2-style blocks with an untied output layer, without recomputation or with selective recomputation, under ZeRO-0 or ZeRO-1, without tensor parallelism");
+  static_assert(I != runtime_issue::pipeline, "gpt_run: the CPU runtime's pipeline stages run 1F1B in fp32 with an untied output layer, without recomputation or with selective recomputation, under ZeRO-0 or ZeRO-1, without tensor parallelism (Llama-style blocks: without data parallelism too)");
   static constexpr bool value = I == runtime_issue::none;
 };
 }  // namespace detail
@@ -163,7 +163,8 @@ constexpr bool llama_style(const lm_config& c) {
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m);
 
 /// Pipeline plans (pp > 1) on the CPU runtime: the rest of the rule on the same plan without the
-/// pipeline, and then the stage program's limits (exec/build_program.hpp). The output layer is
+/// pipeline (so Llama-style blocks only without data parallelism), and then the stage program's
+/// limits (exec/build_program.hpp). The output layer is
 /// untied: the planner's stages hold no copy of a tied token embedding on the last stage (nor
 /// Megatron's embedding-group all-reduce), so a tied model would not be what the plan counts.
 constexpr runtime_issue find_cpu_pipeline_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
