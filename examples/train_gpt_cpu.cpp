@@ -5,6 +5,7 @@
 // licenses). Each named plan is a compile-time `memalg::plan`: the build fails if one would not fit
 // its memory budget, and the trainer it instantiates allocates one arena of exactly the planned
 // size. Multi-rank plans run under MPI:  mpirun -np 4 train_gpt_cpu --plan dp2-tp2-zero2
+// (pipeline plans too: mpirun -np 2 train_gpt_cpu --plan pp2; every stage's arena is its own plan's)
 //
 //   train_gpt_cpu --list-plans
 //   train_gpt_cpu --plan tiny-fp32 --steps 50 [--seed 1] [--checkpoint DIR [--resume]] [--json]
@@ -18,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -55,6 +57,16 @@ struct llama_fp32 {
     c.rms_norm = true;
     c.gated = true;
     c.bias = false;
+    c.tied = false;
+    return c;
+  }();
+};
+
+/// gpt_fp32 with an untied output layer: the CPU runtime's pipeline stages keep no copy of a tied
+/// embedding on the last stage (exec/gpt_plan.hpp, find_cpu_pipeline_issue).
+struct gpt_fp32_untied {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = gpt_bytes(m::dtypes::fp32);
     c.tied = false;
     return c;
   }();
@@ -125,9 +137,19 @@ MEMALG_NAMED_PLAN(llama_bf16_dp2, "llama-bf16-dp2",
                   "2 data-parallel ranks, ZeRO-1 (gradients reduced as bf16)",
                   cpu_plan<llama_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
+template <class Precision, class Optimizer, class... Options>
+using pipeline_recipe =
+    m::train::recipe<Precision, Optimizer, m::train::batch<4, 64>, m::train::grad_accum<4>, m::train::reference_kernels, Options...>;
+MEMALG_NAMED_PLAN(pp2, "pp2", "fp32 AdamW, untied output, 2 pipeline stages (1F1B, 4 micro-batches)",
+                  cpu_plan<gpt_fp32_untied, pipeline_recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::pipeline<2>>>);
+MEMALG_NAMED_PLAN(pp2_dp2, "pp2-dp2", "fp32 AdamW, untied output, 2 data-parallel ranks x 2 pipeline stages (1F1B, 4 micro-batches)",
+                  cpu_plan<gpt_fp32_untied, pipeline_recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>>);
+
 #undef MEMALG_NAMED_PLAN
 
-using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2, llama_bf16_dp2>;
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2, llama_bf16_dp2, pp2, pp2_dp2>;
 
 // ---- command line ---------------------------------------------------------------------------
 constexpr const char* help_text =
@@ -142,11 +164,23 @@ options parse(int argc, char** argv) {
 
 // ---- one plan -------------------------------------------------------------------------------
 template <class Named, class Comm>
-int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank) {
+int train(const options& o, Comm& world, Comm& dp, Comm& tp, Comm& pp, std::size_t dp_rank) {
   using run = m::exec::gpt_run<typename Named::plan, Comm>;
   using plan = typename Named::plan;
   const std::vector<std::int32_t> text = read_bytes(o.data);
-  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  // A pipeline stage's arena and peak are its own stage's plan (the most loaded stage's otherwise).
+  constexpr bool pipelined = run::config.pp > 1;
+  const std::size_t stage = static_cast<std::size_t>(pp.rank());
+  const m::exec::arena_sizes arena = pipelined ? run::stage_arena(stage) : run::arena;
+  const m::breakdown stage_peak =
+      pipelined ? m::evaluate_stage(plan::model, plan::training, plan::mesh, plan::device, stage).per_rank
+                : plan::result.per_rank;
+  auto make = [&]() {
+    if constexpr (pipelined) return std::make_unique<typename run::trainer>(run::config, arena, dp, tp, pp);
+    else return std::make_unique<typename run::trainer>(run::config, arena, dp, tp);
+  };
+  const auto owned = make();
+  typename run::trainer& trainer = *owned;
   const checkpoint_place ckpt = checkpoint_of(o, Named::name, world.rank(), world.size());
   std::uint64_t start = 0;
   if (o.resume) {
@@ -177,8 +211,8 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank
     m::exec::save_checkpoint(ckpt.file, ckpt.fingerprint, o.steps, sections);
   }
   const auto& mem = trainer.memory();
-  const std::uint64_t predicted_arena = run::arena.persistent + run::arena.stack;
-  const std::uint64_t predicted_peak = (plan::result.per_rank.total() - plan::result.per_rank.reserve).value;
+  const std::uint64_t predicted_arena = arena.persistent + arena.stack;
+  const std::uint64_t predicted_peak = (stage_peak.total() - stage_peak.reserve).value;
   if (world.rank() == 0) {
     if (o.json) {
       std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, "
@@ -210,9 +244,11 @@ int dispatch(const options& o, Comm& world, Split&& split) {
     if (static_cast<std::uint64_t>(world.size()) != mesh.world)
       throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
                         std::to_string(mesh.world) + "), this job has " + std::to_string(world.size()));
-    const int tp_rank = world.rank() % static_cast<int>(mesh.tp), dp_rank = world.rank() / static_cast<int>(mesh.tp);
-    auto [dp, tp] = split(dp_rank, tp_rank);
-    result = train<Named>(o, world, dp, tp, static_cast<std::size_t>(dp_rank));
+    // Megatron's rank order: tensor-parallel fastest, then data-parallel, then the pipeline stage.
+    const int T = static_cast<int>(mesh.tp), D = static_cast<int>(mesh.dp);
+    const int tp_rank = world.rank() % T, dp_rank = (world.rank() / T) % D, pp_rank = world.rank() / (T * D);
+    auto [dp, tp, pp] = split(dp_rank, tp_rank, pp_rank);
+    result = train<Named>(o, world, dp, tp, pp, static_cast<std::size_t>(dp_rank));
   });
   if (!found) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
   return result;
@@ -232,13 +268,17 @@ int main(int argc, char** argv) {
     }
 #if MEMALG_HAVE_MPI
     m::backend::cpu::mpi_communicator world;
-    return dispatch(o, world, [&](int dp_rank, int tp_rank) {
-      return std::pair{world.split(tp_rank, world.rank()), world.split(dp_rank, world.rank())};
+    return dispatch(o, world, [&](int dp_rank, int tp_rank, int pp_rank) {
+      // dp group: same tp rank and stage; tp group: same dp rank and stage; pp group: same dp and tp rank.
+      const int D = 1 << 16;
+      return std::tuple{world.split(pp_rank * D + tp_rank, world.rank()), world.split(pp_rank * D + dp_rank, world.rank()),
+                        world.split(dp_rank * D + tp_rank, world.rank())};
     });
 #else
     m::backend::cpu::local_communicator world;
-    return dispatch(o, world, [](int, int) {
-      return std::pair{m::backend::cpu::local_communicator{}, m::backend::cpu::local_communicator{}};
+    return dispatch(o, world, [](int, int, int) {
+      return std::tuple{m::backend::cpu::local_communicator{}, m::backend::cpu::local_communicator{},
+                        m::backend::cpu::local_communicator{}};
     });
 #endif
   } catch (const usage_error& e) {

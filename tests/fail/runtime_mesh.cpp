@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// expect: gpt_run: the CPU runtime implements data parallelism with ZeRO and tensor parallelism only
+// expect: gpt_run: the CPU runtime implements data parallelism with ZeRO, tensor parallelism and 1F1B pipeline parallelism only
 // ZeRO-Offload (optimizer states in host memory) over 2 data-parallel ranks: not a CPU runtime mesh.
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>

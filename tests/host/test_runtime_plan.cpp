@@ -123,6 +123,38 @@ TEST_CASE("plans the CPU runtime does not implement are named") {
   CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::optimizer);
   t = m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels>::value;
   mesh.pp = 2;
-  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::mesh);
-  CHECK(m::exec::describe(runtime_issue::mesh) == "the CPU runtime implements data parallelism with ZeRO and tensor parallelism only");
+  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::mesh);  // the rule the CUDA runtime shares
+  // The CPU runtime's pipeline stages: untied output, fp32, 1F1B, ZeRO-0/1, no full recomputation.
+  m::lm_config untied = naive32::value;
+  untied.tied = false;
+  CHECK(m::exec::find_cpu_runtime_issue(naive32::value, t, mesh) == runtime_issue::pipeline);
+  CHECK(m::exec::find_cpu_runtime_issue(untied, t, mesh) == runtime_issue::none);
+  m::training_desc full = t;
+  full.recompute = m::recompute_kind::full;
+  CHECK(m::exec::find_cpu_runtime_issue(untied, full, mesh) == runtime_issue::pipeline);
+  m::mesh_desc gpipe = mesh;
+  gpipe.schedule = m::pipeline_schedule::gpipe;
+  CHECK(m::exec::find_cpu_runtime_issue(untied, t, gpipe) == runtime_issue::pipeline);
+  m::mesh_desc zero2 = mesh;
+  zero2.dp = 2;
+  zero2.world = 4;
+  zero2.zero_stage = 2;
+  CHECK(m::exec::find_cpu_runtime_issue(untied, t, zero2) == runtime_issue::pipeline);
+  zero2.zero_stage = 1;
+  CHECK(m::exec::find_cpu_runtime_issue(untied, t, zero2) == runtime_issue::none);
+  m::mesh_desc tp2 = mesh;
+  tp2.tp = 2;
+  CHECK(m::exec::find_cpu_runtime_issue(untied, t, tp2) == runtime_issue::pipeline);
+  m::training_desc bf16 = m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::reference_kernels>::value;
+  CHECK(m::exec::find_cpu_runtime_issue(untied, bf16, mesh) == runtime_issue::logits);  // the rest of the rule first
+  m::lm_config untied_bf16 = untied;
+  untied_bf16.logits = m::dtypes::bf16;
+  CHECK(m::exec::find_cpu_runtime_issue(untied_bf16, bf16, m::mesh_desc{}) == runtime_issue::none);  // one rank: allowed
+  CHECK(m::exec::find_cpu_runtime_issue(untied_bf16, bf16, mesh) == runtime_issue::pipeline);
+  // Llama-style blocks in a pipeline, with data parallelism too (mpi.pipeline.np4: llama-pp2-dp2).
+  m::lm_config rms = untied;
+  rms.rms_norm = true;
+  CHECK(m::exec::find_cpu_runtime_issue(rms, t, mesh) == runtime_issue::none);
+  CHECK(m::exec::find_cpu_runtime_issue(rms, t, zero2) == runtime_issue::none);
+  CHECK(m::exec::describe(runtime_issue::mesh) == "the CPU runtime implements data parallelism with ZeRO, tensor parallelism and 1F1B pipeline parallelism only");
 }

@@ -158,6 +158,147 @@ using mesh_matrix = std::tuple<
               m::train::batch<1, 16>, m::train::recompute::full>>;
 TEST_CASE_TEMPLATE_APPLY(step_trace, mesh_matrix);
 
+namespace {
+// Pipeline stages: every stage's program against that stage's plan (evaluate_stage), for every
+// rank of the stage, category by category.
+constexpr m::lm_config untied(m::lm_config c) {
+  c.tied = false;
+  return c;
+}
+struct bytes32_untied { static constexpr m::lm_config value = untied(gpt_bytes()); };
+struct naive32_untied { static constexpr m::lm_config value = untied(naive32::value); };
+struct flash32_untied { static constexpr m::lm_config value = untied(flash32::value); };
+// Llama-shaped: RMSNorm, SwiGLU, rotary positions (no position embedding on the first stage),
+// grouped-query flash attention, no biases.
+struct llama_untied {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = naive32::value;
+    c.kv_heads = 2;
+    c.ffn = 88;
+    c.positions = 0;
+    c.rotary = true;
+    c.rms_norm = true;
+    c.gated = true;
+    c.bias = false;
+    c.tied = false;
+    c.flash = true;
+    return c;
+  }();
+};
+using pipeline_batch = m::train::batch<4, 64>;
+
+template <class Plan>
+void check_pipeline_plan() {
+  using run = m::exec::gpt_run<Plan, m::exec::null_communicator>;
+  constexpr m::mesh_desc mesh = Plan::mesh;
+  static_assert(mesh.pp > 1);
+  std::size_t blocks = 0;
+  for (std::size_t s = 0; s < mesh.pp; ++s) {
+    CAPTURE(s);
+    const m::plan_result want = m::evaluate_stage(Plan::model, Plan::training, mesh, Plan::device, s);
+    const m::exec::arena_sizes arena = run::stage_arena(s);
+    for (std::size_t d = 0; d < mesh.dp; ++d)
+      for (std::size_t t = 0; t < mesh.tp; ++t) {
+        CAPTURE(d);
+        CAPTURE(t);
+        const m::exec::program prog = m::exec::build_program(run::config, arena, {d, t, s});
+        CHECK(prog.pp == mesh.pp);
+        CHECK(prog.pp_rank == s);
+        CHECK(prog.micro.empty());
+        CHECK(prog.pipeline.size() == 2 * run::config.grad_accum);
+        CHECK(prog.stash_slots == want.most_loaded.chunks_in_flight);
+        CHECK(prog.stash_slot_bytes == want.most_loaded.activations_per_micro_batch.value);
+        CHECK(prog.persistent_bytes == want.most_loaded.at[0].model_states().value);
+        CHECK(prog.high_water == (want.per_rank.total() - want.per_rank.reserve).value);
+        for (std::size_t c = 0; c + 1 < m::category_count; ++c) {  // every category but the reserve
+          CAPTURE(m::category_name(m::category(c)));
+          CHECK(prog.peak_by_category[m::category(c)] == want.per_rank[m::category(c)]);
+        }
+        if (d == 0 && t == 0)
+          for (const m::exec::param_unit& u : prog.units) blocks += u.name.rfind("block", 0) == 0;
+        // A push past the stage's plan throws while building.
+        m::exec::arena_sizes short_stack = arena;
+        short_stack.stack -= 16;
+        CHECK_THROWS_WITH_AS(m::exec::build_program(run::config, short_stack, {d, t, s}),
+                             doctest::Contains("under-predicts"), m::exec::arena_error);
+      }
+  }
+  CHECK(blocks == run::config.layers);  // the stages own the blocks between them
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("a pipeline stage's program reaches its stage's plan, category by category", Plan, stage_plans) {
+  check_pipeline_plan<Plan>();
+}
+using pipeline_matrix = std::tuple<
+    // examples/train_gpt_cpu.cpp's pp2 and pp2-dp2
+    mesh_plan<bytes32_untied, m::parallel::mesh<m::parallel::pipeline<2>>, pipeline_batch, m::train::grad_accum<4>>,
+    mesh_plan<bytes32_untied, m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>, pipeline_batch,
+              m::train::grad_accum<4>>,
+    // four stages (middle stages receive and send), fewer micro-batches than stages, an uneven split
+    mesh_plan<bytes32_untied, m::parallel::mesh<m::parallel::pipeline<4>>, pipeline_batch, m::train::grad_accum<6>>,
+    mesh_plan<naive32_untied, m::parallel::mesh<m::parallel::pipeline<4>>, m::train::batch<2, 16>, m::train::grad_accum<2>>,
+    mesh_plan<naive32_untied, m::parallel::mesh<m::parallel::pipeline<3>>, m::train::batch<2, 16>, m::train::grad_accum<5>>,
+    // ZeRO-1, selective recomputation, dropout with flash attention
+    mesh_plan<naive32_untied, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>, m::parallel::pipeline<2>>,
+              m::train::batch<2, 16>, m::train::grad_accum<3>>,
+    mesh_plan<naive32_untied, m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>, m::train::batch<2, 16>,
+              m::train::grad_accum<2>, m::train::recompute::selective>,
+    mesh_plan<flash32_untied, m::parallel::mesh<m::parallel::pipeline<2>>, m::train::batch<2, 32>, m::train::grad_accum<3>>,
+    mesh_plan<llama_untied, m::parallel::mesh<m::parallel::pipeline<2>>, m::train::batch<2, 16>, m::train::grad_accum<3>>>;
+TEST_CASE_TEMPLATE_APPLY(stage_plans, pipeline_matrix);
+
+TEST_CASE("a pipeline stage's sections follow 1F1B, and its stages pair every send with a receive") {
+  using plan = mesh_plan<naive32_untied, m::parallel::mesh<m::parallel::pipeline<3>>, m::train::batch<2, 16>,
+                         m::train::grad_accum<4>>;
+  using run = m::exec::gpt_run<plan, m::exec::null_communicator>;
+  // Megatron-LM's schedules.py for stage 0 of 3 with 4 micro-batches: 2 warm-up forwards, 2 steady
+  // pairs, 2 cool-down backwards.
+  const std::vector<m::exec::pipeline_step> want{{true, 0},  {true, 1},  {true, 2},  {false, 0},
+                                                 {true, 3},  {false, 1}, {false, 2}, {false, 3}};
+  CHECK(m::exec::one_f_one_b(3, 0, 4) == want);
+  const std::vector<m::exec::pipeline_step> last{{true, 0}, {false, 0}, {true, 1}, {false, 1},
+                                                 {true, 2}, {false, 2}, {true, 3}, {false, 3}};
+  CHECK(m::exec::one_f_one_b(3, 2, 4) == last);
+  // Count the messages between neighbours: each stage's sends to a peer are that peer's receives
+  // from it, in number and size.
+  std::vector<m::exec::program> stages;
+  for (std::size_t s = 0; s < 3; ++s) stages.push_back(m::exec::build_program(run::config, run::stage_arena(s), {0, 0, s}));
+  for (std::size_t s = 0; s < 3; ++s) {
+    CHECK(stages[s].pipeline.size() == 8);
+    for (std::size_t i = 0; i < 8; ++i) CHECK(stages[s].pipeline[i].step == m::exec::one_f_one_b(3, s, 4)[i]);
+  }
+  const auto messages = [&](std::size_t from, std::size_t to, bool sends) {
+    std::vector<std::uint64_t> sizes;
+    for (const m::exec::pipeline_section& sec : stages[sends ? from : to].pipeline)
+      for (const m::exec::op& o : sec.ops) {
+        if (const auto* x = std::get_if<m::exec::ops::send>(&o.body); sends && x && x->peer == to) sizes.push_back(x->buf.count);
+        if (const auto* x = std::get_if<m::exec::ops::recv>(&o.body); !sends && x && x->peer == from)
+          sizes.push_back(x->buf.count);
+      }
+    return sizes;
+  };
+  for (std::size_t s = 0; s + 1 < 3; ++s) {
+    CHECK(messages(s, s + 1, true).size() == 4);  // one activation per micro-batch
+    CHECK(messages(s, s + 1, true) == messages(s, s + 1, false));
+    CHECK(messages(s + 1, s, true).size() == 4);  // one gradient per micro-batch
+    CHECK(messages(s + 1, s, true) == messages(s + 1, s, false));
+  }
+  // The interpreter walks every section once.
+  m::exec::null_backend backend(stages[1]);
+  CHECK(backend.pp().rank() == 1);
+  m::exec::run_state state;
+  const std::size_t n = stages[1].grad_accum * stages[1].tokens_per_micro;
+  m::exec::run(stages[1], backend, {ids(n, 0), ids(n, 1)}, state);
+  std::uint64_t ops = stages[1].step_begin.size() + stages[1].step_end.size();
+  for (const m::exec::pipeline_section& sec : stages[1].pipeline) ops += sec.ops.size();
+  CHECK(backend.executed() == ops);  // one dp rank: nothing is conditional
+  // A tied model does not lower to pipeline stages.
+  m::exec::gpt_config tied = run::config;
+  tied.tied = true;
+  CHECK_THROWS_AS(m::exec::build_program(tied, run::stage_arena(0), {0, 0, 0}), m::exec::program_error);
+}
+
 TEST_CASE("a step that does not fit the plan fails while building") {
   using plan = plan_for<flash32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::every<2>>;
   using run = m::exec::gpt_run<plan, comm>;

@@ -16,6 +16,20 @@
 // qkv and on its gradient: no tensor added), grouped-query attention (qkv [N, (H + 2Hkv)·D]), no
 // biases, and an untied output layer (a last unit `lm_head`).
 //
+// Pipeline parallelism (cfg.pp > 1, rank.pp the stage): the stage owns the blocks the planner
+// gives it (plan/model_states.hpp, instances_on_stage: earlier stages take the remainder), the
+// embeddings on the first stage, the final norm and the untied output layer with the loss on the
+// last. It keeps one boundary buffer of [N, C] (comm_buffers) for the step, the receive buffer of
+// an incoming activation and the send buffer of the last block's output, and a stash of
+// min(pp − s, m) slots (plan/activations.hpp, chunks_in_flight), both pushed once for the step.
+// Micro-batch i's saved tensors (the activations its forward pushes) live in slot i mod slots from
+// its forward to its backward, so 1F1B's non-LIFO lifetimes still go through the checked layout:
+// transients push and pop as before within each forward and backward section. The stage input is
+// received into the boundary buffer and copied into the slot (the first block's backward reads
+// it); the gradient of the stage's output is received into grad_residual and the gradient of its
+// input sent from there. The step ends with the loss and the gradient norm's parts summed over
+// the pipeline group too (the loss exists on the last stage only).
+//
 // The one reordering: ZeRO-0/1 gradient reductions, which the trainer runs after all
 // micro-batches, are emitted in `micro` with when::last_micro right after each unit's last
 // backward (nothing touches the buffer afterwards and the reduction is elementwise, so the result
@@ -44,9 +58,9 @@ struct program_error : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-/// This rank's place in the mesh (data- and tensor-parallel rank).
+/// This rank's place in the mesh (data- and tensor-parallel rank, pipeline stage).
 struct rank_coords {
-  std::size_t dp = 0, tp = 0;
+  std::size_t dp = 0, tp = 0, pp = 0;
 };
 
 /// The storage type gpt_run picks for a configuration: fp16 with loss scaling, bf16 with master
@@ -62,11 +76,21 @@ class gpt_lowering {
   using side = arena_layout::side;
 
  public:
-  gpt_lowering(const gpt_config& c, arena_sizes sizes, rank_coords r, elem storage)
-      : c_(c), r_(r), T_(storage), layout_(sizes.persistent, sizes.stack) {
+  gpt_lowering(const gpt_config& c, arena_sizes sizes, rank_coords r, elem storage, std::size_t slot_bytes = 0,
+               bool measuring = false)
+      : c_(c), r_(r), T_(storage), layout_(sizes.persistent, sizes.stack), slot_bytes_(slot_bytes), measuring_(measuring) {
     p_.storage = T_;
     p_.accum = A_;
     p_.sizes = sizes;
+  }
+
+  /// The bytes one micro-batch's saved tensors take in a stash slot on this stage (pp > 1).
+  std::size_t measure_slot() {
+    validate();
+    build_units();
+    allocate_states();
+    pipeline_step_layout();
+    return slot_used_;
   }
 
   program build() {
@@ -74,6 +98,7 @@ class gpt_lowering {
     build_units();
     allocate_states();
     layout_.enable_trace();
+    if (c_.pp > 1) return build_pipeline();
     section_ = &p_.step_begin;
     for (unit& u : units_) emit(ops::zero{u.grad});
     section_ = &p_.micro;
@@ -87,6 +112,12 @@ class gpt_lowering {
                       layout_.trace().end());
     section_ = &p_.step_end;
     step_end();
+    finish();
+    return std::move(p_);
+  }
+
+ private:
+  void finish() {
     p_.persistent_bytes = layout_.persistent_used();
     p_.high_water = layout_.high_water();
     p_.peak_by_category = layout_.peak_by_category();
@@ -100,12 +131,12 @@ class gpt_lowering {
     p_.dp_rank = r_.dp;
     p_.tp_rank = r_.tp;
     p_.loss_scaling = c_.loss_scaling;
+    p_.pp = c_.pp;
+    p_.pp_rank = r_.pp;
     p_.hp = {c_.optimizer, c_.lr, c_.weight_decay, c_.momentum, c_.beta1, c_.beta2, c_.eps, c_.max_grad_norm,
              c_.dropout, c_.seed};
-    return std::move(p_);
   }
 
- private:
   // ---- configuration (gpt_trainer::validate, less the communicator check) -------------------
   void validate() const {
     const auto fail = [](const std::string& why) { throw program_error("build_program: " + why); };
@@ -119,7 +150,16 @@ class gpt_lowering {
       fail("rotary_dim must be even and at most the head width");
     if (c_.ffn % c_.tp != 0) fail("the tensor-parallel degree must divide the MLP width");
     if (c_.positions != 0 && c_.sequence > c_.positions) fail("the sequence is longer than the position embedding");
-    if (r_.dp >= c_.dp || r_.tp >= c_.tp) fail("the rank coordinates lie outside the mesh");
+    if (c_.pp == 0) fail("the pipeline needs at least one stage");
+    if (r_.dp >= c_.dp || r_.tp >= c_.tp || r_.pp >= c_.pp) fail("the rank coordinates lie outside the mesh");
+    if (c_.pp > 1) {
+      if (c_.layers < c_.pp) fail("the pipeline has more stages than blocks");
+      if (c_.tied) fail("pipeline stages need an untied output layer (no copy of the token embedding on the last stage)");
+      if (c_.recompute != recompute_kind::none && c_.recompute != recompute_kind::selective)
+        fail("pipeline stages implement no recomputation or selective recomputation");
+      if (c_.zero_stage > 1) fail("pipeline stages implement ZeRO-0 and ZeRO-1");
+      if (c_.tp > 1) fail("pipeline stages implement no tensor parallelism");
+    }
     if (c_.dropout > 0 && !c_.flash)
       fail("dropout needs flash attention: the reference naive attention has no attention-probability dropout");
     if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
@@ -169,13 +209,25 @@ class gpt_lowering {
     return o;
   }
   operand push(std::string_view name, std::size_t n, elem e, category cat, side s = side::saved) {
+    if (slot_open_ && s == side::saved && cat == category::activations) {  // a micro-batch's saved tensor: its slot
+      const std::size_t b = arena_layout::checked_bytes(name, n, elem_size(e));
+      if (!measuring_ && b > slot_end_ - slot_top_)
+        throw arena_error("build_program: '" + std::string(name) + "' overflows the micro-batch's stash slot");
+      const operand o{slot_top_, n, e, where::arena};
+      slot_top_ += b;
+      return o;
+    }
     const std::size_t off = layout_.push(name, arena_layout::checked_bytes(name, n, elem_size(e)), cat, s);
     return {off, n, e, where::arena};
   }
   operand transient(std::string_view name, std::size_t n, elem e, category cat) {
     return push(name, n, e, cat, side::transient);
   }
-  void pop(const operand& o) { layout_.pop(o.offset); }
+  /// Releases a tensor; a stash slot's tensors and the boundary buffer live for the whole step.
+  void pop(const operand& o) {
+    if (c_.pp > 1 && (o == boundary_ || (o.offset >= stash_begin_ && o.offset < stash_end_))) return;
+    layout_.pop(o.offset);
+  }
   template <class Op>
   void emit(Op&& o, when w = when::always) {
     section_->push_back(op{op_body{std::forward<Op>(o)}, w});
@@ -194,6 +246,7 @@ class gpt_lowering {
   // ---- units ----------------------------------------------------------------------------------
   struct unit {
     std::string name;
+    std::size_t global = 0;  ///< index among the whole model's units (its initialisation streams)
     std::size_t elements = 0, shard = 0;
     operand weight, grad, master, state1, state2;
     element_ranges no_decay, replicated;
@@ -202,9 +255,25 @@ class gpt_lowering {
     blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), norm_bias(), c_.bias, c_.gated, c_.qkv_bias);
     first_block_ = c_.positions != 0 ? 2 : 1;
     lnf_ = first_block_ + c_.layers;
+    // This stage's blocks [block_lo_, block_hi_): the planner's split, earlier stages taking the remainder.
+    for (std::size_t s = 0; s <= r_.pp; ++s) {
+      block_lo_ = block_hi_;
+      block_hi_ += c_.layers / c_.pp + (s < c_.layers % c_.pp ? 1 : 0);
+    }
+    const bool first = r_.pp == 0, last = r_.pp + 1 == c_.pp;
+    std::size_t global = 0;
     for (gpt_unit_spec& s : gpt_units("build_program", c_.vocab, c_.positions, c_.hidden, c_.layers, blk_, c_.dp,
                                       norm_elements(), c_.tied)) {
+      const std::size_t g = global++;
+      if (c_.pp > 1) {
+        const bool embedding = s.name == "wte" || s.name == "wpe", head = s.name == "lnf" || s.name == "lm_head";
+        const std::size_t l = g - (c_.positions != 0 ? 2 : 1);
+        if (embedding ? !first : head ? !last : (l < block_lo_ || l >= block_hi_)) continue;
+        if (!embedding && !head && l == block_lo_) first_block_stage_ = units_.size();
+        if (s.name == "lnf") lnf_ = units_.size();
+      }
       unit u;
+      u.global = g;
       u.name = std::move(s.name);
       u.elements = s.elements;
       u.shard = s.shard;
@@ -212,6 +281,7 @@ class gpt_lowering {
       u.replicated = std::move(s.replicated);
       units_.push_back(std::move(u));
     }
+    if (c_.pp > 1) first_block_ = first_block_stage_;
   }
   void allocate_states() {
     const int z = c_.zero_stage;
@@ -271,8 +341,9 @@ class gpt_lowering {
       d.state2 = u.state2;
       d.weight_begin = z >= 3 ? shard_begin(u) : 0;
       d.master_begin = z >= 1 ? shard_begin(u) : 0;
+      const std::size_t gi = u.global;
       if (u.name == "wte" || u.name == "wpe" || u.name == "lm_head") {
-        d.init.push_back(normal(0, 1, u.elements, ui, 0, 0, 0, std_w));
+        d.init.push_back(normal(0, 1, u.elements, gi, 0, 0, 0, std_w));
       } else if (u.name == "lnf") {
         d.init.push_back(ones(0, C));
       } else {
@@ -280,14 +351,14 @@ class gpt_lowering {
         d.init.push_back(ones(b.ln1_w, C));
         d.init.push_back(ones(b.ln2_w, C));
         // this rank's q, k, v rows of the logical [Wf + 2·Wkvf, C] matrix ([3C, C] for GPT-2)
-        d.init.push_back(normal(b.qkv_w, W, C, ui * 8 + 1, r * W, 0, C, std_w));
-        d.init.push_back(normal(b.qkv_w + W * C, Wkv, C, ui * 8 + 1, Wf + r * Wkv, 0, C, std_w));
-        d.init.push_back(normal(b.qkv_w + (W + Wkv) * C, Wkv, C, ui * 8 + 1, Wf + Wkvf + r * Wkv, 0, C, std_w));
-        d.init.push_back(normal(b.proj_w, C, W, ui * 8 + 2, 0, r * W, Wf, std_res));  // proj [C, Wf]: this rank's columns
-        d.init.push_back(normal(b.fc1_w, F, C, ui * 8 + 3, r * F, 0, C, std_w));      // fc1 [F, C]: this rank's rows
+        d.init.push_back(normal(b.qkv_w, W, C, gi * 8 + 1, r * W, 0, C, std_w));
+        d.init.push_back(normal(b.qkv_w + W * C, Wkv, C, gi * 8 + 1, Wf + r * Wkv, 0, C, std_w));
+        d.init.push_back(normal(b.qkv_w + (W + Wkv) * C, Wkv, C, gi * 8 + 1, Wf + Wkvf + r * Wkv, 0, C, std_w));
+        d.init.push_back(normal(b.proj_w, C, W, gi * 8 + 2, 0, r * W, Wf, std_res));  // proj [C, Wf]: this rank's columns
+        d.init.push_back(normal(b.fc1_w, F, C, gi * 8 + 3, r * F, 0, C, std_w));      // fc1 [F, C]: this rank's rows
         if (c_.gated)  // the up rows of the logical [2F, C] gate ‖ up matrix
-          d.init.push_back(normal(b.fc1_w + F * C, F, C, ui * 8 + 3, Ff + r * F, 0, C, std_w));
-        d.init.push_back(normal(b.fc2_w, C, F, ui * 8 + 4, 0, r * F, Ff, std_res));   // fc2 [C, F]: this rank's columns
+          d.init.push_back(normal(b.fc1_w + F * C, F, C, gi * 8 + 3, Ff + r * F, 0, C, std_w));
+        d.init.push_back(normal(b.fc2_w, C, F, gi * 8 + 4, 0, r * F, Ff, std_res));   // fc2 [C, F]: this rank's columns
       }
       p_.units.push_back(std::move(d));
     }
@@ -353,7 +424,10 @@ class gpt_lowering {
     else emit(ops::rotary_fwd{x, shape(), rot, c_.rope_theta});
   }
 
-  block_saved block_forward(std::size_t l, const operand& x_in, const operand& W, category kind = category::activations) {
+  /// `x_out`, when given, receives the block's output instead of a new saved tensor (a pipeline
+  /// stage's send buffer).
+  block_saved block_forward(std::size_t l, const operand& x_in, const operand& W, category kind = category::activations,
+                            const operand& x_out = {}) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const gpt_block_view& b = blk_;
     const bool drop = c_.dropout > 0;
@@ -400,7 +474,7 @@ class gpt_lowering {
     emit(ops::activation_fwd{s.gelu_out, s.fc1_out, c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu,
                              n, f});
     if (drop) s.mask2 = push("dropout_mask", N * C, elem::u8, kind);
-    s.x_out = push("residual", N * C, T_, kind);
+    s.x_out = x_out.null() ? push("residual", N * C, T_, kind) : x_out;
     {
       operand fc2 = transient("fc2_out", N * C, T_, category::temporaries);
       emit(ops::linear_fwd{fc2, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
@@ -643,6 +717,182 @@ class gpt_lowering {
     if (layout_.stack_depth() != 0) throw arena_error("build_program: tensors left on the arena after a micro-batch");
   }
 
+  // ---- a pipeline stage ------------------------------------------------------------------------
+  bool first_stage() const { return r_.pp == 0; }
+  bool last_stage() const { return r_.pp + 1 == c_.pp; }
+  std::size_t stash_slots() const {
+    const std::size_t ahead = c_.pp - r_.pp;  // 1F1B: min(pp − s, m) micro-batches in flight
+    return ahead < c_.grad_accum ? ahead : c_.grad_accum;
+  }
+
+  /// The stage's whole step but step_end: the boundary buffer and the stash, then the forward and
+  /// backward sections of every micro-batch in 1F1B order, micro-batch i in slot i mod slots.
+  void pipeline_step_layout() {
+    const std::size_t N = tokens(), C = c_.hidden, slots = stash_slots();
+    const std::vector<pipeline_step> order = one_f_one_b(c_.pp, r_.pp, c_.grad_accum);
+    section_ = &p_.step_begin;
+    for (unit& u : units_) emit(ops::zero{u.grad});
+    boundary_ = push("pipeline_boundary", N * C, T_, category::comm_buffers);
+    const std::size_t stash_bytes = measuring_ ? 0 : slots * slot_bytes_;
+    const std::size_t stash_at = layout_.push("pipeline_stash", stash_bytes, category::activations, side::saved);
+    stash_begin_ = measuring_ ? std::size_t{1} << 60 : stash_at;  // (measuring: a range no tensor has)
+    stash_end_ = measuring_ ? ~std::size_t{0} : stash_at + stash_bytes;
+    const std::size_t depth = layout_.stack_depth();
+    std::vector<stage_state> live(c_.grad_accum);
+    bool received = false;  // the previous backward received this forward's input (steady state)
+    p_.pipeline.reserve(order.size());
+    for (std::size_t e = 0; e < order.size(); ++e) {
+      const pipeline_step step = order[e];
+      p_.pipeline.push_back({step, {}});
+      section_ = &p_.pipeline.back().ops;
+      if (step.forward) {
+        slot_top_ = stash_begin_ + (step.micro % slots) * slot_bytes_;
+        slot_end_ = slot_top_ + slot_bytes_;
+        const std::size_t from = slot_top_;
+        slot_open_ = true;
+        live[step.micro] = stage_forward(received);
+        slot_open_ = false;
+        slot_used_ = std::max(slot_used_, slot_top_ - from);
+        received = false;
+      } else {
+        // Megatron's send_backward_recv_forward: the next forward's input first, then this gradient.
+        received = !first_stage() && e + 1 < order.size() && order[e + 1].forward;
+        stage_backward(live[step.micro], received);
+        live[step.micro] = {};
+      }
+      if (layout_.stack_depth() != depth)
+        throw arena_error("build_program: tensors left on the arena after a section of the pipeline stage");
+    }
+    layout_.pop(stash_at);
+    layout_.pop(boundary_.offset);
+  }
+  program build_pipeline() {
+    pipeline_step_layout();
+    p_.trace = layout_.trace();
+    p_.stash_slots = stash_slots();
+    p_.stash_slot_bytes = slot_bytes_;
+    section_ = &p_.step_end;
+    step_end();
+    finish();
+    return std::move(p_);
+  }
+
+  struct stage_state {
+    std::vector<block_saved> blocks;
+    std::vector<operand> inputs;  ///< inputs[l]: block l's input; inputs.back() the stage's output
+    operand emb_mask, x0, lnf_out;
+  };
+  /// One micro-batch's forward on this stage: the embeddings or the received input (already in the
+  /// boundary buffer when `received`), the blocks, and the final norm (last stage) or the send of
+  /// the output.
+  stage_state stage_forward(bool received) {
+    const std::size_t N = tokens(), C = c_.hidden, L = block_hi_ - block_lo_;
+    const std::uint32_t n = u32(N), cc = u32(C);
+    const bool drop = c_.dropout > 0, nb = norm_bias(), rms = c_.rms_norm;
+    stage_state st;
+    st.blocks.resize(L);
+    st.inputs.resize(L + 1);
+    if (first_stage()) {
+      unit& wte = units_[0];
+      unit* wpe = c_.positions != 0 ? &units_[1] : nullptr;
+      if (drop) st.emb_mask = push("dropout_mask", N * C, elem::u8, category::activations);
+      st.x0 = push("residual", N * C, T_, category::activations);
+      auto we = use_weights(wte);
+      weights_in_use pe{};
+      if (wpe) pe = use_weights(*wpe);
+      emit(ops::embedding_fwd{st.x0, tok(), we.data, pe.data, u32(c_.micro_batch), u32(c_.sequence), cc});
+      release(pe);
+      release(we);
+      if (drop) dropout_rows(st.x0, st.emb_mask, 1'000'000);
+    } else {
+      if (!received) emit(ops::recv{boundary_, u32(r_.pp - 1)});
+      st.x0 = push("stage_input", N * C, T_, category::activations);
+      emit(ops::copy{st.x0, boundary_});
+    }
+    st.inputs[0] = st.x0;
+    for (std::size_t l = 0; l < L; ++l) {
+      unit& u = units_[first_block_ + l];
+      auto w = use_weights(u);
+      const bool sends = l + 1 == L && !last_stage();
+      st.blocks[l] = block_forward(block_lo_ + l, st.inputs[l], w.data, category::activations, sends ? boundary_ : operand{});
+      st.inputs[l + 1] = st.blocks[l].x_out;
+      release(w);
+    }
+    if (!last_stage()) {
+      emit(ops::send{boundary_, u32(r_.pp + 1)});
+      return st;
+    }
+    unit& lnf = units_[lnf_];
+    st.lnf_out = push("lnf_out", N * C, T_, category::activations);
+    auto wl = use_weights(lnf);
+    emit(ops::norm_fwd{st.lnf_out, st.inputs[L], sub(wl.data, 0, C), nb ? sub(wl.data, C, C) : operand{}, n, cc, rms});
+    release(wl);
+    return st;
+  }
+  /// The same micro-batch's backward: the loss and the head (last stage) or the received
+  /// gradient, the blocks last to first, then the embeddings or the send of the input's gradient
+  /// (after receiving the next forward's input into the boundary buffer when `receive_next`).
+  void stage_backward(stage_state& st, bool receive_next) {
+    const std::size_t N = tokens(), C = c_.hidden, V = c_.vocab, L = block_hi_ - block_lo_;
+    const std::uint32_t n = u32(N), cc = u32(C), v = u32(V);
+    const bool drop = c_.dropout > 0, nb = norm_bias(), rms = c_.rms_norm;
+    operand slot = transient("grad_slot", N * C, T_, category::temporaries);
+    operand dres{};
+    if (last_stage()) {
+      unit& lnf = units_[lnf_];
+      unit& head = units_[lnf_ + 1];
+      {
+        auto we = use_weights(head);
+        operand logits = transient("logits", N * V, T_, category::temporaries);
+        emit(ops::linear_fwd{logits, st.lnf_out, we.data, operand{}, n, cc, v});
+        emit(ops::loss{logits, tgt(), n, v, u32(c_.grad_accum)});
+        operand gw = grad_buffer(head);
+        emit(ops::linear_bwd{slot, gw, operand{}, logits, st.lnf_out, we.data, n, cc, v});
+        finish_grad(head, gw);
+        pop(logits);
+        release(we);
+        reduce_after_last_backward(head);
+      }
+      dres = transient("grad_residual", N * C, T_, category::temporaries);
+      auto wn = use_weights(lnf);
+      operand gl = grad_buffer(lnf);
+      emit(ops::norm_bwd{dres, sub(gl, 0, C), nb ? sub(gl, C, C) : operand{}, slot, st.inputs[L], sub(wn.data, 0, C), n, cc,
+                         rms});
+      finish_grad(lnf, gl);
+      release(wn);
+      reduce_after_last_backward(lnf);
+    } else {
+      dres = transient("grad_residual", N * C, T_, category::temporaries);
+      emit(ops::recv{dres, u32(r_.pp + 1)});
+    }
+    for (std::size_t l = L; l-- > 0;) {
+      unit& u = units_[first_block_ + l];
+      auto w = use_weights(u);
+      operand g = grad_buffer(u);
+      block_backward(st.blocks[l], st.inputs[l], w.data, g, dres, slot);
+      finish_grad(u, g);
+      release(w);
+      reduce_after_last_backward(u);
+    }
+    if (first_stage()) {
+      unit& wte = units_[0];
+      unit* wpe = c_.positions != 0 ? &units_[1] : nullptr;
+      if (drop) emit(ops::dropout_bwd{dres, dres, st.emb_mask, c_.dropout});
+      operand gw = grad_buffer(wte);
+      operand gp = wpe ? grad_buffer(*wpe) : operand{};
+      emit(ops::embedding_bwd{gw, gp, dres, tok(), u32(c_.micro_batch), u32(c_.sequence), cc});
+      if (wpe) finish_grad(*wpe, gp);
+      finish_grad(wte, gw);
+      if (wpe) reduce_after_last_backward(*wpe);
+      reduce_after_last_backward(wte);
+    } else {
+      if (receive_next) emit(ops::recv{boundary_, u32(r_.pp - 1)});
+      emit(ops::send{dres, u32(r_.pp - 1)});
+    }
+    pop(dres);
+    pop(slot);
+  }
+
   // ---- loss, gradient norm, clipping, optimizer -----------------------------------------------
   struct run {
     std::size_t begin, end;
@@ -672,6 +922,8 @@ class gpt_lowering {
     emit(ops::loss_mean{u32(c_.grad_accum)});
     emit(ops::all_reduce{scalars::slot(scalars::loss), group::dp, reduce_op::sum});
     emit(ops::scalar_div{scalars::loss, static_cast<float>(c_.dp)});
+    // Only the last stage computed a loss (the others' sum is zero): the sum over the stages is it.
+    if (c_.pp > 1) emit(ops::all_reduce{scalars::slot(scalars::loss), group::pp, reduce_op::sum});
     // Gradient norm over the owned elements, in unit then element order.
     for (const unit& u : units_) {
       const std::size_t lo = z >= 1 ? shard_begin(u) : 0, hi = z >= 1 ? lo + u.shard : u.elements;
@@ -694,6 +946,7 @@ class gpt_lowering {
     if (z >= 1) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::dp, reduce_op::sum});
     else emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});
     emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::tp, reduce_op::sum});
+    if (c_.pp > 1) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::pp, reduce_op::sum});  // every stage's units
     emit(ops::clip_scale{c_.max_grad_norm, u32(c_.dp), c_.loss_scaling});
     // One fused update per run of equal decay; ZeRO-1/2 share the updated block.
     for (const unit& u : units_) {
@@ -719,6 +972,11 @@ class gpt_lowering {
   arena_layout layout_;
   gpt_block_view blk_{};
   std::size_t first_block_ = 2, lnf_ = 0;  ///< unit indices of block 0 and the final norm
+  // pipeline: this stage's blocks, the boundary buffer, the stash and the open slot
+  std::size_t block_lo_ = 0, block_hi_ = 0, first_block_stage_ = 0;
+  operand boundary_{};
+  std::size_t slot_bytes_ = 0, slot_used_ = 0, stash_begin_ = 0, stash_end_ = 0, slot_top_ = 0, slot_end_ = 0;
+  bool measuring_ = false, slot_open_ = false;
   std::vector<unit> units_;
   program p_;
   std::vector<op>* section_ = nullptr;
@@ -730,7 +988,12 @@ class gpt_lowering {
 /// Throws program_error for a configuration the runtime does not implement and arena_error when
 /// the step does not fit `sizes` (the plan under-predicts) or breaks the stacks' LIFO order.
 inline program build_program(const gpt_config& cfg, arena_sizes sizes, rank_coords rank, elem storage) {
-  return detail::gpt_lowering(cfg, sizes, rank, storage).build();
+  if (cfg.pp <= 1) return detail::gpt_lowering(cfg, sizes, rank, storage).build();
+  // A pipeline stage: first the bytes of one stash slot (a layout of unbounded capacity that
+  // executes nothing), then the stage in the plan's sizes with the stash of that many slots.
+  const std::size_t unbounded = std::size_t{1} << 40;
+  const std::size_t slot = detail::gpt_lowering(cfg, {unbounded, unbounded}, rank, storage, 0, true).measure_slot();
+  return detail::gpt_lowering(cfg, sizes, rank, storage, slot).build();
 }
 /// The same with the storage type gpt_run would pick (default_storage).
 inline program build_program(const gpt_config& cfg, arena_sizes sizes, rank_coords rank = {}) {

@@ -25,6 +25,7 @@ struct gpt_config {
   std::size_t recompute_every = 1;
   // mesh
   std::size_t dp = 1, tp = 1;
+  std::size_t pp = 1;  ///< pipeline stages (1F1B; the blocks split as the planner splits them)
   int zero_stage = 0;
   // precision and optimizer
   bool master_weights = false;  ///< fp32 master copy (mixed precision)

@@ -90,7 +90,36 @@ constexpr bool llama_style(const lm_config& c) {
 /// the key/value heads are fewer than the heads, rotary positions over an even number of each head's dimensions
 /// (positions == 0; rotary_dim 0 for all, else even and at most the head width), no mixture of
 /// experts, parallel residual or shared norm.
+constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m);
+
+
+/// Pipeline plans (pp > 1) on the CPU runtime: the rest of the rule on the same plan without the
+/// pipeline, and then the stage program's
+/// limits (exec/build_program.hpp). The output layer is
+/// untied: the planner's stages hold no copy of a tied token embedding on the last stage (nor
+/// Megatron's embedding-group all-reduce), so a tied model would not be what the plan counts.
+constexpr runtime_issue find_cpu_pipeline_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
+  mesh_desc one = m;
+  one.pp = 1;
+  one.world = m.world / m.pp;
+  one.schedule = pipeline_schedule::one_f_one_b;
+  one.virtual_stages = 1;
+  lm_config g = c;
+  g.tied = true;  // judged as the GPT-2 block of the same shape
+  const runtime_issue rest = find_cpu_runtime_issue(g, t, one);
+  if (rest != runtime_issue::none) return rest;
+  const precision_policy& p = t.precision;
+  const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
+  // (Under tensor parallelism the runtime replicates the output layer, which the planner does for
+  // a tied one only: runtime_gpt_model.)
+  if (!fp32 || c.tied || m.tp > 1 || m.schedule != pipeline_schedule::one_f_one_b || m.virtual_stages != 1 || m.zero_stage > 1 ||
+      (t.recompute != recompute_kind::none && t.recompute != recompute_kind::selective))
+    return runtime_issue::pipeline;
+  return runtime_issue::none;
+}
+
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
+  if (m.pp > 1) return find_cpu_pipeline_issue(c, t, m);
   if (!llama_style(c)) return find_runtime_issue(c, t, m);
   lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
   g.rms_norm = false;
@@ -152,6 +181,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.recompute_every = t.recompute_every != 0 ? t.recompute_every : 1;
   g.dp = m.dp;
   g.tp = m.tp;
+  g.pp = m.pp;
   g.zero_stage = m.zero_stage;
   g.master_weights = !t.precision.master_weights.is_none();
   g.loss_scaling = t.precision.weights == dtypes::fp16;
@@ -167,6 +197,16 @@ constexpr arena_sizes planned_arena() {
   constexpr breakdown peak = Plan::result.per_rank;
   constexpr breakdown steady = Plan::result.most_loaded.at[0];
   const std::size_t persistent = steady.model_states().value;
+  return {persistent, static_cast<std::size_t>((peak.total() - peak.reserve).value) - persistent};
+}
+
+/// Arena sizes the plan predicts for the ranks of pipeline stage `stage` (evaluate_stage: that
+/// stage's timeline, not the most loaded one).
+template <class Plan>
+constexpr arena_sizes planned_stage_arena(std::uint64_t stage) {
+  const plan_result r = evaluate_stage(Plan::model, Plan::training, Plan::mesh, Plan::device, stage);
+  const breakdown peak = r.per_rank;
+  const std::size_t persistent = r.most_loaded.at[0].model_states().value;
   return {persistent, static_cast<std::size_t>((peak.total() - peak.reserve).value) - persistent};
 }
 

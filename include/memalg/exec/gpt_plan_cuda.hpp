@@ -30,6 +30,7 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
   if (!fp32 && !mixed_bf16) return runtime_issue::precision;
+  if (m.pp != 1) return runtime_issue::mesh;  // the CUDA backend has no point-to-point ops yet
   if (llama_style(c)) {  // the CPU runtime's rule for the step program's block variants
     const runtime_issue variant = find_cpu_runtime_issue(c, t, m);
     if (variant != runtime_issue::none) return variant;

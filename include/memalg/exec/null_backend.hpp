@@ -47,7 +47,9 @@ class null_backend {
  public:
   null_backend() = default;
   null_backend(const program& p)
-      : dp_(static_cast<int>(p.dp_rank), static_cast<int>(p.dp)), tp_(static_cast<int>(p.tp_rank), static_cast<int>(p.tp)) {}
+      : dp_(static_cast<int>(p.dp_rank), static_cast<int>(p.dp)),
+        tp_(static_cast<int>(p.tp_rank), static_cast<int>(p.tp)),
+        pp_(static_cast<int>(p.pp_rank), static_cast<int>(p.pp)) {}
 
   template <class Op>
   void operator()(const Op&, run_state&) {
@@ -58,11 +60,12 @@ class null_backend {
 
   null_communicator& dp() { return dp_; }
   null_communicator& tp() { return tp_; }
+  null_communicator& pp() { return pp_; }
   /// Ops executed so far (over all steps).
   std::uint64_t executed() const { return executed_; }
 
  private:
-  null_communicator dp_, tp_;
+  null_communicator dp_, tp_, pp_;
   std::uint64_t executed_ = 0;
 };
 

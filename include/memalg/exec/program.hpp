@@ -16,6 +16,15 @@
 // micro-batch, `step_end` once (loss, gradient norm, clip, optimizer). Each op carries a `when`:
 // always, only in the last micro-batch (the ZeRO-0/1 gradient reductions, right after the unit's
 // last backward), or unless the step was skipped (fp16 overflow: the optimizer ops).
+//
+// Under pipeline parallelism (pp > 1) a rank runs one stage, and `micro` is replaced by
+// `pipeline`: the stage's forward and backward sections of every micro-batch in 1F1B order
+// (min(pp − s − 1, m) warm-up forwards, then one forward and one backward, then the remaining
+// backwards; Narayanan et al. 2021, §2.2; Megatron-LM's schedules.py), micro-batch i's saved
+// tensors in stash slot i mod slots. Activations and their gradients cross stages by blocking
+// `send` / `recv` on group::pp, ordered as Megatron's paired exchanges (send_forward_recv_backward,
+// send_backward_recv_forward): in steady state a backward receives the next forward's input before
+// it sends its own input gradient, which is what keeps blocking point-to-point free of deadlock.
 #pragma once
 
 #include <cstddef>
@@ -79,7 +88,7 @@ struct attn_shape {
 };
 
 enum class when : std::uint8_t { always, last_micro, unless_skipped };
-enum class group : std::uint8_t { dp, tp };
+enum class group : std::uint8_t { dp, tp, pp };
 
 namespace ops {  // one struct per operation: operands first, then shapes
 // Token (+ position) embedding; backward accumulates into dwte / dwpe.
@@ -141,6 +150,10 @@ struct optimizer_update { operand param, master, s1, s2, grad; float weight_deca
 struct all_reduce { operand buf; group g; reduce_op op = reduce_op::sum; };
 struct reduce_scatter { operand send, recv; group g; };
 struct all_gather { operand send, recv; group g; };
+// Point-to-point on group::pp: `peer` is the stage (rank of the pipeline group) sent to or
+// received from; a receive takes exactly buf.count elements.
+struct send { operand buf; std::uint32_t peer; };
+struct recv { operand buf; std::uint32_t peer; };
 }  // namespace ops
 
 using op_body =
@@ -148,7 +161,7 @@ using op_body =
                  ops::attention_fwd, ops::attention_bwd, ops::rotary_fwd, ops::rotary_bwd, ops::activation_fwd, ops::activation_bwd, ops::dropout_fwd,
                  ops::dropout_bwd, ops::residual_add, ops::bias_add, ops::loss, ops::loss_mean, ops::scalar_div,
                  ops::zero, ops::copy, ops::sqnorm, ops::norm_parts, ops::clip_scale, ops::optimizer_update,
-                 ops::all_reduce, ops::reduce_scatter, ops::all_gather>;
+                 ops::all_reduce, ops::reduce_scatter, ops::all_gather, ops::send, ops::recv>;
 
 struct op {
   op_body body;
@@ -195,6 +208,35 @@ struct hparams {
   std::uint64_t seed = 0;
 };
 
+/// One entry of a pipeline schedule: the forward or the backward of micro-batch `micro`.
+struct pipeline_step {
+  bool forward = true;
+  std::uint32_t micro = 0;
+  friend constexpr bool operator==(const pipeline_step&, const pipeline_step&) = default;
+};
+
+/// A pipeline stage's section: one schedule entry and its ops.
+struct pipeline_section {
+  pipeline_step step;
+  std::vector<op> ops;
+};
+
+/// 1F1B on stage `stage` of `stages` with `m` micro-batches: min(stages − stage − 1, m) warm-up
+/// forwards, then alternately one forward and one backward, then the remaining backwards
+/// (Megatron-LM, schedules.py: forward_backward_pipelining_without_interleaving).
+inline std::vector<pipeline_step> one_f_one_b(std::size_t stages, std::size_t stage, std::size_t m) {
+  const std::size_t ahead = stages - stage - 1, warmup = ahead < m ? ahead : m;
+  std::vector<pipeline_step> out;
+  std::uint32_t f = 0, b = 0;
+  for (std::size_t i = 0; i < warmup; ++i) out.push_back({true, f++});
+  for (std::size_t i = warmup; i < m; ++i) {
+    out.push_back({true, f++});
+    out.push_back({false, b++});
+  }
+  while (b < m) out.push_back({false, b++});
+  return out;
+}
+
 struct program {
   elem storage = elem::f32, accum = elem::f32;  ///< T and accum_t<T>
   arena_sizes sizes;                             ///< the capacities it was laid out in (the plan's)
@@ -208,14 +250,22 @@ struct program {
   std::vector<persistent_tensor> persistent, checkpoint;
   std::vector<param_unit> units;  ///< in unit order (wte, wpe, blocks, lnf), with their initialisation
   std::vector<op> step_begin, micro, step_end;
+  /// pp > 1: this stage's sections in schedule order (micro is then empty).
+  std::vector<pipeline_section> pipeline;
+  std::size_t stash_slots = 0, stash_slot_bytes = 0;  ///< pp > 1: the stash's micro-batch slots
   std::vector<arena_event> trace;  ///< construction's persistent tensors, then one whole step
   std::size_t grad_accum = 1, micro_batch = 0, sequence = 0;
   std::size_t tokens_per_micro = 0;  ///< token ids each micro-batch reads (and targets)
   std::size_t dp = 1, tp = 1, dp_rank = 0, tp_rank = 0;
+  std::size_t pp = 1, pp_rank = 0;  ///< pipeline stages and this rank's stage
   bool loss_scaling = false;  ///< dynamic loss scaling (fp16): dloss and the norm carry the scale
   hparams hp;
 
-  std::size_t op_count() const { return step_begin.size() + micro.size() + step_end.size(); }
+  std::size_t op_count() const {
+    std::size_t n = step_begin.size() + micro.size() + step_end.size();
+    for (const pipeline_section& s : pipeline) n += s.ops.size();
+    return n;
+  }
 };
 
 }  // namespace memalg::exec

@@ -103,6 +103,18 @@ class program_trainer {
                                Backend::storage_elem)),
         backend_(program_, dp, tp),
         memory_(program_, backend_.capacity()) {}
+  /// A pipeline stage (cfg.pp > 1): `pp` is the group of the stages, its rank this rank's stage;
+  /// `sizes` the plan's arena of that stage (gpt_run::stage_arena). The backend must take the
+  /// pipeline group as a fourth constructor argument.
+  program_trainer(const gpt_config& cfg, arena_sizes sizes, dp_comm& dp, tp_comm& tp, dp_comm& pp)
+    requires std::constructible_from<Backend, const program&, dp_comm&, tp_comm&, dp_comm&>
+      : c_(cfg),
+        program_(build_program(cfg, sizes,
+                               rank_coords{static_cast<std::size_t>(dp.rank()), static_cast<std::size_t>(tp.rank()),
+                                           static_cast<std::size_t>(pp.rank())},
+                               Backend::storage_elem)),
+        backend_(program_, dp, tp, pp),
+        memory_(program_, backend_.capacity()) {}
   program_trainer(const program_trainer&) = delete;
   program_trainer& operator=(const program_trainer&) = delete;
 

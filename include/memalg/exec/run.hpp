@@ -5,7 +5,9 @@
 // concept asks for one call operator per op type, checked over the whole variant, so a backend
 // that forgets an op — or a new op a backend does not know yet — fails to compile at `run`, not at
 // run time. `run` walks step_begin once, `micro` once per accumulated micro-batch and step_end
-// once, honouring each op's `when`.
+// once, honouring each op's `when`. A pipeline stage's program (pp > 1) has no `micro`: `run`
+// walks its sections in schedule order instead, with run_state::micro set to each section's
+// micro-batch (so its ids, dropout streams and last-micro-batch reductions are its own).
 #pragma once
 
 #include <concepts>
@@ -71,8 +73,15 @@ step_result run(const program& p, B& b, step_io io, run_state& s) {
     std::visit([&](const auto& x) { b(x, s); }, o.body);
   };
   for (const op& o : p.step_begin) exec(o);
-  for (s.micro = 0; s.micro < p.grad_accum; ++s.micro)
-    for (const op& o : p.micro) exec(o);
+  if (p.pipeline.empty()) {
+    for (s.micro = 0; s.micro < p.grad_accum; ++s.micro)
+      for (const op& o : p.micro) exec(o);
+  } else {
+    for (const pipeline_section& sec : p.pipeline) {
+      s.micro = sec.step.micro;
+      for (const op& o : sec.ops) exec(o);
+    }
+  }
   s.micro = p.grad_accum - 1;  // step_end sees the last micro-batch, as the trainer does
   for (const op& o : p.step_end) exec(o);
   return b.end_step(p, s);

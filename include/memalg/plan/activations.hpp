@@ -60,6 +60,8 @@
 // (Megatron's warm-up count + 1), which on the first stage is p·(1 + (p−1)/(p·v)) — the paper's
 // factor. m = gradient-accumulation micro-batches; with p = 1 one micro-batch is in flight
 // whatever m is: accumulation adds no activations (its gradient buffer is the persistent one).
+// memalg's own runtime holds those micro-batches in a stash of fixed slots for the whole step
+// (see activations_on_stage), so under a pipeline its stages hold the whole stash at every moment.
 #pragma once
 
 #include <array>
@@ -1034,7 +1036,18 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
   // being written and the one in transfer).
   const bool offload = t.offload_activations;
   const bytes window = largest_instance * 2;
-  const auto on_device = [&](bytes saved) { return offload && window < saved ? window : saved; };
+  // memalg's runtime under a pipeline (exec/build_program.hpp) keeps the stage's micro-batches in
+  // a stash of `chunks` slots pushed once for the step, micro-batch i in slot i mod chunks, each
+  // slot holding one micro-batch's saved tensors from its forward to its backward: so every
+  // moment holds the whole stash, not only the tensors the newest micro-batch still needs (1F1B
+  // keeps at most p − i micro-batches in flight on stage i: Narayanan et al. 2021, §2.2;
+  // Megatron-LM's schedules.py, forward_backward_pipelining_without_interleaving, whose
+  // input_tensors / output_tensors queues hold num_warmup_microbatches + 1 entries).
+  const bool stash = t.stack == stack_kind::memalg && m.pp > 1;
+  const auto on_device = [&](bytes saved) {
+    if (stash) return at_end;
+    return offload && window < saved ? window : saved;
+  };
   // ZeRO-2/3 units of memalg's runtime (else nothing: skip the call, as this loop runs per plan).
   const bool units = t.stack == stack_kind::memalg && m.zero_stage >= 2;
   // pytorch: gradients exist from backward on (zero_grad(set_to_none=True)); entry i's appear in

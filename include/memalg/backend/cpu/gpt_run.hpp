@@ -56,6 +56,8 @@ class gpt_run {
 
   static constexpr gpt_config config = gpt_config_of<Plan>(model_config);
   static constexpr arena_sizes arena = planned_arena<Plan>();
+  /// The arena of pipeline stage `stage` (`arena` is the most loaded stage's).
+  static constexpr arena_sizes stage_arena(std::size_t stage) { return planned_stage_arena<Plan>(stage); }
 };
 
 }  // namespace memalg::exec

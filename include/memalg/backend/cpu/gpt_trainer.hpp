@@ -156,6 +156,7 @@ class gpt_trainer {
     if (c_.heads % c_.tp != 0) fail("the tensor-parallel degree must divide the heads");
     if (c_.ffn % c_.tp != 0) fail("the tensor-parallel degree must divide the MLP width");
     if (c_.sequence > c_.positions) fail("the sequence is longer than the position embedding");
+    if (c_.pp != 1) fail("the reference trainer runs no pipeline: pipeline stages run as step programs");
     if (static_cast<std::size_t>(dp_.size()) != c_.dp || static_cast<std::size_t>(tp_.size()) != c_.tp)
       fail("the communicators do not match the configured dp and tp degrees");
     if (c_.dropout > 0 && !c_.flash)

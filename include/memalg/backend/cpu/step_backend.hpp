@@ -16,7 +16,10 @@
 // T is the storage type (float, bf16, fp16; accum_t<T> is float for all three); Comm is any
 // exec::communicator (local_communicator for one rank, mpi_communicator). Collectives on 16-bit
 // buffers go through Comm when it transports T, else they are the identity of a group of one and
-// throw on a larger group (multi-rank runs use fp32, as the builder requires).
+// throw on a larger group (multi-rank runs use fp32, as the builder requires). A pipeline stage's
+// program (pp > 1) needs the pipeline group too (the four-argument constructor): its send and
+// recv ops are blocking point-to-point calls on it, in the schedule's order (exec/program.hpp),
+// which pairs every send with the peer's receive.
 #pragma once
 
 #include <cmath>
@@ -77,9 +80,16 @@ class step_backend {
 
   /// Allocates the program's arena and initialises the parameters. The communicators must match
   /// the program's mesh and rank; they must outlive the backend.
-  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm)
+  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm) : step_backend(p, dp_comm, tp_comm, nullptr) {}
+  /// The same for a pipeline stage: `pp_comm` is the group of the stages (rank = stage).
+  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm, Comm& pp_comm)
+      : step_backend(p, dp_comm, tp_comm, &pp_comm) {}
+
+ private:
+  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm, Comm* pp_comm)
       : dp_(dp_comm),
         tp_(tp_comm),
+        pp_(pp_comm),
         capacity_(p.sizes.persistent + p.sizes.stack),
         memory_(static_cast<std::byte*>(::operator new(capacity_ == 0 ? 1 : capacity_, std::align_val_t{alignment}))),
         units_(p.units),
@@ -96,12 +106,17 @@ class step_backend {
     if (static_cast<std::size_t>(dp_.size()) != p.dp || static_cast<std::size_t>(tp_.size()) != p.tp ||
         static_cast<std::size_t>(dp_.rank()) != p.dp_rank || static_cast<std::size_t>(tp_.rank()) != p.tp_rank)
       fail("the communicators do not match the program's mesh and rank");
+    if (p.pp > 1 && (pp_ == nullptr || static_cast<std::size_t>(pp_->size()) != p.pp ||
+                     static_cast<std::size_t>(pp_->rank()) != p.pp_rank))
+      fail("a pipeline stage needs the pipeline group of its program's stages, at its stage");
     if (p.persistent_bytes > p.sizes.persistent || p.high_water > capacity_)
       fail("the program does not fit its own capacities");
     touched_.assign((capacity_ + granule - 1) / granule, 0);
     std::memset(memory_, 0, p.sizes.persistent);
     initialise(p);
   }
+
+ public:
   ~step_backend() { ::operator delete(memory_, std::align_val_t{alignment}); }
   step_backend(const step_backend&) = delete;
   step_backend& operator=(const step_backend&) = delete;
@@ -109,6 +124,11 @@ class step_backend {
   exec::elem storage() const { return elem_of<T>(); }
   Comm& dp() { return dp_; }
   Comm& tp() { return tp_; }
+  /// The pipeline group (a pipeline stage's backend only).
+  Comm& pp() {
+    if (pp_ == nullptr) fail("this backend has no pipeline group");
+    return *pp_;
+  }
 
   // ---- the interpreter's hooks ----------------------------------------------------------------
   void begin_step(const exec::program& p, exec::step_io io, exec::run_state& s) {
@@ -359,6 +379,15 @@ class step_backend {
     });
   }
 
+  void operator()(const exec::ops::send& o, exec::run_state&) {
+    if (o.buf.type != exec::elem::f32) fail("send: pipeline stages exchange fp32 tensors");
+    pp().send(cptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
+  }
+  void operator()(const exec::ops::recv& o, exec::run_state&) {
+    if (o.buf.type != exec::elem::f32) fail("recv: pipeline stages exchange fp32 tensors");
+    pp().recv(ptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
+  }
+
   // ---- state, for tests and checkpoints -------------------------------------------------------
   std::size_t capacity() const { return capacity_; }
   /// Bytes of the arena any op (or the initialisation) has read or written so far, in granules of
@@ -426,7 +455,7 @@ class step_backend {
 
   [[noreturn]] static void fail(const std::string& why) { throw std::invalid_argument("cpu::step_backend: " + why); }
 
-  Comm& group(exec::group g) { return g == exec::group::dp ? dp_ : tp_; }
+  Comm& group(exec::group g) { return g == exec::group::dp ? dp_ : g == exec::group::tp ? tp_ : pp(); }
   A loss_scale() const { return loss_scaling_ ? static_cast<A>(scaler_.scale()) : A(1); }
   static attention_shape shape(const exec::attn_shape& s) { return {s.B, s.S, s.H, s.Hkv, s.D, s.causal}; }
   void stats(std::size_t N) {
@@ -506,6 +535,7 @@ class step_backend {
 
   Comm& dp_;
   Comm& tp_;
+  Comm* pp_;
   std::size_t capacity_;
   std::byte* memory_;
   std::vector<std::uint8_t> touched_;

@@ -511,6 +511,10 @@ class step_backend {
       c.reduce_scatter(cptr<U>(o.send), ptr<U>(o.recv), o.recv.count);
     });
   }
+  // Pipeline stages' point-to-point ops: not on this backend yet (find_cuda_runtime_issue refuses
+  // pp > 1 at compile time, so a program from a plan never has them).
+  void operator()(const exec::ops::send&, exec::run_state&) { fail("send: the CUDA backend runs no pipeline stages"); }
+  void operator()(const exec::ops::recv&, exec::run_state&) { fail("recv: the CUDA backend runs no pipeline stages"); }
   void operator()(const exec::ops::all_gather& o, exec::run_state&) {
     Comm& c = group(o.g);
     if (o.send.type != o.recv.type || o.recv.count != o.send.count * static_cast<std::uint64_t>(c.size()))
