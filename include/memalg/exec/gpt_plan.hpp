@@ -2,10 +2,12 @@
 // memalg/exec/gpt_plan.hpp — from a compile-time plan to the CPU trainer that runs it.
 //
 // `runtime_gpt<Config>` is the model the CPU runtime trains, as a model type: the decoder-only
-// `transformer_lm` of Config (model/transformer.hpp) with the runtime's one convention that the
-// generic builder does not assume — under tensor parallelism the token and position embeddings
-// and the tied output layer are replicated, not vocabulary-parallel (the reference cross-entropy
-// is not distributed). A plan over that model describes exactly what the trainer allocates.
+// `transformer_lm` of Config (model/transformer.hpp) as the planner builds it — under tensor
+// parallelism the token embedding and the tied output layer are vocabulary-parallel (Megatron's
+// layout: the step program's vocabulary-parallel embedding and cross-entropy), the position
+// embedding replicated. `runtime_gpt_replicated<Config>` is the layout of the fixed trainers
+// (exec/gpt_trainer.hpp, the CUDA trainer): embeddings and tied output replicated. A plan over
+// either describes exactly what its runtime allocates.
 //
 // `gpt_run<Plan, Comm>` cannot be instantiated for a plan that does not fit (require_fits prints
 // the numbers) or that the CPU runtime does not implement (a sentence says what). It allocates
@@ -27,8 +29,13 @@
 
 namespace memalg::exec {
 
-/// The CPU runtime's GPT as a model descriptor: transformer_lm with replicated embeddings.
-constexpr model_desc runtime_gpt_model(const lm_config& c) {
+/// The CPU runtime's GPT as a model descriptor: transformer_lm, vocabulary-parallel under tensor
+/// parallelism (the planner's default).
+constexpr model_desc runtime_gpt_model(const lm_config& c) { return transformer_lm(c); }
+
+/// The fixed trainers' GPT: transformer_lm with replicated embeddings and tied output (their
+/// cross-entropy is not distributed).
+constexpr model_desc runtime_gpt_replicated_model(const lm_config& c) {
   model_desc m = transformer_lm(c);
   for (std::size_t i = 0; i < m.size; ++i) {
     layer_desc& l = m.entries[i];
@@ -44,6 +51,18 @@ struct runtime_gpt {
   static constexpr lm_config config = Config::value;
   static constexpr model_desc value = runtime_gpt_model(config);
 };
+template <class Config>
+struct runtime_gpt_replicated {
+  static constexpr lm_config config = Config::value;
+  static constexpr model_desc value = runtime_gpt_replicated_model(config);
+};
+
+/// Whether a model's output layer (and so its tied embedding) is vocabulary-parallel under tp.
+constexpr bool vocab_parallel_output(const model_desc& m) {
+  for (std::size_t i = 0; i < m.size; ++i)
+    if (m.entries[i].kind == layer_kind::output) return (m.entries[i].shape.flags & layer_flags::vocab_replicated) == 0;
+  return false;
+}
 
 /// Why a runtime cannot run a configuration. One list for both trainers: the CPU one never reports
 /// head_width, the CUDA one never multirank (exec/gpt_plan_cuda.hpp).
@@ -64,6 +83,8 @@ enum class runtime_issue : int {
   multirank,
   offload,
   head_width,
+  vocab,
+  sequence_parallel,
 };
 
 constexpr std::string_view describe(runtime_issue i) {
@@ -84,6 +105,8 @@ constexpr std::string_view describe(runtime_issue i) {
     case runtime_issue::multirank: return "multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1";
     case runtime_issue::offload: return "the CPU runtime keeps activations in its arena";
     case runtime_issue::head_width: return "the CPU runtime takes any head width";  // never reported
+    case runtime_issue::vocab: return "the CPU runtime's vocabulary-parallel embedding needs a vocabulary divisible by the tensor-parallel degree";
+    case runtime_issue::sequence_parallel: return "the CPU runtime's sequence parallelism runs GPT-2-style fp32 plans without selective recomputation";
   }
   return "unknown";
 }
@@ -106,6 +129,8 @@ struct runtime_check {
   static_assert(I != runtime_issue::prefetch, "gpt_run: the CPU runtime gathers one layer at a time under ZeRO-3: use zero<3, 0>");
   static_assert(I != runtime_issue::multirank, "gpt_run: multi-rank runs reduce in fp32: use the fp32 policy with dp or tp above 1");
   static_assert(I != runtime_issue::offload, "gpt_run: the CPU runtime keeps activations in its arena");
+  static_assert(I != runtime_issue::vocab, "gpt_run: the CPU runtime's vocabulary-parallel embedding needs a vocabulary divisible by the tensor-parallel degree");
+  static_assert(I != runtime_issue::sequence_parallel, "gpt_run: the CPU runtime's sequence parallelism runs GPT-2-style fp32 plans without selective recomputation");
   static constexpr bool value = I == runtime_issue::none;
 };
 }  // namespace detail
@@ -157,8 +182,19 @@ constexpr bool llama_style(const lm_config& c) {
 /// activations and logits, fp32 master and states) on one rank, flash attention when the key/value
 /// heads are fewer than the heads, rotary positions over whole heads (positions == 0, rotary_dim 0
 /// or the head width), no mixture of experts, parallel residual or shared norm.
+/// Under tensor parallelism the vocabulary divides by tp (the vocabulary-parallel embedding), and
+/// sequence parallelism (the step program's, GPT-2-style fp32 plans) takes no selective
+/// recomputation.
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
-  if (!llama_style(c)) return find_runtime_issue(c, t, m);
+  if (!llama_style(c)) {
+    mesh_desc without_sp = m;  // the step program implements it; find_runtime_issue is the CUDA runtime's too
+    without_sp.sequence_parallel = false;
+    const runtime_issue rest = find_runtime_issue(c, t, without_sp);
+    if (rest != runtime_issue::none) return rest;
+    if (m.tp > 1 && c.vocab % m.tp != 0) return runtime_issue::vocab;
+    if (m.sequence_parallel && t.recompute == recompute_kind::selective) return runtime_issue::sequence_parallel;
+    return runtime_issue::none;
+  }
   lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
   g.rms_norm = false;
   g.gated = false;
@@ -187,6 +223,10 @@ template <class M>
 struct config_of;
 template <class C>
 struct config_of<runtime_gpt<C>> {
+  static constexpr lm_config value = C::value;
+};
+template <class C>
+struct config_of<runtime_gpt_replicated<C>> {
   static constexpr lm_config value = C::value;
 };
 
@@ -234,6 +274,8 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.dp = m.dp;
   g.tp = m.tp;
   g.zero_stage = m.zero_stage;
+  g.vocab_parallel = m.tp > 1 && vocab_parallel_output(Plan::model_type::value);
+  g.sequence_parallel = m.sequence_parallel;
   g.master_weights = !t.precision.master_weights.is_none();
   g.loss_scaling = t.precision.weights == dtypes::fp16;
   g.optimizer = t.optimizer.kind;
@@ -261,7 +303,8 @@ class gpt_run {
   /// The step program of the plan on the CPU step backend (exec/program_trainer.hpp).
   using trainer = program_trainer<backend::cpu::step_backend<storage, Comm>>;
   /// The fixed CPU trainer the program is checked against, bit for bit (exec/gpt_trainer.hpp);
-  /// GPT-2-style plans only (it ignores gpt_config's block variant: see llama_style).
+  /// GPT-2-style plans only (it ignores gpt_config's block variant: see llama_style), with
+  /// replicated embeddings (tp plans over runtime_gpt_replicated) and no sequence parallelism.
   using reference_trainer = gpt_trainer<storage, Comm>;
 
   static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
@@ -270,6 +313,8 @@ class gpt_run {
   static_assert(require_fits<Plan>());
 
   static constexpr gpt_config config = gpt_config_of<Plan>(model_config);
+  static_assert(!config.sequence_parallel || config.vocab_parallel,
+                "gpt_run: sequence parallelism needs the vocabulary-parallel model (runtime_gpt, not runtime_gpt_replicated)");
   static constexpr arena_sizes arena = planned_arena<Plan>();
 };
 

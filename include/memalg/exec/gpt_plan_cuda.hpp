@@ -44,6 +44,8 @@ constexpr std::string_view describe_cuda(runtime_issue i) {
     case runtime_issue::multirank: return "the CUDA runtime reduces bf16 with NCCL";  // never reported
     case runtime_issue::offload: return "the CUDA runtime keeps activations in its arena";
     case runtime_issue::head_width: return "the CUDA attention kernels take head widths up to 128 (flash) or 256 (naive)";
+    case runtime_issue::vocab: return "the CUDA runtime replicates the embeddings";  // never reported
+    case runtime_issue::sequence_parallel: return "the CUDA runtime implements no sequence parallelism";  // never reported (mesh)
   }
   return "unknown";
 }

@@ -1212,6 +1212,8 @@ class gpt_run_cuda {
   static_assert(require_fits<Plan>());
 
   static constexpr gpt_config config = gpt_config_of<Plan>(model_config);
+  static_assert(!config.vocab_parallel,
+                "gpt_run_cuda: the CUDA trainer replicates the embeddings under tensor parallelism: plan over runtime_gpt_replicated");
   static constexpr arena_sizes arena = planned_arena<Plan>();
   /// The device peak the plan predicts: the arena plus the device reserve (context + workspace).
   static constexpr std::size_t predicted_device_peak = static_cast<std::size_t>(Plan::result.per_rank.total().value);
