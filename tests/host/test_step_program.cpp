@@ -360,3 +360,29 @@ TEST_CASE("run() walks the sections on the null backend, honouring when") {
   const std::uint64_t per1 = p1.step_begin.size() + 2 * p1.micro.size() - last + p1.step_end.size();
   CHECK(b1.executed() == 2 * per1);
 }
+
+TEST_CASE("the CPU runtime rule takes sequence parallelism and a vocabulary tp divides") {
+  using m::exec::runtime_issue;
+  const m::training_desc t =
+      m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::reference_kernels>::value;
+  m::mesh_desc sp{};
+  sp.tp = 2;
+  sp.world = 2;
+  sp.sequence_parallel = true;
+  CHECK(m::exec::find_cpu_runtime_issue(bytes32::value, t, sp) == runtime_issue::none);
+  CHECK(m::exec::find_runtime_issue(bytes32::value, t, sp) == runtime_issue::mesh);  // the CUDA runtime's rule
+  m::training_desc selective = t;
+  selective.recompute = m::recompute_kind::selective;
+  CHECK(m::exec::find_cpu_runtime_issue(bytes32::value, selective, sp) == runtime_issue::sequence_parallel);
+  m::lm_config odd = bytes32::value;
+  odd.vocab = 255;  // a byte vocabulary less one: not divisible by 2
+  m::mesh_desc tp = sp;
+  tp.sequence_parallel = false;
+  CHECK(m::exec::find_cpu_runtime_issue(odd, t, tp) == runtime_issue::vocab);
+  CHECK(m::exec::describe(runtime_issue::vocab).find("divisible") != std::string_view::npos);
+  const m::training_desc bf16 =
+      m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::reference_kernels>::value;
+  m::lm_config bf16_logits = bytes32::value;
+  bf16_logits.logits = m::dtypes::bf16;
+  CHECK(m::exec::find_cpu_runtime_issue(bf16_logits, bf16, sp) == runtime_issue::multirank);
+}
