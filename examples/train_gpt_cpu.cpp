@@ -126,9 +126,16 @@ MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, Ze
 MEMALG_NAMED_PLAN(dp4_zero3, "dp4-zero3", "fp32 AdamW, 4 data-parallel ranks, ZeRO-3 (one layer gathered at a time)",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>>);
-MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks",
+MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks, vocabulary-parallel embedding and loss",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(tp2_sp, "tp2-sp", "fp32 AdamW, 2 tensor-parallel ranks with sequence parallelism, vocabulary-parallel",
+                  cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::tensor<2, true>>>);
+MEMALG_NAMED_PLAN(tp2_sp_dropout, "tp2-sp-dropout",
+                  "fp32 AdamW, dropout 0.1, flash attention, 2 tensor-parallel ranks with sequence parallelism",
+                  cpu_plan<gpt_fp32_dropout, recipe<m::precision::fp32, m::optim::adamw<>>,
+                           m::parallel::mesh<m::parallel::tensor<2, true>>>);
 MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x 2 tensor-parallel ranks, ZeRO-2",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
@@ -149,7 +156,8 @@ MEMALG_NAMED_PLAN(pp2_dp2, "pp2-dp2", "fp32 AdamW, untied output, 2 data-paralle
 
 #undef MEMALG_NAMED_PLAN
 
-using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1, dp4_zero3, tp2, dp2_tp2_zero2, llama_bf16_dp2, pp2, pp2_dp2>;
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1,
+                         dp4_zero3, tp2, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, llama_bf16_dp2, pp2, pp2_dp2>;
 
 // ---- command line ---------------------------------------------------------------------------
 constexpr const char* help_text =

@@ -74,7 +74,7 @@ struct gpt2_124m { static constexpr m::lm_config value = gpt2_small(); };
 /// Plans target the H200 the benchmark runs on; its device reserve (context estimate + 32 MiB
 /// cuBLASLt workspace) is what the measured overhead layers are compared with.
 template <class Config, class Recipe, class Mesh>
-using gpu_plan = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, m::device::h200>;
+using gpu_plan = m::plan<m::exec::runtime_gpt_replicated<Config>, Recipe, Mesh, m::device::h200>;  // the CUDA trainer's layout
 template <class Precision, class Optimizer, class Batch, class... Options>
 using recipe = m::train::recipe<Precision, Optimizer, Batch, m::train::reference_kernels, Options...>;
 using tiny_batch = m::train::batch<8, 64>;

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: BSL-1.0
 // The step program against the CPU trainer: built on the host without running a kernel, its arena
 // bookkeeping is the trainer's event by event (name, offset, bytes, category, side, push or pop),
-// and its high-water mark is the plan's prediction. Also: the builder throws when the plan is 16
-// bytes short, the layout refuses a pop out of order, and the interpreter runs on the null backend.
+// and its high-water mark is the plan's prediction. Tensor-parallel plans over runtime_gpt are
+// vocabulary-parallel (and sequence-parallel when the mesh says so), which the replicated trainer
+// is not: their programs are checked against the plan alone, every rank, category by category
+// (tp plans over runtime_gpt_replicated keep the event-by-event comparison with the trainer).
+// Also: the builder throws when the plan is 16 bytes short, the layout refuses a pop out of order,
+// and the interpreter runs on the null backend.
 #include <doctest/doctest.h>
 
 #include "runtime_plans.hpp"
@@ -18,6 +22,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace m = memalg;
@@ -59,6 +64,11 @@ template <class Config, class Mesh, class... Options>
 using mesh_plan = m::plan<m::exec::runtime_gpt<Config>,
                           m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels, Options...>,
                           Mesh, budget>;
+/// The same over the fixed trainers' layout (replicated embeddings and tied output).
+template <class Config, class Mesh, class... Options>
+using replicated_plan =
+    m::plan<m::exec::runtime_gpt_replicated<Config>,
+            m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels, Options...>, Mesh, budget>;
 using example_batch = m::train::batch<8, 64>;
 
 
@@ -139,14 +149,15 @@ using mesh_matrix = std::tuple<
     // the multi-rank plans of examples/train_gpt_cpu.cpp, every rank
     mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>, example_batch>,
     mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>, example_batch>,
-    mesh_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>,
-    mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>,
-              example_batch>,
+    // (their tensor-parallel ones in the trainer's replicated layout; vocabulary-parallel below)
+    replicated_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>,
+    replicated_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>,
+                    example_batch>,
     // ZeRO under recomputation, dropout and accumulation
     mesh_plan<flash32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>, m::train::batch<2, 16>,
               m::train::recompute::every<2>, m::train::grad_accum<2>>,
-    mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>, m::parallel::tensor<2>>,
-              m::train::batch<2, 16>, m::train::recompute::selective>,
+    replicated_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>, m::parallel::tensor<2>>,
+                    m::train::batch<2, 16>, m::train::recompute::selective>,
     mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<0>>>, m::train::batch<2, 16>,
               m::train::recompute::full>,
     // the embedding backward as the peak
@@ -225,6 +236,29 @@ void check_pipeline_plan() {
   }
   CHECK(blocks == run::config.layers);  // the stages own the blocks between them
 }
+struct bytes32_dropout {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = gpt_bytes();
+    c.flash = true;
+    c.dropout_permille = 100;
+    return c;
+  }();
+};
+template <class Op>
+std::size_t count_ops(const m::exec::program& p) {
+  std::size_t n = 0;
+  for (const auto* section : {&p.step_begin, &p.micro, &p.step_end})
+    for (const m::exec::op& o : *section) n += std::holds_alternative<Op>(o.body);
+  return n;
+}
+std::size_t tp_collectives(const m::exec::program& p) {
+  std::size_t n = 0;
+  for (const m::exec::op& o : p.micro) {
+    if (const auto* g = std::get_if<m::exec::ops::all_gather>(&o.body)) n += g->g == m::exec::group::tp;
+    if (const auto* r = std::get_if<m::exec::ops::reduce_scatter>(&o.body)) n += r->g == m::exec::group::tp;
+  }
+  return n;
+}
 }  // namespace
 
 TEST_CASE_TEMPLATE_DEFINE("a pipeline stage's program reaches its stage's plan, category by category", Plan, stage_plans) {
@@ -297,6 +331,88 @@ TEST_CASE("a pipeline stage's sections follow 1F1B, and its stages pair every se
   m::exec::gpt_config tied = run::config;
   tied.tied = true;
   CHECK_THROWS_AS(m::exec::build_program(tied, run::stage_arena(0), {0, 0, 0}), m::exec::program_error);
+}
+
+
+// Vocabulary-parallel (and sequence-parallel) programs: no trainer to compare with, so every rank's
+// program is held to the plan — persistent bytes, high-water mark and the peak category by
+// category — and to the layout the mesh asks for.
+TEST_CASE_TEMPLATE_DEFINE("tensor-parallel programs equal the plan on every rank, category by category", Plan, tp_plan) {
+  using run = m::exec::gpt_run<Plan, m::exec::null_communicator>;
+  constexpr m::mesh_desc mesh = Plan::mesh;
+  constexpr m::lm_config model = run::model_config;
+  static_assert(mesh.tp > 1);
+  CHECK(run::config.vocab_parallel);
+  CHECK(run::config.sequence_parallel == mesh.sequence_parallel);
+  const m::breakdown& plan = Plan::result.per_rank;
+  for (std::size_t d = 0; d < mesh.dp; ++d)
+    for (std::size_t t = 0; t < mesh.tp; ++t) {
+      CAPTURE(d);
+      CAPTURE(t);
+      const m::exec::program prog = m::exec::build_program(run::config, run::arena, {d, t});
+      CHECK(prog.persistent_bytes == Plan::result.most_loaded.at[0].model_states().value);
+      CHECK(prog.high_water == (plan.total() - plan.reserve).value);
+      for (std::size_t c = 0; c < m::category_count; ++c) {
+        const auto cat = static_cast<m::category>(c);
+        if (cat == m::category::reserve) continue;
+        CAPTURE(m::category_name(cat));
+        CHECK(prog.peak_by_category[cat] == plan[cat]);
+      }
+      // this rank's vocabulary rows of the token embedding, the vocabulary-parallel loss
+      REQUIRE(prog.units.front().name == "wte");
+      CHECK(prog.units.front().elements == model.vocab / mesh.tp * model.hidden);
+      CHECK(count_ops<m::exec::ops::vocab_parallel_loss>(prog) == 1);
+      CHECK(count_ops<m::exec::ops::loss>(prog) == 0);
+      // SP: an all-gather before each of QKV and FC1 and a reduce-scatter after the projection and
+      // FC2 per forward (re-gathers and the reverse in backward), the embedding's and the head's
+      const std::size_t L = model.layers;
+      const std::size_t forwards = mesh.sequence_parallel ? (Plan::training.recompute == m::recompute_kind::none ? 1 : 2) : 0;
+      const std::size_t backward = mesh.sequence_parallel ? 6 : 0;  // fc2, fc1 (2), proj, qkv (2)
+      CHECK(tp_collectives(prog) == L * (4 * forwards + backward) + (mesh.sequence_parallel ? 4 : 0));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(tp_plan,
+                         std::tuple<
+                             // examples/train_gpt_cpu.cpp's tp2, tp2-sp, tp2-sp-dropout and dp2-tp2-zero2
+                             mesh_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>,
+                             mesh_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2, true>>, example_batch>,
+                             mesh_plan<bytes32_dropout, m::parallel::mesh<m::parallel::tensor<2, true>>, example_batch>,
+                             mesh_plan<bytes32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>,
+                                       example_batch>,
+                             // recomputation, accumulation, ZeRO, four ranks
+                             mesh_plan<naive32, m::parallel::mesh<m::parallel::tensor<2>>, m::train::batch<2, 16>,
+                                       m::train::recompute::selective>,
+                             mesh_plan<flash32, m::parallel::mesh<m::parallel::tensor<2, true>>, m::train::batch<2, 16>,
+                                       m::train::recompute::full, m::train::grad_accum<2>>,
+                             mesh_plan<naive32, m::parallel::mesh<m::parallel::tensor<2, true>>, m::train::batch<2, 16>,
+                                       m::train::recompute::every<2>>,
+                             mesh_plan<flash32, m::parallel::mesh<m::parallel::tensor<4, true>>, m::train::batch<2, 16>>,
+                             mesh_plan<naive32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>,
+                                                                  m::parallel::tensor<2, true>>,
+                                       m::train::batch<2, 16>>,
+                             mesh_plan<flash32, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>,
+                                                                  m::parallel::tensor<2, true>>,
+                                       m::train::batch<1, 16>, m::train::grad_accum<2>>,
+                             // Llama-shaped: an untied, vocabulary-parallel lm_head; grouped-query heads split
+                             mesh_plan<llama_untied, m::parallel::mesh<m::parallel::tensor<2>>, m::train::batch<2, 16>>,
+                             mesh_plan<llama_untied, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>,
+                                                                       m::parallel::tensor<2>>,
+                                       m::train::batch<2, 16>>>);
+
+TEST_CASE("the vocabulary-parallel layout is what changes a tensor-parallel plan") {
+  // Same model and mesh: the planner's vocabulary-parallel embedding holds V/tp rows per rank where
+  // the replicated layout holds all V; the difference in model states is the embedding's share.
+  using vp = mesh_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>;
+  using rep = replicated_plan<bytes32, m::parallel::mesh<m::parallel::tensor<2>>, example_batch>;
+  constexpr std::uint64_t half_embedding = 256 / 2 * 64;  // elements
+  constexpr std::uint64_t per_element = 4 + 4 + 8;         // fp32 weight, gradient, two AdamW states
+  CHECK(rep::result.most_loaded.at[0].model_states().value - vp::result.most_loaded.at[0].model_states().value ==
+        half_embedding * per_element);
+  using rrun = m::exec::gpt_run<rep, m::exec::null_communicator>;
+  CHECK_FALSE(rrun::config.vocab_parallel);
+  const m::exec::program p = m::exec::build_program(rrun::config, rrun::arena, {0, 1});
+  CHECK(count_ops<m::exec::ops::vocab_parallel_loss>(p) == 0);
+  CHECK(p.units.front().elements == 256 * 64);
 }
 
 TEST_CASE("a step that does not fit the plan fails while building") {
@@ -387,4 +503,32 @@ TEST_CASE("run() walks the sections on the null backend, honouring when") {
   for (int s = 0; s < 2; ++s) m::exec::run(p1, b1, {tok1, tgt1}, s1);
   const std::uint64_t per1 = p1.step_begin.size() + 2 * p1.micro.size() - last + p1.step_end.size();
   CHECK(b1.executed() == 2 * per1);
+}
+
+TEST_CASE("the CPU runtime rule takes sequence parallelism and a vocabulary tp divides") {
+  using m::exec::runtime_issue;
+  const m::training_desc t =
+      m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::reference_kernels>::value;
+  m::mesh_desc sp{};
+  sp.tp = 2;
+  sp.world = 2;
+  sp.sequence_parallel = true;
+  CHECK(m::exec::find_cpu_runtime_issue(bytes32::value, t, sp) == runtime_issue::none);
+  CHECK(m::exec::find_runtime_issue(bytes32::value, t, sp) == runtime_issue::mesh);  // the CUDA runtime's rule
+  m::training_desc selective = t;
+  selective.recompute = m::recompute_kind::selective;
+  CHECK(m::exec::find_cpu_runtime_issue(bytes32::value, selective, sp) == runtime_issue::sequence_parallel);
+  m::lm_config odd = bytes32::value;
+  odd.vocab = 255;  // a byte vocabulary less one: not divisible by 2
+  m::mesh_desc tp = sp;
+  tp.sequence_parallel = false;
+  CHECK(m::exec::find_cpu_runtime_issue(odd, t, tp) == runtime_issue::vocab);
+  CHECK(m::exec::describe(runtime_issue::vocab).find("divisible") != std::string_view::npos);
+  const m::training_desc bf16 =
+      m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::reference_kernels>::value;
+  m::lm_config bf16_logits = bytes32::value;
+  bf16_logits.logits = m::dtypes::bf16;
+  // 16-bit multi-rank runs reduce through MPI user operations, but sequence parallelism is fp32-only.
+  CHECK(m::exec::find_cpu_runtime_issue(bf16_logits, bf16, tp) == runtime_issue::none);
+  CHECK(m::exec::find_cpu_runtime_issue(bf16_logits, bf16, sp) == runtime_issue::sequence_parallel);
 }

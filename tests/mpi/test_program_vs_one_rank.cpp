@@ -4,6 +4,9 @@
 // the GPT-2 and Llama-shaped blocks in mixed bf16 and amp-fp16, whose gradients travel as 16-bit
 // buffers through mpi_communicator's 16-bit reductions.
 //
+// Under tensor parallelism the token embedding, the output layer and the loss are vocabulary-
+// parallel (gpt_config::vocab_parallel, as runtime_gpt plans them).
+//
 // Every rank also runs the one-rank program itself (local communicators, the whole global batch in
 // one micro-batch of micro_batch × dp sequences), so the comparison needs no extra messages. The
 // data-parallel ranks take consecutive blocks of the global batch; dropout draws by global
@@ -14,7 +17,7 @@
 // (one rounding per combination), the one-rank gradient one rounding of an fp32 sum, so single
 // gradient elements differ by up to a 16-bit ulp (2^-8 relative for bf16); the loss averages such
 // differences over many elements, and the fp32 master weights and states keep them from
-// compounding. Measured on 2 and 4 ranks: at most 2.9e-7 (fp32), 1.4e-4 (bf16), 4.6e-5 (fp16).
+// compounding. Measured on 2 and 4 ranks: at most 2.9e-7 (fp32), 1.8e-4 (bf16), 4.8e-5 (fp16).
 //
 // Run with 2 or 4 ranks.
 #include <mpi.h>
@@ -151,6 +154,7 @@ std::string compare(const variant& v, const layout& l, cpu::mpi_communicator& wo
   c.dp = l.dp;
   c.tp = l.tp;
   c.zero_stage = l.zero;
+  c.vocab_parallel = l.tp > 1;  // Megatron's layout, as runtime_gpt plans it
   const std::vector<float> many =
       losses<T>(c, {static_cast<std::size_t>(dp_rank), static_cast<std::size_t>(tp_rank)}, storage(v.p), dp, tp, l.dp);
 

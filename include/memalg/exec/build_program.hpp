@@ -30,6 +30,15 @@
 // input sent from there. The step ends with the loss and the gradient norm's parts summed over
 // the pipeline group too (the loss exists on the last stage only).
 //
+// Under tensor parallelism gpt_config can ask for Megatron's layout, which gpt_trainer does not
+// implement either (docs/runtime.md, "Tensor parallelism in the program"): vocab_parallel — the
+// token embedding's rows, the tied output's logits and the cross-entropy split by vocabulary
+// (ops::vocab_parallel_loss), the lookup summed over tp before the positions are added — and
+// sequence_parallel — the residual stream on this rank's N/tp token rows, all-gathered into a
+// communication buffer before QKV and FC1 (and in backward for their weight gradients), the
+// projection's and FC2's partial sums reduce-scattered, the norms' gradients all-reduced over tp
+// at step end (Korthikanti et al. 2022, §4.2.2).
+//
 // The one reordering: ZeRO-0/1 gradient reductions, which the trainer runs after all
 // micro-batches, are emitted in `micro` with when::last_micro right after each unit's last
 // backward (nothing touches the buffer afterwards and the reduction is elementwise, so the result
@@ -148,7 +157,12 @@ class gpt_lowering {
     if (rotary() && head_dim() % 2 != 0) fail("rotary positions need an even head width");
     if (rotary() && (c_.rotary_dim % 2 != 0 || c_.rotary_dim > head_dim()))
       fail("rotary_dim must be even and at most the head width");
+    if (c_.loss_chunk != 0 && (c_.vocab_parallel || c_.sequence_parallel) && c_.tp > 1)
+      fail("a chunked loss runs on a replicated output layer (no vocabulary or sequence parallelism)");
     if (c_.ffn % c_.tp != 0) fail("the tensor-parallel degree must divide the MLP width");
+    if (vp() && c_.vocab % c_.tp != 0) fail("the tensor-parallel degree must divide the vocabulary (vocabulary-parallel embedding)");
+    if (sp() && !vp()) fail("sequence parallelism needs the vocabulary-parallel embedding and loss");
+    if (sp() && tokens() % c_.tp != 0) fail("the tensor-parallel degree must divide the tokens of a micro-batch (sequence parallelism)");
     if (c_.positions != 0 && c_.sequence > c_.positions) fail("the sequence is longer than the position embedding");
     if (c_.pp == 0) fail("the pipeline needs at least one stage");
     if (r_.dp >= c_.dp || r_.tp >= c_.tp || r_.pp >= c_.pp) fail("the rank coordinates lie outside the mesh");
@@ -173,6 +187,15 @@ class gpt_lowering {
     }
   }
   std::size_t tokens() const { return c_.micro_batch * c_.sequence; }
+  /// Vocabulary-parallel embedding and loss (Megatron's layout): this rank's vocab_rows() rows
+  /// from vocab_begin(). Sequence parallelism: the residual stream is this rank's rows() token
+  /// rows from row0() (a contiguous block of the micro-batch's B·S rows).
+  bool vp() const { return c_.vocab_parallel && c_.tp > 1; }
+  bool sp() const { return c_.sequence_parallel && c_.tp > 1; }
+  std::size_t vocab_rows() const { return vp() ? c_.vocab / c_.tp : c_.vocab; }
+  std::size_t vocab_begin() const { return vp() ? r_.tp * vocab_rows() : 0; }
+  std::size_t rows() const { return sp() ? tokens() / c_.tp : tokens(); }
+  std::size_t row0() const { return sp() ? r_.tp * rows() : 0; }
   std::size_t local_heads() const { return c_.heads / c_.tp; }
   std::size_t kv_heads() const { return c_.kv_heads != 0 ? c_.kv_heads : c_.heads; }
   std::size_t local_kv_heads() const { return kv_heads() / c_.tp; }
@@ -262,7 +285,7 @@ class gpt_lowering {
     }
     const bool first = r_.pp == 0, last = r_.pp + 1 == c_.pp;
     std::size_t global = 0;
-    for (gpt_unit_spec& s : gpt_units("build_program", c_.vocab, c_.positions, c_.hidden, c_.layers, blk_, c_.dp,
+    for (gpt_unit_spec& s : gpt_units("build_program", vocab_rows(), c_.positions, c_.hidden, c_.layers, blk_, c_.dp,
                                       norm_elements(), c_.tied)) {
       const std::size_t g = global++;
       if (c_.pp > 1) {
@@ -279,6 +302,7 @@ class gpt_lowering {
       u.shard = s.shard;
       u.no_decay = std::move(s.no_decay);
       u.replicated = std::move(s.replicated);
+      if (vp() && (u.name == "wte" || u.name == "lm_head")) u.replicated.clear();  // this rank's vocabulary rows
       units_.push_back(std::move(u));
     }
     if (c_.pp > 1) first_block_ = first_block_stage_;
@@ -342,7 +366,9 @@ class gpt_lowering {
       d.weight_begin = z >= 3 ? shard_begin(u) : 0;
       d.master_begin = z >= 1 ? shard_begin(u) : 0;
       const std::size_t gi = u.global;
-      if (u.name == "wte" || u.name == "wpe" || u.name == "lm_head") {
+      if (vp() && (u.name == "wte" || u.name == "lm_head")) {  // rows [vocab_begin, +vocab_rows) of [V, C]
+        d.init.push_back(normal(0, vocab_rows(), C, gi, vocab_begin(), 0, C, std_w));
+      } else if (u.name == "wte" || u.name == "wpe" || u.name == "lm_head") {
         d.init.push_back(normal(0, 1, u.elements, gi, 0, 0, 0, std_w));
       } else if (u.name == "lnf") {
         d.init.push_back(ones(0, C));
@@ -405,7 +431,55 @@ class gpt_lowering {
     if (c_.tp > 1) emit(ops::all_reduce{x, group::tp, reduce_op::sum});
   }
   void dropout_rows(const operand& x, const operand& mask, std::size_t site) {
-    emit(ops::dropout_fwd{x, mask, x, u32(c_.micro_batch), u32(c_.sequence * c_.hidden), c_.dropout, u32(site)});
+    emit(ops::dropout_fwd{x, mask, x, u32(c_.micro_batch), u32(c_.sequence * c_.hidden), c_.dropout, u32(site),
+                          row0() * c_.hidden});
+  }
+
+  // ---- sequence parallelism (Korthikanti et al. 2022, §4.2.2) ---------------------------------
+  /// The input of a column-parallel product: this rank's rows all-gathered over tp into a
+  /// communication buffer [N, C] (the plan's comm), or the operand itself without SP.
+  operand gathered_rows(const operand& x, const char* name) {
+    if (!sp()) return x;
+    operand g = transient(name, tokens() * c_.hidden, T_, category::comm_buffers);
+    emit(ops::all_gather{x, g, group::tp});
+    return g;
+  }
+  void release_rows(const operand& g, const operand& x) {
+    if (!(g == x)) pop(g);
+  }
+  /// The output of a row-parallel product: its [N, C] partial sums in a communication buffer,
+  /// reduce-scattered into `out` (this rank's rows) by finish_rows; without SP `out` itself,
+  /// all-reduced over tp.
+  operand partial_rows(const operand& out, const char* name) {
+    if (!sp()) return out;
+    return transient(name, tokens() * c_.hidden, T_, category::comm_buffers);
+  }
+  void finish_rows(const operand& partial, const operand& out) {
+    if (!sp()) {
+      tp_sum(out);
+      return;
+    }
+    emit(ops::reduce_scatter{partial, out, group::tp});
+    pop(partial);
+  }
+  /// Backward of a column-parallel product whose input `x` is this rank's rows: the weight
+  /// gradient from the re-gathered input, then the input gradient [N, C] written over that buffer
+  /// and reduce-scattered into `din` (Megatron's LinearWithGradAccumulationAndAsyncCommunication
+  /// with sequence_parallel: all-gather, grad input, reduce-scatter). Without SP: linear_bwd into
+  /// din, then the all-reduce over tp.
+  void column_parallel_bwd(const operand& din, const operand& dw, const operand& dbias, const operand& dout,
+                           const operand& x, const operand& w, std::uint32_t IC, std::uint32_t OC) {
+    const std::uint32_t n = u32(tokens());
+    if (!sp()) {
+      emit(ops::linear_bwd{din, dw, dbias, dout, x, w, n, IC, OC});
+      tp_sum(din);
+      return;
+    }
+    operand g = gathered_rows(x, "sp_gathered");
+    emit(ops::linear_bwd{operand{}, dw, dbias, dout, g, w, n, IC, OC});
+    emit(ops::linear_bwd{g, operand{}, operand{}, dout, g, w, n, IC, OC});
+    emit(ops::reduce_scatter{g, din, group::tp});
+    pop(g);
   }
 
   // ---- one block ------------------------------------------------------------------------------
@@ -434,11 +508,17 @@ class gpt_lowering {
     const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
     const std::size_t Q = local_qkv(), F1 = fc1_rows();
     const bool rms = c_.rms_norm, nb = norm_bias(), bias = c_.bias;
+    const std::size_t R = rows();  // residual-stream rows (N / tp under sequence parallelism)
+    const std::uint32_t nr = u32(R);
     block_saved s{};
-    s.ln1_out = push("ln1_out", N * C, T_, kind);
-    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), n, cc, rms});
+    s.ln1_out = push("ln1_out", R * C, T_, kind);
+    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), nr, cc, rms});
     s.qkv = push("qkv", N * Q, T_, kind);
-    emit(ops::linear_fwd{s.qkv, s.ln1_out, w_at(W, b.qkv_w, Q * C), b_at(W, b.qkv_b, Q, bias || c_.qkv_bias), n, cc, u32(Q)});
+    {
+      const operand in = gathered_rows(s.ln1_out, "sp_gathered");
+      emit(ops::linear_fwd{s.qkv, in, w_at(W, b.qkv_w, Q * C), b_at(W, b.qkv_b, Q, bias || c_.qkv_bias), n, cc, u32(Q)});
+      release_rows(in, s.ln1_out);
+    }
     rope(s.qkv, false);
     const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
     const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
@@ -455,31 +535,37 @@ class gpt_lowering {
     emit(ops::attention_fwd{s.atty, core, s.qkv, shape()});
     if (!lse_tmp.null()) pop(lse_tmp);
     if (!att_tmp.null()) pop(att_tmp);
-    if (drop) s.mask1 = push("dropout_mask", N * C, elem::u8, kind);
-    s.x_mid = push("residual", N * C, T_, kind);
+    if (drop) s.mask1 = push("dropout_mask", R * C, elem::u8, kind);
+    s.x_mid = push("residual", R * C, T_, kind);
     {
-      operand proj = transient("proj_out", N * C, T_, category::temporaries);
-      emit(ops::linear_fwd{proj, s.atty, w_at(W, b.proj_w, C * Wd), operand{}, n, wd, cc});
-      tp_sum(proj);
-      if (bias) emit(ops::bias_add{proj, w_at(W, b.proj_b, C), n, cc});
+      operand proj = transient("proj_out", R * C, T_, category::temporaries);
+      const operand part = partial_rows(proj, "sp_partial");
+      emit(ops::linear_fwd{part, s.atty, w_at(W, b.proj_w, C * Wd), operand{}, n, wd, cc});
+      finish_rows(part, proj);
+      if (bias) emit(ops::bias_add{proj, w_at(W, b.proj_b, C), nr, cc});
       if (drop) dropout_rows(proj, s.mask1, 2 * l);
       emit(ops::residual_add{s.x_mid, x_in, proj});
       pop(proj);
     }
-    s.ln2_out = push("ln2_out", N * C, T_, kind);
-    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), n, cc, rms});
+    s.ln2_out = push("ln2_out", R * C, T_, kind);
+    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms});
     s.fc1_out = push("fc1_out", N * F1, T_, kind);
-    emit(ops::linear_fwd{s.fc1_out, s.ln2_out, w_at(W, b.fc1_w, F1 * C), b_at(W, b.fc1_b, F1, bias), n, cc, u32(F1)});
+    {
+      const operand in = gathered_rows(s.ln2_out, "sp_gathered");
+      emit(ops::linear_fwd{s.fc1_out, in, w_at(W, b.fc1_w, F1 * C), b_at(W, b.fc1_b, F1, bias), n, cc, u32(F1)});
+      release_rows(in, s.ln2_out);
+    }
     s.gelu_out = push("gelu_out", N * F, T_, kind);
     emit(ops::activation_fwd{s.gelu_out, s.fc1_out, c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu,
                              n, f});
-    if (drop) s.mask2 = push("dropout_mask", N * C, elem::u8, kind);
-    s.x_out = x_out.null() ? push("residual", N * C, T_, kind) : x_out;
+    if (drop) s.mask2 = push("dropout_mask", R * C, elem::u8, kind);
+    s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
     {
-      operand fc2 = transient("fc2_out", N * C, T_, category::temporaries);
-      emit(ops::linear_fwd{fc2, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
-      tp_sum(fc2);
-      if (bias) emit(ops::bias_add{fc2, w_at(W, b.fc2_b, C), n, cc});
+      operand fc2 = transient("fc2_out", R * C, T_, category::temporaries);
+      const operand part = partial_rows(fc2, "sp_partial");
+      emit(ops::linear_fwd{part, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
+      finish_rows(part, fc2);
+      if (bias) emit(ops::bias_add{fc2, w_at(W, b.fc2_b, C), nr, cc});
       if (drop) dropout_rows(fc2, s.mask2, 2 * l + 1);
       emit(ops::residual_add{s.x_out, s.x_mid, fc2});
       pop(fc2);
@@ -507,6 +593,8 @@ class gpt_lowering {
     const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
     const std::size_t Q = local_qkv(), F1 = fc1_rows();
     const bool rms = c_.rms_norm, nb = norm_bias(), bias = c_.bias;
+    const std::size_t R = rows();
+    const std::uint32_t nr = u32(R);
     {  // MLP branch
       operand dfc2 = dres;
       if (drop) {
@@ -517,16 +605,19 @@ class gpt_lowering {
       // writes over it in place (the plan's 2·inner).
       operand dgelu = transient("grad_mlp_inner", N * F1, T_, category::temporaries);
       const operand dact = sub(dgelu, 0, N * F);
-      emit(ops::linear_bwd{dact, w_at(G, b.fc2_w, C * F), b_at(G, b.fc2_b, C, bias), dfc2, s.gelu_out,
-                           w_at(W, b.fc2_w, C * F), n, f, cc});
+      {  // under SP the row-parallel product's output gradient is all-gathered (the reduce-scatter's backward)
+        const operand g = gathered_rows(dfc2, "sp_gathered");
+        emit(ops::linear_bwd{dact, w_at(G, b.fc2_w, C * F), b_at(G, b.fc2_b, C, bias), g, s.gelu_out,
+                             w_at(W, b.fc2_w, C * F), n, f, cc});
+        release_rows(g, dfc2);
+      }
       if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, ops::activation_kind::swiglu, n, f});
       else emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
-      emit(ops::linear_bwd{slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, bias), dgelu, s.ln2_out,
-                           w_at(W, b.fc1_w, F1 * C), n, cc, u32(F1)});
+      column_parallel_bwd(slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, bias), dgelu, s.ln2_out,
+                          w_at(W, b.fc1_w, F1 * C), cc, u32(F1));
       pop(dgelu);
-      tp_sum(slot);
-      operand dnorm = transient("grad_norm_in", N * C, T_, category::temporaries);
-      emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), b_at(G, b.ln2_b, C, nb), slot, s.x_mid, w_at(W, b.ln2_w, C), n, cc, rms});
+      operand dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
+      emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), b_at(G, b.ln2_b, C, nb), slot, s.x_mid, w_at(W, b.ln2_w, C), nr, cc, rms});
       emit(ops::residual_add{dres, dres, dnorm});
       pop(dnorm);
     }
@@ -537,8 +628,12 @@ class gpt_lowering {
         dproj = slot;
       }
       operand datty = transient("grad_attention_out", N * Wd, T_, category::temporaries);
-      emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), b_at(G, b.proj_b, C, bias), dproj, s.atty,
-                           w_at(W, b.proj_w, C * Wd), n, wd, cc});
+      {
+        const operand g = gathered_rows(dproj, "sp_gathered");
+        emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), b_at(G, b.proj_b, C, bias), g, s.atty,
+                             w_at(W, b.proj_w, C * Wd), n, wd, cc});
+        release_rows(g, dproj);
+      }
       operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
       const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
       const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
@@ -555,13 +650,12 @@ class gpt_lowering {
       if (!out_tmp.null()) pop(out_tmp);
       if (!keeps_core()) pop(core);
       rope(dqkv, true);
-      emit(ops::linear_bwd{slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv, s.ln1_out,
-                           w_at(W, b.qkv_w, Q * C), n, cc, u32(Q)});
+      column_parallel_bwd(slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv, s.ln1_out,
+                          w_at(W, b.qkv_w, Q * C), cc, u32(Q));
       pop(dqkv);
       pop(datty);
-      tp_sum(slot);
-      operand dnorm = transient("grad_norm_in", N * C, T_, category::temporaries);
-      emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), b_at(G, b.ln1_b, C, nb), slot, x_in, w_at(W, b.ln1_w, C), n, cc, rms});
+      operand dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
+      emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), b_at(G, b.ln1_b, C, nb), slot, x_in, w_at(W, b.ln1_w, C), nr, cc, rms});
       emit(ops::residual_add{dres, dres, dnorm});
       pop(dnorm);
     }
@@ -578,14 +672,24 @@ class gpt_lowering {
     unit& head = c_.tied ? wte : units_[lnf_ + 1];  // the output layer's weights
     const bool nb = norm_bias(), rms = c_.rms_norm;
 
+    const std::size_t R = rows();  // residual-stream rows on this rank
+    const std::uint32_t nr = u32(R);
     operand emb_mask{};
-    if (drop) emb_mask = push("dropout_mask", N * C, elem::u8, category::activations);
-    operand x0 = push("residual", N * C, T_, category::activations);
+    if (drop) emb_mask = push("dropout_mask", R * C, elem::u8, category::activations);
+    operand x0 = push("residual", R * C, T_, category::activations);
     {
       auto we = use_weights(wte);
       weights_in_use pe{};
       if (wpe) pe = use_weights(*wpe);
-      emit(ops::embedding_fwd{x0, tok(), we.data, pe.data, u32(c_.micro_batch), u32(c_.sequence), cc});
+      if (!vp()) {
+        emit(ops::embedding_fwd{x0, tok(), we.data, pe.data, u32(c_.micro_batch), u32(c_.sequence), cc});
+      } else {  // this rank's vocabulary rows, summed over tp (reduce-scattered under SP), then the positions
+        const operand part = partial_rows(x0, "sp_partial");
+        emit(ops::embedding_fwd{part, tok(), we.data, operand{}, u32(c_.micro_batch), u32(c_.sequence), cc,
+                                u32(vocab_begin()), u32(vocab_rows())});
+        finish_rows(part, x0);
+        if (wpe) emit(ops::position_add{x0, pe.data, row0(), nr, u32(c_.sequence), cc});
+      }
       release(pe);
       release(we);
     }
@@ -600,7 +704,7 @@ class gpt_lowering {
     std::array<operand, 2> pair{};
     const bool need_pair = recompute_layers && seg > 1 && L > 1;
     if (need_pair)
-      for (auto& p : pair) p = transient("segment_residual", N * C, T_, category::temporaries);
+      for (auto& p : pair) p = transient("segment_residual", R * C, T_, category::temporaries);
     for (std::size_t l = 0; l < L; ++l) {
       unit& u = units_[first_block_ + l];
       if (!recompute_layers) {
@@ -610,7 +714,7 @@ class gpt_lowering {
         release(w);
         continue;
       }
-      operand out = kept(l) ? push("checkpoint", N * C, T_, category::activations) : pair[l % 2];
+      operand out = kept(l) ? push("checkpoint", R * C, T_, category::activations) : pair[l % 2];
       auto w = use_weights(u);
       block_saved s = block_forward(l, inputs[l], w.data);
       emit(ops::copy{out, s.x_out});
@@ -623,37 +727,60 @@ class gpt_lowering {
       for (std::size_t i = 2; i-- > 0;) pop(pair[i]);
 
     // Head: final norm, tied output layer, cross-entropy, and backward through them.
-    operand lnf_out = push("lnf_out", N * C, T_, category::activations);
+    operand lnf_out = push("lnf_out", R * C, T_, category::activations);
     {
       auto wl = use_weights(lnf);
-      emit(ops::norm_fwd{lnf_out, inputs[L], sub(wl.data, 0, C), nb ? sub(wl.data, C, C) : operand{}, n, cc, rms});
+      emit(ops::norm_fwd{lnf_out, inputs[L], sub(wl.data, 0, C), nb ? sub(wl.data, C, C) : operand{}, nr, cc, rms});
       release(wl);
     }
-    operand slot = transient("grad_slot", N * C, T_, category::temporaries);
+    operand slot = transient("grad_slot", R * C, T_, category::temporaries);
     {
       auto we = use_weights(head);
-      const std::size_t R = loss_rows();  // chunked: R rows of logits at a time, in place
-      operand logits = transient("logits", R * V, T_, category::temporaries);
-      operand gw = R == N ? operand{} : grad_buffer(head);
-      for (std::size_t r0 = 0; r0 < N; r0 += R) {
-        const std::size_t rows = std::min(R, N - r0);
-        const operand lg = sub(logits, 0, rows * V), h = sub(lnf_out, r0 * C, rows * C);
-        emit(ops::linear_fwd{lg, h, we.data, operand{}, u32(rows), cc, v});
-        emit(ops::loss{lg, R == N ? tgt() : tgt(r0, rows), u32(rows), v, u32(c_.grad_accum), scalars::loss_sum,
-                       R == N ? 0u : n});
-        if (R == N) gw = grad_buffer(head);  // unchunked: as the trainer, after the loss
-        emit(ops::linear_bwd{sub(slot, r0 * C, rows * C), gw, operand{}, lg, h, we.data, u32(rows), cc, v});
+      if (!vp() && !sp()) {
+        const std::size_t RL = loss_rows();  // chunked: R rows of logits at a time, in place
+        operand logits = transient("logits", RL * V, T_, category::temporaries);
+        operand gw = RL == N ? operand{} : grad_buffer(head);
+        for (std::size_t r0 = 0; r0 < N; r0 += RL) {
+          const std::size_t rows = std::min(RL, N - r0);
+          const operand lg = sub(logits, 0, rows * V), h = sub(lnf_out, r0 * C, rows * C);
+          emit(ops::linear_fwd{lg, h, we.data, operand{}, u32(rows), cc, v});
+          emit(ops::loss{lg, RL == N ? tgt() : tgt(r0, rows), u32(rows), v, u32(c_.grad_accum), scalars::loss_sum,
+                         RL == N ? 0u : n});
+          if (RL == N) gw = grad_buffer(head);  // unchunked: as the trainer, after the loss
+          emit(ops::linear_bwd{sub(slot, r0 * C, rows * C), gw, operand{}, lg, h, we.data, u32(rows), cc, v});
+        }
+        finish_grad(head, gw);
+        pop(logits);
+      } else {  // vocabulary- or sequence-parallel output (unchunked: build_program refuses a chunked one)
+        const operand in = gathered_rows(lnf_out, "sp_gathered");
+        const std::uint32_t vl = u32(vocab_rows());
+        operand logits = transient("logits", N * vocab_rows(), T_, category::temporaries);
+        emit(ops::linear_fwd{logits, in, we.data, operand{}, n, cc, vl});
+        if (vp()) emit(ops::vocab_parallel_loss{logits, tgt(), n, vl, u32(vocab_begin()), v, u32(c_.grad_accum)});
+        else emit(ops::loss{logits, tgt(), n, v, u32(c_.grad_accum)});
+        operand gw = grad_buffer(head);
+        if (!sp()) {
+          emit(ops::linear_bwd{slot, gw, operand{}, logits, lnf_out, we.data, n, cc, vl});
+          finish_grad(head, gw);
+          pop(logits);
+          if (vp()) tp_sum(slot);  // the input gradient is a partial sum over the vocabulary shards
+        } else {  // weight gradient from the gathered input, then the input gradient over it, reduce-scattered
+          emit(ops::linear_bwd{operand{}, gw, operand{}, logits, in, we.data, n, cc, vl});
+          emit(ops::linear_bwd{in, operand{}, operand{}, logits, in, we.data, n, cc, vl});
+          finish_grad(head, gw);
+          pop(logits);
+          emit(ops::reduce_scatter{in, slot, group::tp});
+          pop(in);
+        }
       }
-      finish_grad(head, gw);
-      pop(logits);
       release(we);
       if (!c_.tied) reduce_after_last_backward(head);
     }
-    operand dres = transient("grad_residual", N * C, T_, category::temporaries);
+    operand dres = transient("grad_residual", R * C, T_, category::temporaries);
     {
       auto wn = use_weights(lnf);
       operand gl = grad_buffer(lnf);
-      emit(ops::norm_bwd{dres, sub(gl, 0, C), nb ? sub(gl, C, C) : operand{}, slot, inputs[L], sub(wn.data, 0, C), n, cc,
+      emit(ops::norm_bwd{dres, sub(gl, 0, C), nb ? sub(gl, C, C) : operand{}, slot, inputs[L], sub(wn.data, 0, C), nr, cc,
                          rms});
       finish_grad(lnf, gl);
       release(wn);
@@ -704,7 +831,14 @@ class gpt_lowering {
     {
       operand gw = grad_buffer(wte);
       operand gp = wpe ? grad_buffer(*wpe) : operand{};
-      emit(ops::embedding_bwd{gw, gp, dres, tok(), u32(c_.micro_batch), u32(c_.sequence), cc});
+      if (!vp()) {
+        emit(ops::embedding_bwd{gw, gp, dres, tok(), u32(c_.micro_batch), u32(c_.sequence), cc});
+      } else {  // every token's gradient (all-gathered under SP): this rank's rows, and the whole wpe
+        const operand d = gathered_rows(dres, "sp_gathered");
+        emit(ops::embedding_bwd{gw, gp, d, tok(), u32(c_.micro_batch), u32(c_.sequence), cc, u32(vocab_begin()),
+                                u32(vocab_rows())});
+        release_rows(d, dres);
+      }
       if (wpe) finish_grad(*wpe, gp);
       finish_grad(wte, gw);
       if (wpe) reduce_after_last_backward(*wpe);
@@ -924,6 +1058,23 @@ class gpt_lowering {
     emit(ops::scalar_div{scalars::loss, static_cast<float>(c_.dp)});
     // Only the last stage computed a loss (the others' sum is zero): the sum over the stages is it.
     if (c_.pp > 1) emit(ops::all_reduce{scalars::slot(scalars::loss), group::pp, reduce_op::sum});
+    // Sequence parallelism: the norms ran on this rank's rows, so their weight gradients are
+    // partial sums over tp (Megatron's finalize_model_grads all-reduces the sequence-parallel
+    // parameters' gradients over the tensor-parallel group). Once per step: the sum is linear.
+    if (sp()) {
+      for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+        const unit& u = units_[ui];
+        element_ranges norms;
+        if (ui == lnf_) norms.push_back({0, u.elements});
+        else if (ui >= first_block_ && ui < lnf_) norms = {{blk_.ln1_w, blk_.qkv_w}, {blk_.ln2_w, blk_.fc1_w}};
+        const std::size_t lo = z >= 1 ? shard_begin(u) : 0, hi = z >= 1 ? lo + u.shard : u.elements;
+        const std::size_t grad_off = z >= 2 ? lo : 0;
+        for (const auto& [b, e] : norms) {
+          const std::size_t from = std::max(b, lo), to = std::min(e, hi);
+          if (from < to) emit(ops::all_reduce{sub(u.grad, from - grad_off, to - from), group::tp, reduce_op::sum});
+        }
+      }
+    }
     // Gradient norm over the owned elements, in unit then element order.
     for (const unit& u : units_) {
       const std::size_t lo = z >= 1 ? shard_begin(u) : 0, hi = z >= 1 ? lo + u.shard : u.elements;

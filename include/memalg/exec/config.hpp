@@ -27,6 +27,9 @@ struct gpt_config {
   std::size_t dp = 1, tp = 1;
   std::size_t pp = 1;  ///< pipeline stages (1F1B; the blocks split as the planner splits them)
   int zero_stage = 0;
+  // tensor-parallel layout (the step program's; the reference gpt_trainer replicates the embeddings)
+  bool vocab_parallel = false;     ///< tp > 1: embedding rows, logits and loss split by vocabulary (Megatron)
+  bool sequence_parallel = false;  ///< tp > 1: norms, dropout and residuals on this rank's tokens (needs vocab_parallel)
   // precision and optimizer
   bool master_weights = false;  ///< fp32 master copy (mixed precision)
   bool loss_scaling = false;    ///< dynamic loss scaling (fp16)

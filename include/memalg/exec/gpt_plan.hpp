@@ -3,10 +3,12 @@
 // and backend-neutral.
 //
 // `runtime_gpt<Config>` is the model the runtimes train, as a model type: the decoder-only
-// `transformer_lm` of Config (model/transformer.hpp) with the runtime's one convention that the
-// generic builder does not assume — under tensor parallelism the token and position embeddings
-// and the tied output layer are replicated, not vocabulary-parallel (the reference cross-entropy
-// is not distributed). A plan over that model describes exactly what the trainer allocates.
+// `transformer_lm` of Config (model/transformer.hpp) as the planner builds it — under tensor
+// parallelism the token embedding and the tied output layer are vocabulary-parallel (Megatron's
+// layout: the step program's vocabulary-parallel embedding and cross-entropy), the position
+// embedding replicated. `runtime_gpt_replicated<Config>` is the layout of the fixed trainers
+// (backend/cpu/gpt_trainer.hpp, the reference the program is checked against): embeddings and tied output replicated. A plan over
+// either describes exactly what its runtime allocates.
 //
 // The rules say which plans a runtime implements (find_runtime_issue, find_cpu_runtime_issue; the
 // sentences are exec/runtime_issues.hpp's); gpt_config_of is the trainer's configuration of a plan
@@ -26,8 +28,13 @@
 
 namespace memalg::exec {
 
-/// The CPU runtime's GPT as a model descriptor: transformer_lm with replicated embeddings.
-constexpr model_desc runtime_gpt_model(const lm_config& c) {
+/// The CPU runtime's GPT as a model descriptor: transformer_lm, vocabulary-parallel under tensor
+/// parallelism (the planner's default).
+constexpr model_desc runtime_gpt_model(const lm_config& c) { return transformer_lm(c); }
+
+/// The fixed trainers' GPT: transformer_lm with replicated embeddings and tied output (their
+/// cross-entropy is not distributed).
+constexpr model_desc runtime_gpt_replicated_model(const lm_config& c) {
   model_desc m = transformer_lm(c);
   for (std::size_t i = 0; i < m.size; ++i) {
     layer_desc& l = m.entries[i];
@@ -43,6 +50,18 @@ struct runtime_gpt {
   static constexpr lm_config config = Config::value;
   static constexpr model_desc value = runtime_gpt_model(config);
 };
+template <class Config>
+struct runtime_gpt_replicated {
+  static constexpr lm_config config = Config::value;
+  static constexpr model_desc value = runtime_gpt_replicated_model(config);
+};
+
+/// Whether a model's output layer (and so its tied embedding) is vocabulary-parallel under tp.
+constexpr bool vocab_parallel_output(const model_desc& m) {
+  for (std::size_t i = 0; i < m.size; ++i)
+    if (m.entries[i].kind == layer_kind::output) return (m.entries[i].shape.flags & layer_flags::vocab_replicated) == 0;
+  return false;
+}
 
 /// The first reason the CPU runtime cannot run a configuration (runtime_issue::none if it can).
 constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
@@ -89,7 +108,9 @@ constexpr bool llama_style(const lm_config& c) {
 /// mixed-bf16 or amp-fp16, on any data- and tensor-parallel mesh it allows), flash attention when
 /// the key/value heads are fewer than the heads, rotary positions over an even number of each head's dimensions
 /// (positions == 0; rotary_dim 0 for all, else even and at most the head width), no mixture of
-/// experts, parallel residual or shared norm.
+/// experts, parallel residual or shared norm. Under tensor parallelism the vocabulary divides by tp
+/// (the vocabulary-parallel embedding), and sequence parallelism (the step program's: GPT-2-style
+/// fp32 plans) takes no selective recomputation.
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m);
 
 
@@ -120,7 +141,19 @@ constexpr runtime_issue find_cpu_pipeline_issue(const lm_config& c, const traini
 
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
   if (m.pp > 1) return find_cpu_pipeline_issue(c, t, m);
-  if (!llama_style(c)) return find_runtime_issue(c, t, m);
+  const precision_policy& p = t.precision;
+  const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
+  if (!llama_style(c)) {
+    mesh_desc without_sp = m;  // the step program implements it; find_runtime_issue is the CUDA runtime's too
+    without_sp.sequence_parallel = false;
+    const runtime_issue rest = find_runtime_issue(c, t, without_sp);
+    if (rest != runtime_issue::none) return rest;
+    if (m.tp > 1 && c.vocab % m.tp != 0) return runtime_issue::vocab;
+    if (m.sequence_parallel && (t.recompute == recompute_kind::selective || !fp32)) return runtime_issue::sequence_parallel;
+    return runtime_issue::none;
+  }
+  if (m.sequence_parallel) return runtime_issue::sequence_parallel;
+  if (m.tp > 1 && c.vocab % m.tp != 0) return runtime_issue::vocab;
   lm_config g = c;  // the rest of the rule on the GPT-2 block of the same shape
   g.rms_norm = false;
   g.gated = false;
@@ -148,8 +181,25 @@ template <class C>
 struct config_of<runtime_gpt<C>> {
   static constexpr lm_config value = C::value;
 };
+template <class C>
+struct config_of<runtime_gpt_replicated<C>> {
+  static constexpr lm_config value = C::value;
+};
 
 }  // namespace detail
+
+/// The CPU runtime's rule for a plan: find_cpu_runtime_issue, and a chunked loss only on a
+/// replicated output layer (the program chunks the unsharded head: exec/build_program.hpp).
+template <class Plan>
+constexpr runtime_issue find_cpu_plan_issue() {
+  constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
+  const runtime_issue i = find_cpu_runtime_issue(c, Plan::training, Plan::mesh);
+  if (i != runtime_issue::none) return i;
+  if (c.loss_chunk != 0 && Plan::mesh.tp > 1 &&
+      (Plan::mesh.sequence_parallel || vocab_parallel_output(Plan::model_type::value)))
+    return runtime_issue::chunked;
+  return runtime_issue::none;
+}
 
 /// The trainer's runtime configuration for a plan over runtime_gpt<Config>.
 template <class Plan>
@@ -183,6 +233,8 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.tp = m.tp;
   g.pp = m.pp;
   g.zero_stage = m.zero_stage;
+  g.vocab_parallel = m.tp > 1 && vocab_parallel_output(Plan::model_type::value);
+  g.sequence_parallel = m.sequence_parallel;
   g.master_weights = !t.precision.master_weights.is_none();
   g.loss_scaling = t.precision.weights == dtypes::fp16;
   g.optimizer = t.optimizer.kind;

@@ -31,6 +31,7 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
   if (!fp32 && !mixed_bf16) return runtime_issue::precision;
   if (m.pp != 1) return runtime_issue::mesh;  // the CUDA backend has no point-to-point ops yet
+  if (m.sequence_parallel) return runtime_issue::sequence_parallel;  // nor the sequence-parallel ones
   if (llama_style(c)) {  // the CPU runtime's rule for the step program's block variants
     const runtime_issue variant = find_cpu_runtime_issue(c, t, m);
     if (variant != runtime_issue::none) return variant;
@@ -43,13 +44,25 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   return runtime_issue::none;
 }
 
+/// The CUDA runtime's rule for a plan: find_cuda_runtime_issue, and under tensor parallelism
+/// replicated embeddings (a plan over runtime_gpt_replicated): the CUDA backend has no
+/// vocabulary-parallel ops yet.
+template <class Plan>
+constexpr runtime_issue find_cuda_plan_issue() {
+  constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
+  const runtime_issue i = find_cuda_runtime_issue(c, Plan::training, Plan::mesh);
+  if (i != runtime_issue::none) return i;
+  if (Plan::mesh.tp > 1 && vocab_parallel_output(Plan::model_type::value)) return runtime_issue::vocab;
+  return runtime_issue::none;
+}
+
 /// The host side of the CUDA trainer a plan instantiates: `value` is true, and it does not compile
 /// for a plan that does not fit (require_fits) or that the CUDA runtime does not implement (the
 /// static_assert carries describe_cuda's sentence after "gpt_run_cuda: "). Plain g++ compiles it.
 template <class Plan>
 struct gpt_run_cuda_check {
   static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
-  static constexpr cuda_runtime_issue issue = find_cuda_runtime_issue(model_config, Plan::training, Plan::mesh);
+  static constexpr cuda_runtime_issue issue = find_cuda_plan_issue<Plan>();
   static_assert(detail::cuda_runtime_check<issue>::value, "gpt_run_cuda: the CUDA runtime does not implement this plan");
   static_assert(require_fits<Plan>());
   static constexpr bool value = true;

@@ -91,9 +91,15 @@ enum class when : std::uint8_t { always, last_micro, unless_skipped };
 enum class group : std::uint8_t { dp, tp, pp };
 
 namespace ops {  // one struct per operation: operands first, then shapes
-// Token (+ position) embedding; backward accumulates into dwte / dwpe.
-struct embedding_fwd { operand out, tok, wte, wpe; std::uint32_t B, S, C; };
-struct embedding_bwd { operand dwte, dwpe, dout, tok; std::uint32_t B, S, C; };
+// Token (+ position) embedding; backward accumulates into dwte / dwpe. vocab_rows != 0: the
+// vocabulary-parallel lookup — wte holds rows [vocab_begin, vocab_begin + vocab_rows) of the
+// vocabulary, other tokens write zero (forward, wpe null: the positions are a position_add after
+// the tensor-parallel sum) and add nothing (backward, which still accumulates dwpe when given).
+struct embedding_fwd { operand out, tok, wte, wpe; std::uint32_t B, S, C; std::uint32_t vocab_begin = 0, vocab_rows = 0; };
+struct embedding_bwd { operand dwte, dwpe, dout, tok; std::uint32_t B, S, C; std::uint32_t vocab_begin = 0, vocab_rows = 0; };
+// x[N, C] += wpe[(row0 + n) % S]: the replicated position embedding of N token rows that start at
+// flat row row0 of the micro-batch (a sequence-parallel rank's rows).
+struct position_add { operand x, wpe; std::uint64_t row0; std::uint32_t N, S, C; };
 // LayerNorm over rows of C; the statistics are backend scratch, recomputed from `in` in backward
 // (the plan keeps only the norm's input). Backward writes din and accumulates dw, db.
 // rms: RMSNorm (no bias, no mean; its rstd is recomputed from `in` too).
@@ -118,7 +124,9 @@ struct activation_bwd { operand din, dout, in; activation_kind k = activation_ki
 // Per sequence b of `rows`: mask and out over row_len elements; the seed comes from the step,
 // micro-batch, dp rank, site and sequence (program::seed), so masks agree on every split and
 // in recomputation.
-struct dropout_fwd { operand out, mask, in; std::uint32_t rows, row_len; float p; std::uint32_t site; };
+// offset: out[0] is element `offset` of the rows × row_len (a sequence-parallel rank's part; the
+// operands then hold fewer than rows × row_len elements), so each element keeps its one-rank mask.
+struct dropout_fwd { operand out, mask, in; std::uint32_t rows, row_len; float p; std::uint32_t site; std::uint64_t offset = 0; };
 struct dropout_bwd { operand din, dout, mask; float p; };
 struct residual_add { operand out, a, b; };  ///< out = a + b, rounded once (out may alias a)
 struct bias_add { operand x, bias; std::uint32_t N, C; };  ///< x[N, C] += bias[C]
@@ -130,6 +138,15 @@ struct loss {
   std::uint32_t N, V, grad_accum;
   std::uint64_t acc = scalars::loss_sum;
   std::uint32_t rows_total = 0;
+};
+// Vocabulary-parallel cross-entropy (Megatron-LM's vocab_parallel_cross_entropy): logits [N, V]
+// are columns [vocab_begin, vocab_begin + V) of a vocabulary of `vocab`; the backend all-reduces
+// the row max, Σexp and the target logit over group g, then as `loss`.
+struct vocab_parallel_loss {
+  operand logits, targets;
+  std::uint32_t N, V, vocab_begin, vocab, grad_accum;
+  std::uint64_t acc = scalars::loss_sum;
+  group g = group::tp;
 };
 struct loss_mean { std::uint32_t grad_accum; };  ///< scalars::loss = float(loss_sum / grad_accum)
 struct scalar_div { std::uint64_t slot; float by; };  ///< slot /= by
@@ -161,7 +178,8 @@ using op_body =
                  ops::attention_fwd, ops::attention_bwd, ops::rotary_fwd, ops::rotary_bwd, ops::activation_fwd, ops::activation_bwd, ops::dropout_fwd,
                  ops::dropout_bwd, ops::residual_add, ops::bias_add, ops::loss, ops::loss_mean, ops::scalar_div,
                  ops::zero, ops::copy, ops::sqnorm, ops::norm_parts, ops::clip_scale, ops::optimizer_update,
-                 ops::all_reduce, ops::reduce_scatter, ops::all_gather, ops::send, ops::recv>;
+                 ops::all_reduce, ops::reduce_scatter, ops::all_gather, ops::send, ops::recv,
+                 ops::position_add, ops::vocab_parallel_loss>;
 
 struct op {
   op_body body;

@@ -612,6 +612,13 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
       // memalg's runtime also keeps the embeddings' output (the first residual) until its
       // embedding backward has run (backend/cpu/gpt_trainer.hpp pops it last).
       r.backward_temporary = c.reference() ? gradients + hidden_input : hidden_input;
+      // memalg's runtime under sequence parallelism: a vocabulary-parallel lookup writes every
+      // token's row (zero outside the rank's vocabulary) before its reduce-scatter to the rank's
+      // tokens, and its backward all-gathers the arriving gradient back to every token — one
+      // [b·s, h] buffer each way (Megatron-LM's VocabParallelEmbedding followed by
+      // scatter_to_sequence_parallel_region, whose backward is the all-gather).
+      if (c.reference() && c.sp && l.kind == layer_kind::embedding && l.tp_replicated_params != l.params)
+        r.comm = a.values_per_token(s.hidden);
       break;
     case layer_kind::layernorm:
     case layer_kind::rmsnorm:

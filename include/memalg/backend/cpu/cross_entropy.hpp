@@ -12,6 +12,16 @@
 // chunk does exactly what the unchunked path (linear_forward → cross_entropy_* → linear_backward)
 // does, with logits and dlogits rounded to T, and dwte is accumulated over all chunks in
 // accum_t<T> and rounded once — so chunked and unchunked results agree.
+//
+// Vocabulary-parallel (Megatron-LM's vocab_parallel_cross_entropy, megatron/core/tensor_parallel/
+// cross_entropy.py): each tensor-parallel rank holds the logits of columns [vocab_begin,
+// vocab_begin + V) of the whole vocabulary. Per row, three all-reduces over the ranks give the
+// global max (op max), Σ exp(logit − max) and the target's logit (op sum: the one rank that holds
+// the target contributes it, the others zero); then loss = log Σ + max − logit[target] and the
+// logits become their gradient in place, (exp(logit − max)/Σ − onehot)·dloss/N. The steps are
+// separate functions so that a caller puts its collectives between them:
+//   vocab_parallel_ce_max → all-reduce max → vocab_parallel_ce_partials → all-reduce sum of
+//   {Σexp, target logit} → vocab_parallel_ce_finish.
 #pragma once
 
 #include <algorithm>
@@ -92,6 +102,56 @@ template <storage_type T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             accum_t<T> dloss, std::size_t N, std::size_t V) {
   detail::cross_entropy_grad_rows(dlogits, logits, targets, dloss / static_cast<accum_t<T>>(N), N, V);
+}
+
+/// Per row of this rank's logits[N, V]: the largest logit (to be max-reduced over the ranks).
+template <storage_type T>
+void vocab_parallel_ce_max(accum_t<T>* row_max, const T* logits, std::size_t N, std::size_t V) {
+  for (std::size_t n = 0; n < N; ++n) {
+    const T* row = logits + n * V;
+    accum_t<T> mx = to_float(row[0]);
+    for (std::size_t v = 1; v < V; ++v) mx = std::max(mx, to_float(row[v]));
+    row_max[n] = mx;
+  }
+}
+
+/// Per row, with the global max: parts[2n] = Σ_v exp(logit − max) over this rank's columns and
+/// parts[2n + 1] = the target's logit if this rank holds it, else 0 (both to be sum-reduced).
+/// targets are indices into the whole vocabulary of `vocab` columns.
+template <storage_type T>
+void vocab_parallel_ce_partials(accum_t<T>* parts, const T* logits, const accum_t<T>* row_max,
+                                const std::int32_t* targets, std::size_t vocab_begin, std::size_t N, std::size_t V,
+                                std::size_t vocab) {
+  using A = accum_t<T>;
+  for (std::size_t n = 0; n < N; ++n) {
+    const T* row = logits + n * V;
+    A sum = 0;
+    for (std::size_t v = 0; v < V; ++v) sum += std::exp(to_float(row[v]) - row_max[n]);
+    const std::size_t t = detail::checked_target(targets[n], vocab);
+    parts[2 * n] = sum;
+    parts[2 * n + 1] = t >= vocab_begin && t < vocab_begin + V ? to_float(row[t - vocab_begin]) : A(0);
+  }
+}
+
+/// With the reduced max and parts: loss[N] per row (returns their mean) and the logits replaced by
+/// their gradient for this rank's columns, dloss the gradient of the mean loss.
+template <storage_type T>
+accum_t<T> vocab_parallel_ce_finish(accum_t<T>* loss, T* logits, const accum_t<T>* row_max, const accum_t<T>* parts,
+                                    const std::int32_t* targets, std::size_t vocab_begin, accum_t<T> dloss,
+                                    std::size_t N, std::size_t V) {
+  using A = accum_t<T>;
+  const A g = dloss / static_cast<A>(N);
+  for (std::size_t n = 0; n < N; ++n) {
+    const A lse = row_max[n] + std::log(parts[2 * n]);
+    loss[n] = lse - parts[2 * n + 1];
+    T* row = logits + n * V;
+    const std::size_t t = static_cast<std::size_t>(targets[n]);
+    for (std::size_t v = 0; v < V; ++v) {
+      const A p = std::exp(to_float(row[v]) - lse);
+      row[v] = from_float<T>((p - (vocab_begin + v == t ? A(1) : A(0))) * g);
+    }
+  }
+  return detail::mean_of(loss, N);
 }
 
 /// Chunked tied lm-head + CE forward: loss[N] per row, returns the mean. R = rows per chunk.

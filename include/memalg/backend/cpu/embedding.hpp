@@ -7,6 +7,13 @@
 // Several rows can hit the same vocabulary row (and every batch hits the same position row), so the
 // backward gathers all contributions to one parameter row in the accumulation type and rounds the
 // result to T once, as docs/kernels.md requires, instead of rounding after every addition.
+//
+// Vocabulary-parallel (Megatron-LM's VocabParallelEmbedding, Shoeybi et al. 2019, §3): a rank
+// holds rows [vocab_begin, vocab_begin + rows) of wte. Its forward writes the rows of in-range
+// tokens and zero elsewhere (the sum over the tensor-parallel ranks is the full lookup); its
+// backward accumulates the gradients of in-range tokens into its rows only. The replicated
+// position embedding is added after that sum (position_add, at row offset row0 of the sequence
+// split under sequence parallelism).
 #pragma once
 
 #include <algorithm>
@@ -73,6 +80,57 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tok
       }
       for (std::size_t c = 0; c < C; ++c) row[c] = from_float<T>(acc[c]);
     }
+  }
+}
+
+/// out[N, C]: wte_part[tok[n] − vocab_begin, :] for tokens in [vocab_begin, vocab_begin + rows),
+/// zero for the others. wte_part[rows, C] is this rank's slice of the vocabulary.
+template <storage_type T>
+void embedding_forward_vocab_range(T* out, const std::int32_t* tok, const T* wte_part, std::size_t vocab_begin,
+                                   std::size_t rows, std::size_t N, std::size_t C) {
+  for (std::size_t n = 0; n < N; ++n) {
+    if (tok[n] < 0) throw std::out_of_range("embedding_forward_vocab_range: negative token id");
+    const std::size_t t = static_cast<std::size_t>(tok[n]);
+    const bool mine = t >= vocab_begin && t < vocab_begin + rows;
+    const T* e = mine ? wte_part + (t - vocab_begin) * C : nullptr;
+    for (std::size_t c = 0; c < C; ++c) out[n * C + c] = mine ? e[c] : from_float<T>(accum_t<T>(0));
+  }
+}
+
+/// dwte_part[rows, C] += the gradients of the tokens in [vocab_begin, vocab_begin + rows), grouped
+/// by token and rounded once per row as embedding_backward does; dout[N, C].
+template <storage_type T>
+void embedding_backward_vocab_range(T* dwte_part, const T* dout, const std::int32_t* tok, std::size_t vocab_begin,
+                                    std::size_t rows, std::size_t N, std::size_t C) {
+  using A = accum_t<T>;
+  std::vector<std::size_t> order;
+  for (std::size_t n = 0; n < N; ++n) {
+    if (tok[n] < 0) throw std::out_of_range("embedding_backward_vocab_range: negative token id");
+    const std::size_t t = static_cast<std::size_t>(tok[n]);
+    if (t >= vocab_begin && t < vocab_begin + rows) order.push_back(n);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tok[a] < tok[b]; });
+  std::vector<A> acc(C);
+  for (std::size_t i = 0; i < order.size();) {
+    T* row = dwte_part + (static_cast<std::size_t>(tok[order[i]]) - vocab_begin) * C;
+    for (std::size_t c = 0; c < C; ++c) acc[c] = to_float(row[c]);
+    std::size_t j = i;
+    for (; j < order.size() && tok[order[j]] == tok[order[i]]; ++j) {
+      const T* g = dout + order[j] * C;
+      for (std::size_t c = 0; c < C; ++c) acc[c] += to_float(g[c]);
+    }
+    for (std::size_t c = 0; c < C; ++c) row[c] = from_float<T>(acc[c]);
+    i = j;
+  }
+}
+
+/// x[N, C] += wpe[(row0 + n) % S, :], rounded once per element: the position embedding of rows
+/// that start at flat token row0 of a micro-batch of sequences of S tokens.
+template <storage_type T>
+void position_add(T* x, const T* wpe, std::size_t row0, std::size_t N, std::size_t S, std::size_t C) {
+  for (std::size_t n = 0; n < N; ++n) {
+    const T* p = wpe + ((row0 + n) % S) * C;
+    for (std::size_t c = 0; c < C; ++c) x[n * C + c] = from_float<T>(to_float(x[n * C + c]) + to_float(p[c]));
   }
 }
 

@@ -46,15 +46,18 @@ class gpt_run {
   /// The step program of the plan on the CPU step backend (exec/program_trainer.hpp).
   using trainer = program_trainer<backend::cpu::step_backend<storage, Comm>>;
   /// The fixed CPU trainer the program is checked against, bit for bit (backend/cpu/gpt_trainer.hpp);
-  /// GPT-2-style plans only (it ignores gpt_config's block variant: see llama_style).
+  /// GPT-2-style plans only (it ignores gpt_config's block variant: see llama_style), with
+  /// replicated embeddings (tp plans over runtime_gpt_replicated) and no sequence parallelism.
   using reference_trainer = gpt_trainer<storage, Comm>;
 
   static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
-  static constexpr runtime_issue issue = find_cpu_runtime_issue(model_config, Plan::training, Plan::mesh);
+  static constexpr runtime_issue issue = find_cpu_plan_issue<Plan>();
   static_assert(detail::runtime_check<issue>::value, "gpt_run: the CPU runtime does not implement this plan");
   static_assert(require_fits<Plan>());
 
   static constexpr gpt_config config = gpt_config_of<Plan>(model_config);
+  static_assert(!config.sequence_parallel || config.vocab_parallel,
+                "gpt_run: sequence parallelism needs the vocabulary-parallel model (runtime_gpt, not runtime_gpt_replicated)");
   static constexpr arena_sizes arena = planned_arena<Plan>();
   /// The arena of pipeline stage `stage` (`arena` is the most loaded stage's).
   static constexpr arena_sizes stage_arena(std::size_t stage) { return planned_stage_arena<Plan>(stage); }

@@ -78,6 +78,27 @@ void dropout_rows(T* out, std::uint8_t* mask, const T* in, std::size_t rows, std
                     dropout_seed(seed, site, first_sequence + b));
 }
 
+/// The same masks for a contiguous part of those rows: elements [offset, offset + n) of the rows ×
+/// row_len elements (a sequence-parallel rank's token rows). Element g of sequence g / row_len
+/// draws index g % row_len of that sequence's stream, so every split draws the one-rank mask.
+template <storage_type T>
+void dropout_rows_range(T* out, std::uint8_t* mask, const T* in, std::size_t n, std::size_t row_len,
+                        std::size_t offset, float p, std::uint64_t seed, std::uint64_t site,
+                        std::uint64_t first_sequence) {
+  using A = accum_t<T>;
+  const A keep_prob = A(1) - static_cast<A>(p);
+  for (std::size_t k = 0; k < n;) {
+    const std::size_t g = offset + k, b = g / row_len;
+    const std::uint64_t s = dropout_seed(seed, site, first_sequence + b);
+    const std::size_t end = std::min(n, (b + 1) * row_len - offset);  // the rest of this sequence
+    for (; k < end; ++k) {
+      const bool keep = dropout_keep(s, (offset + k) % row_len, p);
+      out[k] = from_float<T>(keep ? to_float(in[k]) / keep_prob : A(0));
+      mask[k] = keep ? 1 : 0;
+    }
+  }
+}
+
 /// stddev · N(0, 1) for element `index` of tensor `tensor`: identical on any split of the tensor.
 inline float init_normal(std::uint64_t seed, std::uint64_t tensor, std::uint64_t index, float stddev) {
   const std::uint64_t s = splitmix64(seed ^ (tensor * 0x9E3779B97F4A7C15ULL));

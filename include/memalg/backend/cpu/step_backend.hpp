@@ -149,10 +149,29 @@ class step_backend {
 
   // ---- ops ------------------------------------------------------------------------------------
   void operator()(const exec::ops::embedding_fwd& o, exec::run_state& s) {
+    if (o.vocab_rows != 0) {
+      if (!o.wpe.null()) fail("embedding_fwd: a vocabulary-parallel lookup adds its positions after the sum");
+      if (o.wte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_fwd: wte is not [vocab_rows, C]");
+      embedding_forward_vocab_range(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), o.vocab_begin, o.vocab_rows,
+                                    std::size_t{o.B} * o.S, o.C);
+      return;
+    }
     embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C);
   }
   void operator()(const exec::ops::embedding_bwd& o, exec::run_state& s) {
+    if (o.vocab_rows != 0) {
+      if (o.dwte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_bwd: dwte is not [vocab_rows, C]");
+      embedding_backward_vocab_range(ptr<T>(o.dwte), cptr<T>(o.dout), ids(o.tok, s), o.vocab_begin, o.vocab_rows,
+                                     std::size_t{o.B} * o.S, o.C);
+      if (!o.dwpe.null()) embedding_backward(static_cast<T*>(nullptr), ptr<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C);
+      return;
+    }
     embedding_backward(ptr<T>(o.dwte), ptr<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C);
+  }
+  void operator()(const exec::ops::position_add& o, exec::run_state&) {
+    if (o.x.count != std::size_t{o.N} * o.C || o.wpe.count < std::size_t{o.S} * o.C)
+      fail("position_add: x is not [N, C] or wpe has fewer than S rows");
+    cpu::position_add(ptr<T>(o.x), cptr<T>(o.wpe), o.row0, o.N, o.S, o.C);
   }
   void operator()(const exec::ops::norm_fwd& o, exec::run_state&) {
     stats(o.N);
@@ -239,8 +258,16 @@ class step_backend {
   }
   void operator()(const exec::ops::dropout_fwd& o, exec::run_state& s) {
     const std::size_t n = std::size_t{o.rows} * o.row_len;
-    if (o.out.count != n || o.in.count != n || o.mask.count != n) fail("dropout_fwd: operand sizes do not match rows × row_len");
+    if (o.offset == 0 && o.out.count == n && (o.in.count != n || o.mask.count != n))
+      fail("dropout_fwd: operand sizes do not match rows × row_len");
     const std::uint64_t first = dropout_global_sequence(s.step, grad_accum_, s.micro, micro_batch_, dp_size_, dp_rank_, 0);
+    if (o.offset != 0 || o.out.count != n) {  // a sequence-parallel part of the rows
+      if (o.in.count != o.out.count || o.mask.count != o.out.count || o.offset + o.out.count > n)
+        fail("dropout_fwd: the part lies outside rows × row_len or its operands differ in size");
+      dropout_rows_range(ptr<T>(o.out), ptr<std::uint8_t>(o.mask), cptr<T>(o.in), o.out.count, o.row_len, o.offset, o.p,
+                         hp_.seed, o.site, first);
+      return;
+    }
     dropout_rows(ptr<T>(o.out), ptr<std::uint8_t>(o.mask), cptr<T>(o.in), o.rows, o.row_len, o.p, hp_.seed, o.site, first);
   }
   void operator()(const exec::ops::dropout_bwd& o, exec::run_state&) {
@@ -269,6 +296,22 @@ class step_backend {
     const A share = static_cast<A>(o.N) / static_cast<A>(o.rows_total);
     cross_entropy_backward(logits, logits, tgt, dloss * share, o.N, o.V);
     scalar(o.acc) += loss * share;
+  }
+  void operator()(const exec::ops::vocab_parallel_loss& o, exec::run_state& s) {
+    if (o.logits.count != std::size_t{o.N} * o.V || o.targets.count != o.N) fail("vocab_parallel_loss: logits are not [N, V]");
+    Comm& c = group(o.g);
+    token_losses_.resize(o.N);
+    row_max_.resize(o.N);
+    ce_parts_.resize(2 * std::size_t{o.N});
+    T* logits = ptr<T>(o.logits);
+    const std::int32_t* tgt = ids(o.targets, s);
+    vocab_parallel_ce_max(row_max_.data(), logits, o.N, o.V);
+    c.all_reduce(row_max_.data(), row_max_.size(), exec::reduce_op::max);
+    vocab_parallel_ce_partials(ce_parts_.data(), logits, row_max_.data(), tgt, o.vocab_begin, o.N, o.V, o.vocab);
+    c.all_reduce(ce_parts_.data(), ce_parts_.size(), exec::reduce_op::sum);
+    const A dloss = loss_scale() / static_cast<A>(o.grad_accum);
+    scalar(o.acc) += vocab_parallel_ce_finish(token_losses_.data(), logits, row_max_.data(), ce_parts_.data(), tgt,
+                                              o.vocab_begin, dloss, o.N, o.V);
   }
   void operator()(const exec::ops::loss_mean& o, exec::run_state&) {
     scalars_[exec::scalars::loss] = static_cast<float>(static_cast<A>(scalars_[exec::scalars::loss_sum]) / static_cast<A>(o.grad_accum));
@@ -546,7 +589,7 @@ class step_backend {
   bool loss_scaling_;
   std::span<const std::int32_t> tokens_, targets_;
   std::vector<float> scalars_ = std::vector<float>(exec::scalars::count, 0.0f);
-  std::vector<A> mean_, rstd_, token_losses_;
+  std::vector<A> mean_, rstd_, token_losses_, row_max_, ce_parts_;  // O(tokens) scratch outside the plan
   dynamic_loss_scaler scaler_{};
   std::size_t step_ = 0, updates_ = 0;
   std::uint64_t counters_[2] = {0, 0};

@@ -45,7 +45,7 @@ class gpt_run {
 
   static constexpr lm_config model_config = exec::detail::config_of<typename Plan::model_type>::value;
   static constexpr exec::cuda_runtime_issue issue =
-      exec::find_cuda_runtime_issue(model_config, Plan::training, Plan::mesh);
+      exec::find_cuda_plan_issue<Plan>();
   static_assert(exec::detail::cuda_runtime_check<issue>::value, "gpt_run_cuda: the CUDA runtime does not implement this plan");
   static_assert(::memalg::require_fits<Plan>());
 

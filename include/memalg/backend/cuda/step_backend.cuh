@@ -291,9 +291,11 @@ class step_backend {
 
   // ---- ops ------------------------------------------------------------------------------------
   void operator()(const exec::ops::embedding_fwd& o, exec::run_state& s) {
+    if (o.vocab_rows != 0) fail("embedding_fwd: the CUDA backend has no vocabulary-parallel lookup yet");
     embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, stream());
   }
   void operator()(const exec::ops::embedding_bwd& o, exec::run_state& s) {
+    if (o.vocab_rows != 0) fail("embedding_bwd: the CUDA backend has no vocabulary-parallel lookup yet");
     embedding_backward(ptr<T>(o.dwte), ptr<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C, sort_keys_,
                        sort_bytes_, stream());
   }
@@ -381,6 +383,7 @@ class step_backend {
     gelu_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), static_cast<std::int64_t>(o.din.count), stream());
   }
   void operator()(const exec::ops::dropout_fwd& o, exec::run_state& s) {
+    if (o.offset != 0) fail("dropout_fwd: the CUDA backend has no sequence-parallel dropout yet");
     const std::size_t n = std::size_t{o.rows} * o.row_len;
     if (o.out.count != n || o.in.count != n || o.mask.count != n) fail("dropout_fwd: operand sizes do not match rows × row_len");
     const std::uint64_t first =
@@ -513,6 +516,10 @@ class step_backend {
   }
   // Pipeline stages' point-to-point ops: not on this backend yet (find_cuda_runtime_issue refuses
   // pp > 1 at compile time, so a program from a plan never has them).
+  // Vocabulary- and sequence-parallel ops: not on this backend yet (find_cuda_plan_issue refuses
+  // vocabulary-parallel and sequence-parallel plans at compile time).
+  void operator()(const exec::ops::position_add&, exec::run_state&) { fail("position_add: the CUDA backend runs no sequence-parallel embedding"); }
+  void operator()(const exec::ops::vocab_parallel_loss&, exec::run_state&) { fail("vocab_parallel_loss: the CUDA backend has no vocabulary-parallel loss yet"); }
   void operator()(const exec::ops::send&, exec::run_state&) { fail("send: the CUDA backend runs no pipeline stages"); }
   void operator()(const exec::ops::recv&, exec::run_state&) { fail("recv: the CUDA backend runs no pipeline stages"); }
   void operator()(const exec::ops::all_gather& o, exec::run_state&) {
