@@ -541,8 +541,10 @@ class step_backend {
   //
   // Which stack a granule belongs to at an op is the layout's (exec/arena_layout.hpp: the saved
   // stack grows up from the persistent region, the transient stack down from the arena's end): the
-  // program's trace of one step's pushes and pops is replayed as the ops run, each push applied
-  // when an op first needs bytes it places. A stack must hold everything between its base and its
+  // program's trace of one step's pushes and pops is replayed as the ops run, each push (and the
+  // pops before it) applied when an op first needs bytes it places. (Pops cannot be applied any
+  // earlier: the trace does not say after which op they come. A program without a trace has one
+  // stack, the saved one, over the whole region.) A stack must hold everything between its base and its
   // farthest live value (it is last-in first-out), so at op t the live stack bytes are the saved
   // stack up to its farthest live granule plus the transient stack down to its farthest one. The
   // sweep at the end of the step takes the op with the most; the arena's live bytes there are
