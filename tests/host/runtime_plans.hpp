@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: BSL-1.0
-// The runtime's test matrix, shared by the runtime-plan, step-program and step-backend tests.
+// The runtime's test matrix, shared by the runtime-plan, step-program and step-backend tests, and
+// the generated matrix of the measured-arena tests (tests/host/test_measured_arena.cpp,
+// tests/mpi/test_measured_arena.cpp).
 //
-// Small GPT-shaped models (naive or flash attention, dropout, fp32 / bf16 / fp16 logits) planned
-// under the memalg stack on a 1 GiB host budget, and the token ids every test feeds them.
+// Small GPT-shaped models (naive or flash attention, dropout, fp32 / bf16 / fp16 logits; a
+// Llama-shaped one) planned under the memalg stack on a 1 GiB host budget, and the token ids
+// every test feeds them.
 #pragma once
 
 #include <cstddef>
