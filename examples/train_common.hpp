@@ -142,7 +142,9 @@ inline constexpr const char* hparams_help =
     "  --momentum X      SGD momentum, in [0, 1) (default 0.9)\n"
     "  --clip X          clip the global gradient norm to X, >= 0 (default 1; 0: no clipping)\n";
 
-/// Parses one hyper-parameter flag into `o`; false if `flag` is none of them.
+/// Parses one hyper-parameter flag into `o`; false if `flag` is none of them. A binary that uses
+/// the hyper-parameters (hparams_for) calls it from parse_options' `extra`, so that one that does
+/// not refuses the flags instead of ignoring them.
 template <class Value>
 bool parse_hparam(options& o, std::string_view flag, Value&& value) {
   constexpr double big = std::numeric_limits<float>::max();
@@ -190,7 +192,6 @@ Options parse_options(int argc, char** argv, const char* help, Extra&& extra) {
     else if (a == "--resume") o.resume = true;
     else if (a == "--json") o.json = true;
     else if (a == "--list-plans") o.list = true;
-    else if (parse_hparam(o, a, value)) continue;
     else if (a == "--help" || a == "-h") {
       std::cout << help;
       std::exit(0);

@@ -121,7 +121,8 @@ const std::string help_text = std::string(
     hparams_help + "  multi-rank plans run under MPI: mpirun -np <ranks> train_gpt_cpu --plan NAME\n";
 
 options parse(int argc, char** argv) {
-  return parse_options<options>(argc, argv, help_text.c_str(), [](options&, std::string_view, const auto&) { return false; });
+  return parse_options<options>(argc, argv, help_text.c_str(),
+                                [](options& o, std::string_view a, const auto& value) { return parse_hparam(o, a, value); });
 }
 
 // ---- one plan -------------------------------------------------------------------------------

@@ -29,8 +29,9 @@ train_common::options parse(std::vector<std::string> args) {
   args.insert(args.begin(), "train");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
-  return train_common::parse_options<train_common::options>(static_cast<int>(argv.size()), argv.data(), "",
-                                                            [](auto&, std::string_view, const auto&) { return false; });
+  return train_common::parse_options<train_common::options>(
+      static_cast<int>(argv.size()), argv.data(), "",
+      [](train_common::options& o, std::string_view a, const auto& value) { return train_common::parse_hparam(o, a, value); });
 }
 
 struct plain_plan {};
@@ -102,6 +103,14 @@ TEST_CASE("bad hyper-parameters are refused with a one-line reason") {
   CHECK_THROWS_WITH_AS(parse({"--eps", "0"}), "--eps needs a number > 0, not '0'", E);
   CHECK_THROWS_WITH_AS(parse({"--weight-decay", "nan"}), "--weight-decay needs a number >= 0, not 'nan'", E);
   CHECK_THROWS_WITH_AS(parse({"--clip", "-2"}), "--clip needs a number >= 0 (0: no clipping), not '-2'", E);
+
+  // A binary that does not take the hyper-parameters (its `extra` does not call parse_hparam)
+  // refuses them rather than ignoring them.
+  std::string flag = "--lr", value = "0.1", name = "train";
+  char* argv[] = {name.data(), flag.data(), value.data()};
+  CHECK_THROWS_WITH_AS(train_common::parse_options<train_common::options>(
+                           3, argv, "", [](train_common::options&, std::string_view, const auto&) { return false; }),
+                       "unknown argument '--lr' (see --help)", E);
 }
 
 TEST_CASE_TEMPLATE("a learning rate of 0 keeps the weights; ten times it changes the losses, not the memory", Plan,
