@@ -171,12 +171,20 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank
   const std::size_t predicted_peak = static_cast<std::size_t>(plan::result.per_rank.total().value);
   // The plan's budget on a CPU process is the arena alone (no device reserve to measure).
   const std::size_t measured_peak = measured_arena + static_cast<std::size_t>(plan::result.per_rank.reserve.value);
-  const bool exact = measured_arena == predicted_arena && mem.capacity() == predicted_arena && mem.high_water() == predicted_arena;
-  if (!exact)
+  // The layout must be the plan's to the byte. The live bytes may be fewer (where the layout holds
+  // tensors no op reads again at its peak: docs/runtime.md), never more.
+  const bool fits = mem.capacity() == predicted_arena && mem.high_water() == predicted_arena &&
+                    measured_arena <= predicted_arena;
+  if (!fits)
     std::fprintf(stderr,
                  "train_gpt_cpu: rank %d: the arena differs from the plan's %zu bytes: measured high-water of live "
                  "bytes %zu, allocated %zu, laid out %zu\n",
                  world.rank(), predicted_arena, measured_arena, mem.capacity(), mem.high_water());
+  else if (measured_arena < predicted_arena && !o.json)
+    std::fprintf(stderr,
+                 "train_gpt_cpu: note: rank %d: the live bytes peak %zu bytes below the plan's arena: at its peak the "
+                 "layout holds tensors no op reads again\n",
+                 world.rank(), predicted_arena - measured_arena);
   if (world.rank() == 0) {
     if (o.json) {
       std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, "
@@ -195,11 +203,12 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, std::size_t dp_rank
                   static_cast<double>(last), static_cast<unsigned long long>(o.steps - start),
                   static_cast<double>(tokens) / seconds, static_cast<double>(hp.lr));
       std::printf("arena: predicted %zu B, measured high-water of live bytes %zu B (%s); allocated %zu B, laid out %zu B\n",
-                  predicted_arena, measured_arena, measured_arena == predicted_arena ? "equal" : "DIFFERENT",
+                  predicted_arena, measured_arena,
+                  measured_arena == predicted_arena ? "equal" : measured_arena < predicted_arena ? "below" : "ABOVE",
                   mem.capacity(), mem.high_water());
     }
   }
-  return exact ? 0 : 4;
+  return fits ? 0 : 4;
 }
 
 template <class Comm, class Split>

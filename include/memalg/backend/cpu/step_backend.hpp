@@ -143,6 +143,7 @@ class step_backend {
     op_ = 0;
     pending_.clear();
     bottoms_.clear();
+    tops_.clear();
     event_ = 0;
     saved_top_ = 0;
     transient_bottom_ = value_first_.size();
@@ -405,6 +406,10 @@ class step_backend {
   std::size_t measured_high_water() const { return measured_high_water_; }
   /// The index, among the ops executed in its step, of the op where measured_high_water was reached.
   std::size_t measured_peak_op() const { return measured_peak_op_; }
+  /// Ops, over the steps run, at which a live stack value lay outside both stacks as the
+  /// program's layout had placed them by then (0 when every operand lies in a tensor the layout
+  /// pushed; such values are counted with the saved stack).
+  std::size_t unplaced_ops() const { return unplaced_ops_; }
   /// Bytes of the arena any op (or the initialisation) has read or written so far, in granules of
   /// 16 bytes: the measured footprint, at most the plan's arena.
   std::size_t touched_bytes() const {
@@ -573,17 +578,32 @@ class step_backend {
     }
     runs_.push_back({first, l, g, g + 1});
   }
-  void replay(const stack_event& e) {
-    if (e.transient) transient_bottom_ = e.push ? e.first : e.end;
-    else saved_top_ = e.push ? e.end : e.first;
+  static void replay(const stack_event& e, std::size_t& top, std::size_t& bottom) {
+    if (e.transient) bottom = e.push ? e.first : e.end;
+    else top = e.push ? e.end : e.first;
+  }
+  /// Advances the replay until `p` lies on a stack; if no later push places it, the replay stays.
+  void place(const pending_access& p) {
+    std::size_t e = event_, top = saved_top_, bottom = transient_bottom_;
+    while (!(p.end <= top || p.first >= bottom)) {
+      if (e == events_.size()) return;
+      replay(events_[e++], top, bottom);
+    }
+    event_ = e;
+    saved_top_ = top;
+    transient_bottom_ = bottom;
   }
   /// After op number op_ of the step: the layout's stacks as this op needs them, then reads and
   /// updates extend their granules' values, and writes start new ones (an op may read a buffer
   /// and write over it, as swiglu's backward does).
   void meter_op() {
     const std::uint32_t t = op_++;
-    for (const pending_access& p : pending_)
-      while (!(p.end <= saved_top_ || p.first >= transient_bottom_) && event_ < events_.size()) replay(events_[event_++]);
+    // Until every access lies on a stack: placing one may pop what an earlier one was found in.
+    for (std::size_t before = event_ + 1; before != event_;) {
+      before = event_;
+      for (const pending_access& p : pending_) place(p);
+    }
+    tops_.push_back(saved_top_);
     bottoms_.push_back(transient_bottom_);
     for (int pass = 0; pass < 2; ++pass)
       for (const pending_access& p : pending_) {
@@ -648,7 +668,9 @@ class step_backend {
       for (; e < by_end.size() && runs_[by_end[e]].last_op < t; ++e) set_bits(bits, runs_[by_end[e]].first, runs_[by_end[e]].end, false);
       for (; s < by_start.size() && runs_[by_start[s]].first_op <= t; ++s)
         set_bits(bits, runs_[by_start[s]].first, runs_[by_start[s]].end, true);
-      const std::size_t c = top_below(bits, bottoms_[t]) + (n - bottom_from(bits, bottoms_[t], n));
+      const std::size_t saved = top_below(bits, bottoms_[t]);
+      const std::size_t c = saved + (n - bottom_from(bits, bottoms_[t], n));
+      if (saved > tops_[t]) ++unplaced_ops_;  // a live value between the stacks the layout had
       if (c > peak) {
         peak = c;
         peak_op = t;
@@ -656,6 +678,7 @@ class step_backend {
     }
     runs_.clear();
     bottoms_.clear();
+    tops_.clear();
     const std::size_t step_peak = (persistent + peak) * granule;
     if (step_peak > measured_high_water_) {
       measured_high_water_ = step_peak;
@@ -724,7 +747,8 @@ class step_backend {
   std::vector<value_run> runs_;
   std::vector<stack_event> events_;          // one step's pushes and pops, from program::trace
   std::size_t event_ = 0, saved_top_ = 0, transient_bottom_ = 0;  // the replay, in stack granules
-  std::vector<std::size_t> bottoms_;         // transient_bottom_ at each op of the step
+  std::vector<std::size_t> bottoms_, tops_;  // transient_bottom_ and saved_top_ at each op of the step
+  std::size_t unplaced_ops_ = 0;
   std::uint32_t op_ = 0;
   std::size_t measured_high_water_ = 0, measured_peak_op_ = 0;
 };
