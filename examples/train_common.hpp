@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: BSL-1.0
 // examples/train_common.hpp — what the two training binaries (train_gpt_cpu, train_gpt_cuda)
 // share: the byte-level GPT they train, how a named plan is declared, listed and found, their
-// common flags, and the data. One data path is what makes the binaries comparable: the same seed
-// gives the same batches on the CPU and on the GPU, for any split of the batch over ranks.
+// common flags (among them the optimizer's hyper-parameters), and the data. One data path is what
+// makes the binaries comparable: the same seed gives the same batches on the CPU and on the GPU,
+// for any split of the batch over ranks.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -21,6 +24,7 @@
 
 #include <memalg/core/random.hpp>
 #include <memalg/exec/config.hpp>
+#include <memalg/exec/program.hpp>
 #include <memalg/model/transformer.hpp>
 
 namespace train_common {
@@ -50,6 +54,16 @@ constexpr m::lm_config gpt_bytes(m::dtype logits, bool flash = false, std::uint6
     static constexpr std::string_view name = text_name;               \
     static constexpr std::string_view description = text_description; \
     using plan = __VA_ARGS__;                                         \
+  }
+/// The same with the plan's own default learning rate (`--lr` overrides it), for an optimizer
+/// that needs another step than the runtime's default (plain or momentum SGD, say). It is the
+/// binary's choice for that named run, not the plan type's: a learning rate changes no memory.
+#define MEMALG_NAMED_PLAN_LR(id, text_name, text_description, default_lr, ...) \
+  struct id {                                                                 \
+    static constexpr std::string_view name = text_name;                       \
+    static constexpr std::string_view description = text_description;         \
+    static constexpr float lr = default_lr;                                   \
+    using plan = __VA_ARGS__;                                                 \
   }
 
 /// `--list-plans`: one line per plan of the tuple `Plans`: name, ranks=N, description.
@@ -90,6 +104,19 @@ inline std::uint64_t parse_positive(std::string_view flag, const char* text) {
   return std::stoull(s);
 }
 
+/// A finite number in [lo, hi] (`open_lo` / `open_hi`: the bound itself excluded), from all of `text`.
+inline float parse_number(std::string_view flag, const char* text, double lo, double hi, bool open_lo, bool open_hi,
+                          std::string_view range) {
+  const std::string s = text ? text : "";
+  const auto bad = [&] { return usage_error(std::string(flag) + " needs a number " + std::string(range) + ", not '" + s + "'"); };
+  if (s.empty() || s.size() > 32 || s.find_first_not_of("0123456789+-.eE") != std::string::npos) throw bad();
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(v) || v < lo || v > hi || (open_lo && v == lo) || (open_hi && v == hi))
+    throw bad();
+  return static_cast<float>(v);
+}
+
 /// The flags both binaries take.
 struct options {
   std::string plan = "tiny-fp32";
@@ -100,7 +127,50 @@ struct options {
   bool json = false;
   bool list = false;
   std::string data = "/usr/share/common-licenses/GPL-3";
+  /// --lr, --weight-decay, --beta1, --beta2, --eps, --momentum, --clip (defaults: optimizer_hparams').
+  m::exec::optimizer_hparams hparams{};
+  bool lr_given = false;  ///< --lr was given (else a named plan's own default learning rate applies)
 };
+
+/// The hyper-parameter flags' lines of `--help` (both binaries print them).
+inline constexpr const char* hparams_help =
+    "  --lr X            learning rate, >= 0 (default 0.003, or the plan's own; 0 keeps the weights)\n"
+    "  --weight-decay X  weight decay, >= 0 (default 0)\n"
+    "  --beta1 X         Adam first-moment decay, in [0, 1) (default 0.9)\n"
+    "  --beta2 X         Adam second-moment decay, in [0, 1) (default 0.95)\n"
+    "  --eps X           Adam epsilon, > 0 (default 1e-8)\n"
+    "  --momentum X      SGD momentum, in [0, 1) (default 0.9)\n"
+    "  --clip X          clip the global gradient norm to X, >= 0 (default 1; 0: no clipping)\n";
+
+/// Parses one hyper-parameter flag into `o`; false if `flag` is none of them. A binary that uses
+/// the hyper-parameters (hparams_for) calls it from parse_options' `extra`, so that one that does
+/// not refuses the flags instead of ignoring them.
+template <class Value>
+bool parse_hparam(options& o, std::string_view flag, Value&& value) {
+  constexpr double big = std::numeric_limits<float>::max();
+  m::exec::optimizer_hparams& h = o.hparams;
+  if (flag == "--lr") {
+    h.lr = parse_number(flag, value(), 0, big, false, false, ">= 0");
+    o.lr_given = true;
+  } else if (flag == "--weight-decay") h.weight_decay = parse_number(flag, value(), 0, big, false, false, ">= 0");
+  else if (flag == "--beta1") h.beta1 = parse_number(flag, value(), 0, 1, false, true, "in [0, 1)");
+  else if (flag == "--beta2") h.beta2 = parse_number(flag, value(), 0, 1, false, true, "in [0, 1)");
+  else if (flag == "--eps") h.eps = parse_number(flag, value(), 0, big, true, false, "> 0");
+  else if (flag == "--momentum") h.momentum = parse_number(flag, value(), 0, 1, false, true, "in [0, 1)");
+  else if (flag == "--clip") h.max_grad_norm = parse_number(flag, value(), 0, big, false, false, ">= 0 (0: no clipping)");
+  else return false;
+  return true;
+}
+
+/// The hyper-parameters a run of `Named` uses: the flags', with the named plan's own learning rate
+/// (MEMALG_NAMED_PLAN_LR) when it has one and `--lr` was not given.
+template <class Named>
+m::exec::optimizer_hparams hparams_for(const options& o) {
+  m::exec::optimizer_hparams h = o.hparams;
+  if constexpr (requires { Named::lr; })
+    if (!o.lr_given) h.lr = Named::lr;
+  return h;
+}
 
 /// Parses the common flags into `Options` (derived from options); `extra(o, flag, value)` takes a
 /// binary's own flags and returns whether it knew the flag (`value()` reads the flag's argument).

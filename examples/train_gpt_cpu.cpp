@@ -105,12 +105,14 @@ MEMALG_NAMED_PLAN(tiny_bf16, "tiny-bf16", "bf16 weights and gradients, fp32 mast
                   cpu_plan<gpt_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>, single>);
 MEMALG_NAMED_PLAN(tiny_fp16, "tiny-fp16", "fp16 with fp32 master weights and dynamic loss scaling, flash attention, 1 rank",
                   cpu_plan<gpt_fp16_flash, recipe<m::precision::amp_fp16, m::optim::adamw<>>, single>);
-MEMALG_NAMED_PLAN(tiny_recompute, "tiny-recompute",
-                  "fp32, momentum SGD, dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
-                  cpu_plan<gpt_fp32_dropout,
-                           recipe<m::precision::fp32, m::optim::momentum<>, m::train::recompute::full,
-                                  m::train::grad_accum<2>>,
-                           single>);
+// Momentum SGD needs a larger step than the Adam-family default: this run's own learning rate.
+MEMALG_NAMED_PLAN_LR(tiny_recompute, "tiny-recompute",
+                     "fp32, momentum SGD (lr 0.05), dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
+                     0.05f,
+                     cpu_plan<gpt_fp32_dropout,
+                              recipe<m::precision::fp32, m::optim::momentum<>, m::train::recompute::full,
+                                     m::train::grad_accum<2>>,
+                              single>);
 MEMALG_NAMED_PLAN(llama_fp32_plan, "llama-fp32",
                   "fp32 AdamW, Llama-shaped (RMSNorm, SwiGLU, rotary, grouped-query flash attention, no biases, untied output), 1 rank",
                   cpu_plan<llama_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
@@ -155,19 +157,22 @@ MEMALG_NAMED_PLAN(pp2_dp2, "pp2-dp2", "fp32 AdamW, untied output, 2 data-paralle
                            m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>>);
 
 #undef MEMALG_NAMED_PLAN
+#undef MEMALG_NAMED_PLAN_LR
 
 using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1,
                          dp4_zero3, tp2, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, llama_bf16_dp2, pp2, pp2_dp2>;
 
 // ---- command line ---------------------------------------------------------------------------
-constexpr const char* help_text =
+const std::string help_text = std::string(
     "usage: train_gpt_cpu [--list-plans] [--plan NAME] [--steps N] [--seed S] [--checkpoint DIR "
     "[--resume]] [--data FILE] [--json]\n"
-    "  --steps N   the step the run ends at (with --resume: continue from the checkpoint)\n"
-    "  multi-rank plans run under MPI: mpirun -np <ranks> train_gpt_cpu --plan NAME\n";
+    "                     [--lr X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X] [--momentum X] [--clip X]\n"
+    "  --steps N         the step the run ends at (with --resume: continue from the checkpoint)\n") +
+    hparams_help + "  multi-rank plans run under MPI: mpirun -np <ranks> train_gpt_cpu --plan NAME\n";
 
 options parse(int argc, char** argv) {
-  return parse_options<options>(argc, argv, help_text, [](options&, std::string_view, const auto&) { return false; });
+  return parse_options<options>(argc, argv, help_text.c_str(),
+                                [](options& o, std::string_view a, const auto& value) { return parse_hparam(o, a, value); });
 }
 
 // ---- one plan -------------------------------------------------------------------------------
@@ -176,6 +181,8 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, Comm& pp, std::size
   using run = m::exec::gpt_run<typename Named::plan, Comm>;
   using plan = typename Named::plan;
   const std::vector<std::int32_t> text = read_bytes(o.data);
+  const m::exec::optimizer_hparams hp = hparams_for<Named>(o);
+  const m::exec::gpt_config config = m::exec::with_hparams(run::config, hp);
   // A pipeline stage's arena and peak are its own stage's plan (the most loaded stage's otherwise).
   constexpr bool pipelined = run::config.pp > 1;
   const std::size_t stage = static_cast<std::size_t>(pp.rank());
@@ -184,8 +191,8 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, Comm& pp, std::size
       pipelined ? m::evaluate_stage(plan::model, plan::training, plan::mesh, plan::device, stage).per_rank
                 : plan::result.per_rank;
   auto make = [&]() {
-    if constexpr (pipelined) return std::make_unique<typename run::trainer>(run::config, arena, dp, tp, pp);
-    else return std::make_unique<typename run::trainer>(run::config, arena, dp, tp);
+    if constexpr (pipelined) return std::make_unique<typename run::trainer>(config, arena, dp, tp, pp);
+    else return std::make_unique<typename run::trainer>(config, arena, dp, tp);
   };
   const auto owned = make();
   typename run::trainer& trainer = *owned;
@@ -218,30 +225,53 @@ int train(const options& o, Comm& world, Comm& dp, Comm& tp, Comm& pp, std::size
     auto sections = trainer.state_sections();
     m::exec::save_checkpoint(ckpt.file, ckpt.fingerprint, o.steps, sections);
   }
+  // Memory, in bytes (docs/runtime.md, "Reading the memory report"): the plan's arena, the
+  // live-bytes meter's high-water mark over the steps this process ran (this rank's), the bytes
+  // allocated, and the program's own layout of a step.
   const auto& mem = trainer.memory();
-  const std::uint64_t predicted_arena = arena.persistent + arena.stack;
-  const std::uint64_t predicted_peak = (stage_peak.total() - stage_peak.reserve).value;
+  const std::size_t predicted_arena = arena.persistent + arena.stack;
+  const std::size_t measured_arena = trainer.backend().measured_high_water();
+  const std::size_t predicted_peak = static_cast<std::size_t>(stage_peak.total().value);
+  // The plan's budget on a CPU process is the arena alone (no device reserve to measure).
+  const std::size_t measured_peak = measured_arena + static_cast<std::size_t>(stage_peak.reserve.value);
+  // The layout must be the plan's to the byte. The live bytes may be fewer (where the layout holds
+  // tensors no op reads again at its peak: docs/runtime.md), never more.
+  const bool fits = mem.capacity() == predicted_arena && mem.high_water() == predicted_arena &&
+                    measured_arena <= predicted_arena;
+  if (!fits)
+    std::fprintf(stderr,
+                 "train_gpt_cpu: rank %d: the arena differs from the plan's %zu bytes: measured high-water of live "
+                 "bytes %zu, allocated %zu, laid out %zu\n",
+                 world.rank(), predicted_arena, measured_arena, mem.capacity(), mem.high_water());
+  else if (measured_arena < predicted_arena && !o.json)
+    std::fprintf(stderr,
+                 "train_gpt_cpu: note: rank %d: the live bytes peak %zu bytes below the plan's arena: at its peak the "
+                 "layout holds tensors no op reads again\n",
+                 world.rank(), predicted_arena - measured_arena);
   if (world.rank() == 0) {
     if (o.json) {
       std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, "
-                  "\"memory\": {\"predicted_arena\": %llu, \"measured_arena\": %llu, \"predicted_peak\": %llu, "
-                  "\"measured_peak\": %llu}}\n",
+                  "\"hparams\": {\"lr\": %g, \"weight_decay\": %g, \"beta1\": %g, \"beta2\": %g, \"eps\": %g, "
+                  "\"momentum\": %g, \"clip\": %g}, "
+                  "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"arena_capacity\": %zu, "
+                  "\"layout_high_water\": %zu, \"predicted_peak\": %zu, \"measured_peak\": %zu}}\n",
                   Named::name.data(), static_cast<unsigned long long>(o.steps - start), static_cast<double>(first),
-                  static_cast<double>(last), static_cast<double>(tokens) / seconds,
-                  static_cast<unsigned long long>(predicted_arena), static_cast<unsigned long long>(mem.capacity()),
-                  static_cast<unsigned long long>(predicted_peak), static_cast<unsigned long long>(mem.high_water()));
+                  static_cast<double>(last), static_cast<double>(tokens) / seconds, static_cast<double>(hp.lr),
+                  static_cast<double>(hp.weight_decay), static_cast<double>(hp.beta1), static_cast<double>(hp.beta2),
+                  static_cast<double>(hp.eps), static_cast<double>(hp.momentum), static_cast<double>(hp.max_grad_norm),
+                  predicted_arena, measured_arena, mem.capacity(), mem.high_water(), predicted_peak, measured_peak);
     } else {
       std::printf("\nplan %s: %s\n", Named::name.data(), Named::description.data());
-      std::printf("loss %.4f -> %.4f over %llu steps, %.0f tokens/s\n", static_cast<double>(first),
+      std::printf("loss %.4f -> %.4f over %llu steps, %.0f tokens/s (lr %g)\n", static_cast<double>(first),
                   static_cast<double>(last), static_cast<unsigned long long>(o.steps - start),
-                  static_cast<double>(tokens) / seconds);
-      std::printf("arena: predicted %llu B, allocated %zu B; peak: predicted %llu B, measured %zu B (%s)\n",
-                  static_cast<unsigned long long>(predicted_arena), mem.capacity(),
-                  static_cast<unsigned long long>(predicted_peak), mem.high_water(),
-                  predicted_peak == mem.high_water() ? "equal" : "DIFFERENT");
+                  static_cast<double>(tokens) / seconds, static_cast<double>(hp.lr));
+      std::printf("arena: predicted %zu B, measured high-water of live bytes %zu B (%s); allocated %zu B, laid out %zu B\n",
+                  predicted_arena, measured_arena,
+                  measured_arena == predicted_arena ? "equal" : measured_arena < predicted_arena ? "below" : "ABOVE",
+                  mem.capacity(), mem.high_water());
     }
   }
-  return predicted_peak == mem.high_water() && predicted_arena == mem.capacity() ? 0 : 4;
+  return fits ? 0 : 4;
 }
 
 template <class Comm, class Split>

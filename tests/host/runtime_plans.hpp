@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: BSL-1.0
-// The runtime's test matrix, shared by the runtime-plan, step-program and step-backend tests.
+// The runtime's test matrix, shared by the runtime-plan, step-program and step-backend tests, and
+// the generated matrix of the measured-arena tests (tests/host/test_measured_arena.cpp,
+// tests/mpi/test_measured_arena.cpp).
 //
-// Small GPT-shaped models (naive or flash attention, dropout, fp32 / bf16 / fp16 logits) planned
-// under the memalg stack on a 1 GiB host budget, and the token ids every test feeds them.
+// Small GPT-shaped models (naive or flash attention, dropout, fp32 / bf16 / fp16 logits; a
+// Llama-shaped one) planned under the memalg stack on a 1 GiB host budget, and the token ids
+// every test feeds them.
 #pragma once
 
 #include <cstddef>
@@ -61,6 +64,60 @@ using runtime_matrix = std::tuple<
     plan_for<flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
     plan_for<flash_fp16, m::precision::amp_fp16, m::optim::momentum<>, m::train::batch<2, 16>,
              m::train::recompute::every<2>>>;
+
+// ---- the measured-arena matrix --------------------------------------------------------------
+/// A Llama-shaped model of the same size: RMSNorm, SwiGLU, rotary positions, 2 key/value heads
+/// for 4, no biases, an untied output layer, flash attention.
+constexpr m::lm_config small_llama(m::dtype logits) {
+  m::lm_config c = small(logits, true, 0, 2);
+  c.positions = 0;
+  c.rotary = true;
+  c.kv_heads = 2;
+  c.ffn = 88;
+  c.rms_norm = true;
+  c.gated = true;
+  c.bias = false;
+  c.tied = false;
+  return c;
+}
+struct llama32 { static constexpr m::lm_config value = small_llama(m::dtypes::fp32); };
+struct llama_bf16 { static constexpr m::lm_config value = small_llama(m::dtypes::bf16); };
+
+template <class Config, class Precision, class Recompute, class Mesh>
+using memory_plan = m::plan<m::exec::runtime_gpt<Config>,
+                            m::train::recipe<Precision, m::optim::adamw<>, m::train::reference_kernels,
+                                             m::train::batch<2, 16>, Recompute>,
+                            Mesh, budget>;
+/// One configuration under no, selective and full recomputation.
+template <class Config, class Precision, class Mesh>
+using over_recomputation = std::tuple<memory_plan<Config, Precision, m::train::recompute::none, Mesh>,
+                                      memory_plan<Config, Precision, m::train::recompute::selective, Mesh>,
+                                      memory_plan<Config, Precision, m::train::recompute::full, Mesh>>;
+template <class... Tuples>
+using concat = decltype(std::tuple_cat(std::declval<Tuples>()...));
+using single_rank = m::parallel::mesh<>;
+using dp2_zero1 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>;
+using dp2_zero2 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>;
+using dp2_zero3 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>>;
+using tp2 = m::parallel::mesh<m::parallel::tensor<2>>;
+using dp2_tp2 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>, m::parallel::tensor<2>>;
+
+/// Architecture (GPT-2-style, Llama-style) × precision (fp32, mixed bf16, amp fp16 where the
+/// runtime implements it) × recomputation (none, selective, full) on one rank: 15 plans, whose
+/// measured arena comes from a CPU execution (tests/host/test_measured_arena.cpp).
+using memory_matrix_single =
+    concat<over_recomputation<naive32, m::precision::fp32, single_rank>,
+           over_recomputation<naive_bf16, m::precision::mixed_bf16, single_rank>,
+           over_recomputation<flash_fp16, m::precision::amp_fp16, single_rank>,
+           over_recomputation<llama32, m::precision::fp32, single_rank>,
+           over_recomputation<llama_bf16, m::precision::mixed_bf16, single_rank>>;
+/// GPT-2-style fp32 (the runtime's multi-rank precision) × recomputation × mesh (dp2 ZeRO-1/2/3,
+/// tp2, dp2×tp2): 15 plans, laid out per rank on the host and measured under MPI
+/// (tests/mpi/test_measured_arena.cpp).
+using memory_matrix_multi =
+    concat<over_recomputation<naive32, m::precision::fp32, dp2_zero1>, over_recomputation<naive32, m::precision::fp32, dp2_zero2>,
+           over_recomputation<naive32, m::precision::fp32, dp2_zero3>, over_recomputation<naive32, m::precision::fp32, tp2>,
+           over_recomputation<naive32, m::precision::fp32, dp2_tp2>>;
 
 inline std::vector<std::int32_t> ids(std::size_t n, int salt) {
   std::vector<std::int32_t> v(n);

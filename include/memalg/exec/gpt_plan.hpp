@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "memalg/exec/config.hpp"
+#include "memalg/exec/program.hpp"
 #include "memalg/exec/runtime_issues.hpp"
 #include "memalg/model/transformer.hpp"
 #include "memalg/plan/plan.hpp"
@@ -238,8 +239,9 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.master_weights = !t.precision.master_weights.is_none();
   g.loss_scaling = t.precision.weights == dtypes::fp16;
   g.optimizer = t.optimizer.kind;
-  // Learning rates that train the small models the examples use; SGD needs a larger step.
-  g.lr = t.optimizer.kind == optimizer_kind::sgd || t.optimizer.kind == optimizer_kind::momentum ? 0.05f : 3e-3f;
+  // The step's hyper-parameters are not the plan's (they change no memory): the runtime's
+  // defaults here; the training binaries set them from their flags (with_hparams).
+  g = with_hparams(g, optimizer_hparams{});
   return g;
 }
 

@@ -220,6 +220,33 @@ struct param_unit {
   std::vector<param_init> init;
 };
 
+/// The optimizer's hyper-parameters a run chooses: the training binaries' flags
+/// (examples/train_common.hpp, docs/runtime.md), with these defaults. None changes a byte of
+/// memory, so none is part of a plan: a plan fixes the optimizer's kind and states, not its step.
+struct optimizer_hparams {
+  float lr = 3e-3f;            ///< learning rate (≥ 0; 0 leaves the weights as they are)
+  float weight_decay = 0.0f;   ///< decoupled (AdamW) or L2 (SGD, momentum, Adam) decay (≥ 0)
+  float beta1 = 0.9f;          ///< Adam's first-moment decay, in [0, 1)
+  float beta2 = 0.95f;         ///< Adam's second-moment decay, in [0, 1)
+  float eps = 1e-8f;           ///< Adam's denominator term (> 0)
+  float momentum = 0.9f;       ///< heavy-ball momentum, in [0, 1)
+  float max_grad_norm = 1.0f;  ///< clip the global gradient norm to this (≥ 0; 0: no clipping)
+};
+
+/// `c` with the hyper-parameters `h` (what build_program copies into program::hp).
+constexpr gpt_config with_hparams(gpt_config c, const optimizer_hparams& h) {
+  c.lr = h.lr;
+  c.weight_decay = h.weight_decay;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.eps = h.eps;
+  c.momentum = h.momentum;
+  c.max_grad_norm = h.max_grad_norm;
+  return c;
+}
+
+/// The program's copy of the run's hyper-parameters (build_program fills it from gpt_config):
+/// the optimizer the plan names, optimizer_hparams' values, the dropout rate and the seed.
 struct hparams {
   optimizer_kind optimizer = optimizer_kind::adamw;
   float lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0, eps = 0, max_grad_norm = 0, dropout = 0;

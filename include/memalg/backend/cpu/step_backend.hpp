@@ -10,7 +10,11 @@
 //     operand is a byte offset into it, checked against the capacity as it is resolved;
 //   * host scratch outside the plan (LayerNorm statistics, per-token losses), as the trainer's;
 //   * the step's scalar file (exec::scalars: loss sum, loss, Σg², non-finite flag, norm, clip scale);
-//   * the loss scaler and the checkpoint counters.
+//   * the loss scaler and the checkpoint counters;
+//   * a meter of the arena's live bytes (measured_high_water): every op says which of its operands
+//     it reads, overwrites or updates, and at the end of each step a sweep finds the op where the
+//     values still to be read, held by the two stacks as exec/arena_layout.hpp places them, need
+//     the most bytes (see "the live-bytes meter" below; docs/runtime.md).
 // Construction initialises the parameters from program::units (GPT-2's init by logical index).
 //
 // T is the storage type (float, bf16, fp16; accum_t<T> is float for all three); Comm is any
@@ -22,6 +26,8 @@
 // which pairs every send with the peer's receive.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "memalg/backend/cpu/activation.hpp"
@@ -65,6 +72,13 @@ constexpr exec::elem elem_of() {
   else return exec::elem::f32;
 }
 
+namespace detail {
+template <class O, class V>
+struct is_op : std::false_type {};
+template <class O, class... Os>
+struct is_op<O, std::variant<Os...>> : std::bool_constant<(std::is_same_v<O, Os> || ...)> {};
+}  // namespace detail
+
 template <storage_type T, class Comm>
   requires exec::communicator<Comm, float>
 class step_backend {
@@ -91,6 +105,8 @@ class step_backend {
         tp_(tp_comm),
         pp_(pp_comm),
         capacity_(p.sizes.persistent + p.sizes.stack),
+        persistent_capacity_(p.sizes.persistent),
+        stack_granule0_(p.sizes.persistent / granule),
         memory_(static_cast<std::byte*>(::operator new(capacity_ == 0 ? 1 : capacity_, std::align_val_t{alignment}))),
         units_(p.units),
         checkpoint_(p.checkpoint),
@@ -112,8 +128,15 @@ class step_backend {
     if (p.persistent_bytes > p.sizes.persistent || p.high_water > capacity_)
       fail("the program does not fit its own capacities");
     touched_.assign((capacity_ + granule - 1) / granule, 0);
+    value_first_.assign(touched_.size() - stack_granule0_, closed);
+    value_last_.assign(value_first_.size(), 0);
+    for (const exec::arena_event& e : p.trace)
+      if (e.kind != exec::arena_layout::event_kind::persistent && e.offset >= persistent_capacity_)
+        events_.push_back({e.kind == exec::arena_layout::event_kind::push, e.where == exec::arena_layout::side::transient,
+                           e.offset / granule - stack_granule0_, (e.offset + e.bytes) / granule - stack_granule0_});
     std::memset(memory_, 0, p.sizes.persistent);
     initialise(p);
+    pending_.clear();
   }
 
  public:
@@ -137,6 +160,13 @@ class step_backend {
     tokens_ = io.tokens;
     targets_ = io.targets;
     for (float& x : scalars_) x = 0.0f;
+    op_ = 0;
+    pending_.clear();
+    bottoms_.clear();
+    tops_.clear();
+    event_ = 0;
+    saved_top_ = 0;
+    transient_bottom_ = value_first_.size();
     s.loss_scale = loss_scaling_ ? scaler_.scale() : 1.0f;
   }
   exec::step_result end_step(const exec::program&, exec::run_state& s) {
@@ -144,44 +174,57 @@ class step_backend {
     updates_ = s.updates;
     s.loss_scale = loss_scaling_ ? scaler_.scale() : 1.0f;
     last_grad_norm_ = scalars_[exec::scalars::norm];
+    meter_step();
     return {scalars_[exec::scalars::loss], last_grad_norm_, s.skip};
   }
 
   // ---- ops ------------------------------------------------------------------------------------
-  void operator()(const exec::ops::embedding_fwd& o, exec::run_state& s) {
+  /// Executes one op of the program and records, for the live-bytes meter, which arena bytes it
+  /// read and wrote.
+  template <class Op>
+    requires detail::is_op<Op, exec::op_body>::value
+  void operator()(const Op& o, exec::run_state& s) {
+    pending_.clear();
+    execute(o, s);
+    meter_op();
+  }
+
+ private:
+  void execute(const exec::ops::embedding_fwd& o, exec::run_state& s) {
     if (o.vocab_rows != 0) {
       if (!o.wpe.null()) fail("embedding_fwd: a vocabulary-parallel lookup adds its positions after the sum");
       if (o.wte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_fwd: wte is not [vocab_rows, C]");
-      embedding_forward_vocab_range(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), o.vocab_begin, o.vocab_rows,
+      embedding_forward_vocab_range(out<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), o.vocab_begin, o.vocab_rows,
                                     std::size_t{o.B} * o.S, o.C);
       return;
     }
-    embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C);
+    embedding_forward(out<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C);
   }
-  void operator()(const exec::ops::embedding_bwd& o, exec::run_state& s) {
+  void execute(const exec::ops::embedding_bwd& o, exec::run_state& s) {
     if (o.vocab_rows != 0) {
       if (o.dwte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_bwd: dwte is not [vocab_rows, C]");
-      embedding_backward_vocab_range(ptr<T>(o.dwte), cptr<T>(o.dout), ids(o.tok, s), o.vocab_begin, o.vocab_rows,
+      const T* dout = cptr<T>(o.dout);
+      embedding_backward_vocab_range(inout<T>(o.dwte), dout, ids(o.tok, s), o.vocab_begin, o.vocab_rows,
                                      std::size_t{o.B} * o.S, o.C);
-      if (!o.dwpe.null()) embedding_backward(static_cast<T*>(nullptr), ptr<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C);
+      if (!o.dwpe.null()) embedding_backward(static_cast<T*>(nullptr), inout<T>(o.dwpe), dout, ids(o.tok, s), o.B, o.S, o.C);
       return;
     }
-    embedding_backward(ptr<T>(o.dwte), ptr<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C);
+    embedding_backward(inout<T>(o.dwte), inout<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C);
   }
-  void operator()(const exec::ops::position_add& o, exec::run_state&) {
+  void execute(const exec::ops::position_add& o, exec::run_state&) {
     if (o.x.count != std::size_t{o.N} * o.C || o.wpe.count < std::size_t{o.S} * o.C)
       fail("position_add: x is not [N, C] or wpe has fewer than S rows");
-    cpu::position_add(ptr<T>(o.x), cptr<T>(o.wpe), o.row0, o.N, o.S, o.C);
+    cpu::position_add(inout<T>(o.x), cptr<T>(o.wpe), o.row0, o.N, o.S, o.C);
   }
-  void operator()(const exec::ops::norm_fwd& o, exec::run_state&) {
+  void execute(const exec::ops::norm_fwd& o, exec::run_state&) {
     stats(o.N);
     if (o.rms) {
-      rmsnorm_forward(ptr<T>(o.out), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), o.N, o.C);
+      rmsnorm_forward(out<T>(o.out), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), o.N, o.C);
       return;
     }
-    layernorm_forward(ptr<T>(o.out), mean_.data(), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.b), o.N, o.C);
+    layernorm_forward(out<T>(o.out), mean_.data(), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.b), o.N, o.C);
   }
-  void operator()(const exec::ops::norm_bwd& o, exec::run_state&) {
+  void execute(const exec::ops::norm_bwd& o, exec::run_state&) {
     stats(o.N);
     if (o.rms) {  // rstd recomputed from the saved input, as rmsnorm_forward computes it
       const T* in = cptr<T>(o.in);
@@ -190,59 +233,59 @@ class step_backend {
         for (std::size_t c = 0; c < o.C; ++c) ss += to_float(in[r * o.C + c]) * to_float(in[r * o.C + c]);
         rstd_[r] = A(1) / std::sqrt(ss / static_cast<A>(o.C) + static_cast<A>(rmsnorm_eps));
       }
-      rmsnorm_backward(ptr<T>(o.din), ptr<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_.data(), o.N, o.C);
+      rmsnorm_backward(out<T>(o.din), inout<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_.data(), o.N, o.C);
       return;
     }
     layernorm_stats(mean_.data(), rstd_.data(), cptr<T>(o.in), o.N, o.C);
-    layernorm_backward(ptr<T>(o.din), ptr<T>(o.dw), ptr<T>(o.db), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w),
+    layernorm_backward(out<T>(o.din), inout<T>(o.dw), inout<T>(o.db), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w),
                        mean_.data(), rstd_.data(), o.N, o.C);
   }
-  void operator()(const exec::ops::linear_fwd& o, exec::run_state&) {
-    linear_forward(ptr<T>(o.out), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.bias), o.N, o.IC, o.OC);
+  void execute(const exec::ops::linear_fwd& o, exec::run_state&) {
+    linear_forward(out<T>(o.out), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.bias), o.N, o.IC, o.OC);
   }
-  void operator()(const exec::ops::linear_bwd& o, exec::run_state&) {
-    linear_backward(ptr<T>(o.din), ptr<T>(o.dw), ptr<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w), o.N,
+  void execute(const exec::ops::linear_bwd& o, exec::run_state&) {
+    linear_backward(out<T>(o.din), inout<T>(o.dw), inout<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w), o.N,
                     o.IC, o.OC);
   }
-  void operator()(const exec::ops::attention_fwd& o, exec::run_state&) {
+  void execute(const exec::ops::attention_fwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
-    if (o.sh.flash) attention_flash_forward(ptr<T>(o.out), ptr<A>(o.probs_or_lse), cptr<T>(o.qkv), sh);
-    else attention_naive_forward(ptr<T>(o.out), ptr<T>(o.probs_or_lse), cptr<T>(o.qkv), sh);
+    if (o.sh.flash) attention_flash_forward(out<T>(o.out), out<A>(o.probs_or_lse), cptr<T>(o.qkv), sh);
+    else attention_naive_forward(out<T>(o.out), out<T>(o.probs_or_lse), cptr<T>(o.qkv), sh);
   }
-  void operator()(const exec::ops::attention_bwd& o, exec::run_state&) {
+  void execute(const exec::ops::attention_bwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
     if (o.sh.flash)
-      attention_flash_backward(ptr<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.out), cptr<A>(o.probs_or_lse), sh);
-    else attention_naive_backward(ptr<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.probs_or_lse), sh);
+      attention_flash_backward(out<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.out), cptr<A>(o.probs_or_lse), sh);
+    else attention_naive_backward(out<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.probs_or_lse), sh);
   }
-  void operator()(const exec::ops::rotary_fwd& o, exec::run_state&) {
+  void execute(const exec::ops::rotary_fwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
     if (o.qkv.count != sh.rows() * sh.qkv_width()) fail("rotary_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
-    T* x = ptr<T>(o.qkv);
+    T* x = inout<T>(o.qkv);
     rope_qkv_forward(x, x, sh, o.rot_dim, static_cast<double>(o.theta));
   }
-  void operator()(const exec::ops::rotary_bwd& o, exec::run_state&) {
+  void execute(const exec::ops::rotary_bwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
     if (o.dqkv.count != sh.rows() * sh.qkv_width()) fail("rotary_bwd: dqkv is not [B·S, (H + 2Hkv)·D]");
-    T* x = ptr<T>(o.dqkv);
+    T* x = inout<T>(o.dqkv);
     rope_qkv_backward(x, x, sh, o.rot_dim, static_cast<double>(o.theta));
   }
-  void operator()(const exec::ops::activation_fwd& o, exec::run_state&) {
+  void execute(const exec::ops::activation_fwd& o, exec::run_state&) {
     if (o.k == exec::ops::activation_kind::swiglu) {
       const std::size_t nf = std::size_t{o.N} * o.F;
       if (o.out.count != nf || o.in.count != 2 * nf) fail("activation_fwd: swiglu takes [N, 2F] to [N, F]");
-      swiglu_forward(ptr<T>(o.out), cptr<T>(o.in), o.N, o.F);
+      swiglu_forward(out<T>(o.out), cptr<T>(o.in), o.N, o.F);
       return;
     }
     same_count(o.out, o.in);
-    gelu_forward(ptr<T>(o.out), cptr<T>(o.in), o.out.count);
+    gelu_forward(out<T>(o.out), cptr<T>(o.in), o.out.count);
   }
-  void operator()(const exec::ops::activation_bwd& o, exec::run_state&) {
+  void execute(const exec::ops::activation_bwd& o, exec::run_state&) {
     if (o.k == exec::ops::activation_kind::swiglu) {
       const std::size_t nf = std::size_t{o.N} * o.F;
       if (o.dout.count != nf || o.din.count != 2 * nf || o.in.count != 2 * nf)
         fail("activation_bwd: swiglu takes d[N, F] to d[N, 2F]");
-      T* din = ptr<T>(o.din);
+      T* din = out<T>(o.din);
       const T* dout = cptr<T>(o.dout);
       const T* in = cptr<T>(o.in);
       // Row by row from the last: row n writes din[2nF, 2nF + 2F), which holds dout's rows 2n and
@@ -254,9 +297,9 @@ class step_backend {
     }
     same_count(o.din, o.dout);
     same_count(o.din, o.in);
-    gelu_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), o.din.count);
+    gelu_backward(out<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), o.din.count);
   }
-  void operator()(const exec::ops::dropout_fwd& o, exec::run_state& s) {
+  void execute(const exec::ops::dropout_fwd& o, exec::run_state& s) {
     const std::size_t n = std::size_t{o.rows} * o.row_len;
     if (o.offset == 0 && o.out.count == n && (o.in.count != n || o.mask.count != n))
       fail("dropout_fwd: operand sizes do not match rows × row_len");
@@ -264,26 +307,28 @@ class step_backend {
     if (o.offset != 0 || o.out.count != n) {  // a sequence-parallel part of the rows
       if (o.in.count != o.out.count || o.mask.count != o.out.count || o.offset + o.out.count > n)
         fail("dropout_fwd: the part lies outside rows × row_len or its operands differ in size");
-      dropout_rows_range(ptr<T>(o.out), ptr<std::uint8_t>(o.mask), cptr<T>(o.in), o.out.count, o.row_len, o.offset, o.p,
-                         hp_.seed, o.site, first);
+      const T* in = cptr<T>(o.in);  // read before out: out may alias in
+      dropout_rows_range(out<T>(o.out), out<std::uint8_t>(o.mask), in, o.out.count, o.row_len, o.offset, o.p, hp_.seed,
+                         o.site, first);
       return;
     }
-    dropout_rows(ptr<T>(o.out), ptr<std::uint8_t>(o.mask), cptr<T>(o.in), o.rows, o.row_len, o.p, hp_.seed, o.site, first);
+    const T* in = cptr<T>(o.in);  // read before out: out may alias in
+    dropout_rows(out<T>(o.out), out<std::uint8_t>(o.mask), in, o.rows, o.row_len, o.p, hp_.seed, o.site, first);
   }
-  void operator()(const exec::ops::dropout_bwd& o, exec::run_state&) {
+  void execute(const exec::ops::dropout_bwd& o, exec::run_state&) {
     same_count(o.din, o.dout);
     same_count(o.din, o.mask);
-    dropout_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<std::uint8_t>(o.mask), o.din.count, o.p);
+    dropout_backward(out<T>(o.din), cptr<T>(o.dout), cptr<std::uint8_t>(o.mask), o.din.count, o.p);
   }
-  void operator()(const exec::ops::residual_add& o, exec::run_state&) {
+  void execute(const exec::ops::residual_add& o, exec::run_state&) {
     same_count(o.out, o.a);
     same_count(o.out, o.b);
-    add(ptr<T>(o.out), cptr<T>(o.a), cptr<T>(o.b), o.out.count);
+    add(out<T>(o.out), cptr<T>(o.a), cptr<T>(o.b), o.out.count);
   }
-  void operator()(const exec::ops::bias_add& o, exec::run_state&) { add_bias(ptr<T>(o.x), cptr<T>(o.bias), o.N, o.C); }
-  void operator()(const exec::ops::loss& o, exec::run_state& s) {
+  void execute(const exec::ops::bias_add& o, exec::run_state&) { add_bias(inout<T>(o.x), cptr<T>(o.bias), o.N, o.C); }
+  void execute(const exec::ops::loss& o, exec::run_state& s) {
     token_losses_.resize(o.N);
-    T* logits = ptr<T>(o.logits);
+    T* logits = inout<T>(o.logits);
     const std::int32_t* tgt = ids(o.targets, s);
     const A loss = cross_entropy_forward(token_losses_.data(), logits, tgt, o.N, o.V);
     A dloss = loss_scale() / static_cast<A>(o.grad_accum);
@@ -297,13 +342,13 @@ class step_backend {
     cross_entropy_backward(logits, logits, tgt, dloss * share, o.N, o.V);
     scalar(o.acc) += loss * share;
   }
-  void operator()(const exec::ops::vocab_parallel_loss& o, exec::run_state& s) {
+  void execute(const exec::ops::vocab_parallel_loss& o, exec::run_state& s) {
     if (o.logits.count != std::size_t{o.N} * o.V || o.targets.count != o.N) fail("vocab_parallel_loss: logits are not [N, V]");
     Comm& c = group(o.g);
     token_losses_.resize(o.N);
     row_max_.resize(o.N);
     ce_parts_.resize(2 * std::size_t{o.N});
-    T* logits = ptr<T>(o.logits);
+    T* logits = inout<T>(o.logits);
     const std::int32_t* tgt = ids(o.targets, s);
     vocab_parallel_ce_max(row_max_.data(), logits, o.N, o.V);
     c.all_reduce(row_max_.data(), row_max_.size(), exec::reduce_op::max);
@@ -313,16 +358,17 @@ class step_backend {
     scalar(o.acc) += vocab_parallel_ce_finish(token_losses_.data(), logits, row_max_.data(), ce_parts_.data(), tgt,
                                               o.vocab_begin, dloss, o.N, o.V);
   }
-  void operator()(const exec::ops::loss_mean& o, exec::run_state&) {
+  void execute(const exec::ops::loss_mean& o, exec::run_state&) {
     scalars_[exec::scalars::loss] = static_cast<float>(static_cast<A>(scalars_[exec::scalars::loss_sum]) / static_cast<A>(o.grad_accum));
   }
-  void operator()(const exec::ops::scalar_div& o, exec::run_state&) { scalar(o.slot) /= o.by; }
-  void operator()(const exec::ops::zero& o, exec::run_state&) { std::memset(raw(o.t), 0, o.t.bytes()); }
-  void operator()(const exec::ops::copy& o, exec::run_state&) {
+  void execute(const exec::ops::scalar_div& o, exec::run_state&) { scalar(o.slot) /= o.by; }
+  void execute(const exec::ops::zero& o, exec::run_state&) { std::memset(raw(o.t, access::write), 0, o.t.bytes()); }
+  void execute(const exec::ops::copy& o, exec::run_state&) {
     if (o.dst.bytes() != o.src.bytes()) fail("copy: operand sizes differ");
-    std::memmove(raw(o.dst), raw(o.src), o.src.bytes());
+    std::byte* src = raw(o.src, access::read);
+    std::memmove(raw(o.dst, access::write), src, o.src.bytes());
   }
-  void operator()(const exec::ops::sqnorm& o, exec::run_state&) {
+  void execute(const exec::ops::sqnorm& o, exec::run_state&) {
     // One serial sum over all segments in program order, as the trainer's loop over units.
     const T* g = cptr<T>(o.g);
     A sumsq = scalars_[exec::scalars::sumsq];
@@ -335,11 +381,11 @@ class step_backend {
     scalars_[exec::scalars::sumsq] = sumsq;
     scalars_[exec::scalars::nonfinite] = nonfinite ? 1.0f : 0.0f;
   }
-  void operator()(const exec::ops::norm_parts&, exec::run_state&) {
+  void execute(const exec::ops::norm_parts&, exec::run_state&) {
     scalars_[exec::scalars::parts] = static_cast<float>(static_cast<A>(scalars_[exec::scalars::sumsq]));
     scalars_[exec::scalars::parts + 1] = scalars_[exec::scalars::nonfinite] != 0.0f ? 1.0f : 0.0f;
   }
-  void operator()(const exec::ops::clip_scale& o, exec::run_state& s) {
+  void execute(const exec::ops::clip_scale& o, exec::run_state& s) {
     const A inv = A(1) / (loss_scale() * static_cast<A>(o.dp));
     const A norm = std::sqrt(static_cast<A>(scalars_[exec::scalars::parts])) * inv;
     scalars_[exec::scalars::norm] = static_cast<float>(norm);
@@ -351,31 +397,31 @@ class step_backend {
     scalars_[exec::scalars::grad_scale] = static_cast<float>(clip * inv);
     ++s.updates;
   }
-  void operator()(const exec::ops::optimizer_update& o, exec::run_state& s) {
+  void execute(const exec::ops::optimizer_update& o, exec::run_state& s) {
     const std::size_t n = o.param.count;
     if (o.grad.count != n || (!o.master.null() && o.master.count != n) || (!o.s1.null() && o.s1.count != n) ||
         (!o.s2.null() && o.s2.count != n))
       fail("optimizer_update: operand sizes differ");
-    T* param = ptr<T>(o.param);
-    A* master = ptr<A>(o.master);
+    T* param = inout<T>(o.param);
+    A* master = inout<A>(o.master);
     const T* grad = cptr<T>(o.grad);
     const float grad_scale = scalars_[exec::scalars::grad_scale];
     switch (hp_.optimizer) {
       case optimizer_kind::sgd: sgd_step(param, master, grad, n, sgd_hparams{hp_.lr, o.weight_decay}, grad_scale); break;
       case optimizer_kind::momentum:
-        momentum_step(param, master, ptr<A>(o.s1), grad, n, momentum_hparams{hp_.lr, hp_.momentum, o.weight_decay},
+        momentum_step(param, master, inout<A>(o.s1), grad, n, momentum_hparams{hp_.lr, hp_.momentum, o.weight_decay},
                       grad_scale);
         break;
       case optimizer_kind::adam:
       case optimizer_kind::adamw:
-        adamw_step(param, master, ptr<A>(o.s1), ptr<A>(o.s2), grad, n,
+        adamw_step(param, master, inout<A>(o.s1), inout<A>(o.s2), grad, n,
                    adamw_hparams{hp_.lr, hp_.beta1, hp_.beta2, hp_.eps, o.weight_decay}, static_cast<std::int64_t>(s.updates),
                    grad_scale);
         break;
       default: fail("the CPU backend implements sgd, momentum, adam and adamw");
     }
   }
-  void operator()(const exec::ops::all_reduce& o, exec::run_state&) {
+  void execute(const exec::ops::all_reduce& o, exec::run_state&) {
     Comm& c = group(o.g);
     if (o.buf.in == exec::where::scalar) {
       c.all_reduce(&scalar(o.buf.offset, o.buf.count), o.buf.count, o.op);
@@ -383,19 +429,19 @@ class step_backend {
     }
     dispatch(o.buf.type, [&](auto* tag) {
       using U = std::remove_pointer_t<decltype(tag)>;
-      U* b = ptr<U>(o.buf);
+      U* b = inout<U>(o.buf);
       if constexpr (exec::communicator<Comm, U>) c.all_reduce(b, o.buf.count, o.op);
       else if (c.size() != 1) fail("all_reduce: this communicator does not transport 16-bit buffers");
     });
   }
-  void operator()(const exec::ops::reduce_scatter& o, exec::run_state&) {
+  void execute(const exec::ops::reduce_scatter& o, exec::run_state&) {
     Comm& c = group(o.g);
     if (o.send.type != o.recv.type || o.send.count != o.recv.count * static_cast<std::uint64_t>(c.size()))
       fail("reduce_scatter: send must hold size × recv elements of recv's type");
     dispatch(o.recv.type, [&](auto* tag) {
       using U = std::remove_pointer_t<decltype(tag)>;
-      U* send = ptr<U>(o.send);
-      U* recv = ptr<U>(o.recv);
+      U* send = inout<U>(o.send);
+      U* recv = out<U>(o.recv);
       const std::size_t n = o.recv.count;
       // In place (recv is this rank's own block of send): MPI sums into the first block, which then
       // moves to the rank's block, as the trainer's ZeRO-1 reduction does.
@@ -408,31 +454,44 @@ class step_backend {
       if (in_place && recv != send) std::memmove(recv, send, n * sizeof(U));
     });
   }
-  void operator()(const exec::ops::all_gather& o, exec::run_state&) {
+  void execute(const exec::ops::all_gather& o, exec::run_state&) {
     Comm& c = group(o.g);
     if (o.send.type != o.recv.type || o.recv.count != o.send.count * static_cast<std::uint64_t>(c.size()))
       fail("all_gather: recv must hold size × send elements of send's type");
     dispatch(o.send.type, [&](auto* tag) {
       using U = std::remove_pointer_t<decltype(tag)>;
       const U* send = cptr<U>(o.send);
-      U* recv = ptr<U>(o.recv);
+      U* recv = out<U>(o.recv);
       if constexpr (exec::communicator<Comm, U>) c.all_gather(send, recv, o.send.count);
       else if (c.size() != 1) fail("all_gather: this communicator does not transport 16-bit buffers");
       else if (send != recv) std::memmove(recv, send, o.send.count * sizeof(U));
     });
   }
 
-  void operator()(const exec::ops::send& o, exec::run_state&) {
+  void execute(const exec::ops::send& o, exec::run_state&) {
     if (o.buf.type != exec::elem::f32) fail("send: pipeline stages exchange fp32 tensors");
     pp().send(cptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
   }
-  void operator()(const exec::ops::recv& o, exec::run_state&) {
+  void execute(const exec::ops::recv& o, exec::run_state&) {
     if (o.buf.type != exec::elem::f32) fail("recv: pipeline stages exchange fp32 tensors");
-    pp().recv(ptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
+    pp().recv(out<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
   }
 
   // ---- state, for tests and checkpoints -------------------------------------------------------
+ public:
   std::size_t capacity() const { return capacity_; }
+  /// The measured high-water mark of live arena bytes over the steps run so far: at the op of a
+  /// step with the most live bytes, the persistent bytes touched plus every stack byte that holds
+  /// a value an op wrote (or read first) there and an op at or after it reads or updates (see the
+  /// live-bytes meter below; docs/runtime.md). Measured from the operands the executed ops used,
+  /// not from the program's layout; 0 before the first step.
+  std::size_t measured_high_water() const { return measured_high_water_; }
+  /// The index, among the ops executed in its step, of the op where measured_high_water was reached.
+  std::size_t measured_peak_op() const { return measured_peak_op_; }
+  /// Ops, over the steps run, at which a live stack value lay outside both stacks as the
+  /// program's layout had placed them by then (0 when every operand lies in a tensor the layout
+  /// pushed; such values are counted with the saved stack).
+  std::size_t unplaced_ops() const { return unplaced_ops_; }
   /// Bytes of the arena any op (or the initialisation) has read or written so far, in granules of
   /// 16 bytes: the measured footprint, at most the plan's arena.
   std::size_t touched_bytes() const {
@@ -517,11 +576,20 @@ class step_backend {
     else fail("a collective over an element type other than f32 and the storage type");
   }
 
-  /// The bytes of an arena operand, checked against the capacity and recorded as touched.
-  std::byte* raw(const exec::operand& o) {
+  /// How an op uses an operand: reads it, overwrites it, or reads and rewrites it (accumulation,
+  /// in-place rotation, the loss over its logits). Only ops' operands count for the live bytes.
+  enum class access : std::uint8_t { other, read, write, update };
+
+  /// The bytes of an arena operand, checked against the capacity and recorded as touched (and,
+  /// inside an op, as one access of the op for the live-bytes meter).
+  std::byte* raw(const exec::operand& o, access a = access::other) {
     if (o.in != exec::where::arena) fail("expected an arena operand");
     if (o.offset > capacity_ || o.bytes() > capacity_ - o.offset) fail("an operand lies outside the arena");
     mark(o.offset, o.bytes());
+    if (a != access::other && o.bytes() != 0 && o.offset + o.bytes() > persistent_capacity_) {
+      const std::size_t from = std::max<std::size_t>(o.offset, persistent_capacity_);
+      pending_.push_back({from / granule - stack_granule0_, (o.offset + o.bytes() + granule - 1) / granule - stack_granule0_, a});
+    }
     return memory_ + o.offset;
   }
   void mark(std::size_t offset, std::size_t bytes) {
@@ -530,16 +598,177 @@ class step_backend {
   }
   /// A typed pointer to an arena operand (null for a null operand); the type must be the operand's.
   template <class U>
-  U* ptr(const exec::operand& o) {
+  U* ptr(const exec::operand& o, access a = access::other) {
     if (o.null()) return nullptr;
     if (o.type != elem_of<U>())
       fail("an operand's element type is not the kernel's");
-    return reinterpret_cast<U*>(raw(o));
+    return reinterpret_cast<U*>(raw(o, a));
   }
+  /// An operand the op reads.
   template <class U>
   const U* cptr(const exec::operand& o) {
-    return ptr<U>(o);
+    return ptr<U>(o, access::read);
   }
+  /// An operand the op overwrites without reading it first.
+  template <class U>
+  U* out(const exec::operand& o) {
+    return ptr<U>(o, access::write);
+  }
+  /// An operand the op reads and rewrites.
+  template <class U>
+  U* inout(const exec::operand& o) {
+    return ptr<U>(o, access::update);
+  }
+
+  // ---- the live-bytes meter ---------------------------------------------------------------------
+  // Stack granules (16 bytes past the persistent region) hold values: a value starts at an op that
+  // writes the granule without reading it (or reads it first in the step) and lasts to the last
+  // op that reads or updates it before the next such write. When a value ends (at the next write,
+  // or at the end of the step) its interval of ops is kept, merged with its neighbour granules'.
+  //
+  // Which stack a granule belongs to at an op is the layout's (exec/arena_layout.hpp: the saved
+  // stack grows up from the persistent region, the transient stack down from the arena's end): the
+  // program's trace of one step's pushes and pops is replayed as the ops run, each push (and the
+  // pops before it) applied when an op first needs bytes it places. (Pops cannot be applied any
+  // earlier: the trace does not say after which op they come. A program without a trace has one
+  // stack, the saved one, over the whole region.) A stack must hold everything between its base and its
+  // farthest live value (it is last-in first-out), so at op t the live stack bytes are the saved
+  // stack up to its farthest live granule plus the transient stack down to its farthest one. The
+  // sweep at the end of the step takes the op with the most; the arena's live bytes there are
+  // those plus the persistent bytes touched. Values are the executed ops' own reads and writes:
+  // a tensor the layout places but no op writes and then reads is not live, and a byte an op uses
+  // outside what the layout placed counts all the same.
+  struct pending_access {
+    std::size_t first, end;  ///< stack granules [first, end)
+    access a;
+  };
+  struct value_run {
+    std::uint32_t first_op, last_op;
+    std::size_t first, end;  ///< stack granules [first, end)
+  };
+  struct stack_event {
+    bool push, transient;
+    std::size_t first, end;  ///< stack granules [first, end)
+  };
+  static constexpr std::uint32_t closed = ~std::uint32_t{0};
+  void close_value(std::size_t g, std::uint32_t first, std::int64_t last) {
+    if (last < static_cast<std::int64_t>(first)) return;
+    const auto l = static_cast<std::uint32_t>(last);
+    if (!runs_.empty() && runs_.back().end == g && runs_.back().first_op == first && runs_.back().last_op == l) {
+      ++runs_.back().end;
+      return;
+    }
+    runs_.push_back({first, l, g, g + 1});
+  }
+  static void replay(const stack_event& e, std::size_t& top, std::size_t& bottom) {
+    if (e.transient) bottom = e.push ? e.first : e.end;
+    else top = e.push ? e.end : e.first;
+  }
+  /// Advances the replay until `p` lies on a stack; if no later push places it, the replay stays.
+  void place(const pending_access& p) {
+    std::size_t e = event_, top = saved_top_, bottom = transient_bottom_;
+    while (!(p.end <= top || p.first >= bottom)) {
+      if (e == events_.size()) return;
+      replay(events_[e++], top, bottom);
+    }
+    event_ = e;
+    saved_top_ = top;
+    transient_bottom_ = bottom;
+  }
+  /// After op number op_ of the step: the layout's stacks as this op needs them, then reads and
+  /// updates extend their granules' values, and writes start new ones (an op may read a buffer
+  /// and write over it, as swiglu's backward does).
+  void meter_op() {
+    const std::uint32_t t = op_++;
+    // Until every access lies on a stack: placing one may pop what an earlier one was found in.
+    for (std::size_t before = event_ + 1; before != event_;) {
+      before = event_;
+      for (const pending_access& p : pending_) place(p);
+    }
+    tops_.push_back(saved_top_);
+    bottoms_.push_back(transient_bottom_);
+    for (int pass = 0; pass < 2; ++pass)
+      for (const pending_access& p : pending_) {
+        if ((p.a == access::write) != (pass == 1)) continue;
+        for (std::size_t g = p.first; g < p.end; ++g) {
+          std::uint32_t& first = value_first_[g];
+          std::uint32_t& last = value_last_[g];
+          if (p.a == access::write) {
+            if (first != closed) close_value(g, first, last == t ? std::int64_t{t} - 1 : std::int64_t{last});
+            first = t;
+          } else if (first == closed) {
+            first = t;  // read before any write in this step: live from here
+          }
+          last = t;
+        }
+      }
+    pending_.clear();
+  }
+  static void set_bits(std::vector<std::uint64_t>& bits, std::size_t first, std::size_t end, bool on) {
+    for (std::size_t g = first; g < end;) {
+      const std::size_t w = g / 64, b = g % 64, n = std::min<std::size_t>(64 - b, end - g);
+      const std::uint64_t m = (n == 64 ? ~std::uint64_t{0} : ((std::uint64_t{1} << n) - 1)) << b;
+      bits[w] = on ? (bits[w] | m) : (bits[w] & ~m);
+      g += n;
+    }
+  }
+  /// One past the highest set bit below `end` (0 if none).
+  static std::size_t top_below(const std::vector<std::uint64_t>& bits, std::size_t end) {
+    for (std::size_t w = (end + 63) / 64; w-- > 0;) {
+      std::uint64_t x = bits[w];
+      if (w == end / 64) x &= (std::uint64_t{1} << (end % 64)) - 1;
+      if (x != 0) return w * 64 + 64 - static_cast<std::size_t>(std::countl_zero(x));
+    }
+    return 0;
+  }
+  /// The lowest set bit at or above `from` (`n` if none).
+  static std::size_t bottom_from(const std::vector<std::uint64_t>& bits, std::size_t from, std::size_t n) {
+    for (std::size_t w = from / 64; w < bits.size(); ++w) {
+      std::uint64_t x = bits[w];
+      if (w == from / 64) x &= ~((std::uint64_t{1} << (from % 64)) - 1);
+      if (x != 0) return std::min(n, w * 64 + static_cast<std::size_t>(std::countr_zero(x)));
+    }
+    return n;
+  }
+  /// At the end of a step: close every value, then sweep the ops for the most live bytes.
+  void meter_step() {
+    for (std::size_t g = 0; g < value_first_.size(); ++g)
+      if (value_first_[g] != closed) {
+        close_value(g, value_first_[g], value_last_[g]);
+        value_first_[g] = closed;
+      }
+    std::size_t persistent = 0;
+    for (std::size_t g = 0; g < stack_granule0_; ++g) persistent += touched_[g];
+    const std::size_t n = value_first_.size();
+    std::vector<std::uint64_t> bits((n + 63) / 64, 0);
+    std::vector<std::size_t> by_start(runs_.size()), by_end(runs_.size());
+    for (std::size_t i = 0; i < runs_.size(); ++i) by_start[i] = by_end[i] = i;
+    std::sort(by_start.begin(), by_start.end(), [&](std::size_t a, std::size_t b) { return runs_[a].first_op < runs_[b].first_op; });
+    std::sort(by_end.begin(), by_end.end(), [&](std::size_t a, std::size_t b) { return runs_[a].last_op < runs_[b].last_op; });
+    std::size_t s = 0, e = 0, peak = 0, peak_op = 0;
+    for (std::uint32_t t = 0; t < op_; ++t) {
+      for (; e < by_end.size() && runs_[by_end[e]].last_op < t; ++e) set_bits(bits, runs_[by_end[e]].first, runs_[by_end[e]].end, false);
+      for (; s < by_start.size() && runs_[by_start[s]].first_op <= t; ++s)
+        set_bits(bits, runs_[by_start[s]].first, runs_[by_start[s]].end, true);
+      const std::size_t saved = top_below(bits, bottoms_[t]);
+      const std::size_t c = saved + (n - bottom_from(bits, bottoms_[t], n));
+      if (saved > tops_[t]) ++unplaced_ops_;  // a live value between the stacks the layout had
+      if (c > peak) {
+        peak = c;
+        peak_op = t;
+      }
+    }
+    runs_.clear();
+    bottoms_.clear();
+    tops_.clear();
+    const std::size_t step_peak = (persistent + peak) * granule;
+    if (step_peak > measured_high_water_) {
+      measured_high_water_ = step_peak;
+      measured_peak_op_ = peak_op;
+    }
+    op_ = 0;
+  }
+
   /// This micro-batch's token or target ids.
   const std::int32_t* ids(const exec::operand& o, const exec::run_state& s) const {
     if (o.in != exec::where::tokens && o.in != exec::where::targets) fail("expected a token or target operand");
@@ -579,7 +808,7 @@ class step_backend {
   Comm& dp_;
   Comm& tp_;
   Comm* pp_;
-  std::size_t capacity_;
+  std::size_t capacity_, persistent_capacity_, stack_granule0_;
   std::byte* memory_;
   std::vector<std::uint8_t> touched_;
   std::vector<exec::param_unit> units_;
@@ -594,6 +823,17 @@ class step_backend {
   std::size_t step_ = 0, updates_ = 0;
   std::uint64_t counters_[2] = {0, 0};
   float last_grad_norm_ = 0;
+  // the live-bytes meter: this op's stack accesses, each stack granule's current value (first and
+  // last op, `closed` if none), the step's ended values, and the results
+  std::vector<pending_access> pending_;
+  std::vector<std::uint32_t> value_first_, value_last_;
+  std::vector<value_run> runs_;
+  std::vector<stack_event> events_;          // one step's pushes and pops, from program::trace
+  std::size_t event_ = 0, saved_top_ = 0, transient_bottom_ = 0;  // the replay, in stack granules
+  std::vector<std::size_t> bottoms_, tops_;  // transient_bottom_ and saved_top_ at each op of the step
+  std::size_t unplaced_ops_ = 0;
+  std::uint32_t op_ = 0;
+  std::size_t measured_high_water_ = 0, measured_peak_op_ = 0;
 };
 
 static_assert(exec::step_backend<step_backend<float, local_communicator>>);
