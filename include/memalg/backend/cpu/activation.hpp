@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/backend/cpu/activation.hpp — GELU and SwiGLU (reference).
+// memalg/backend/cpu/activation.hpp — GELU, SwiGLU, ReLU and tanh (reference).
 //
 // GELU, tanh approximation as in GPT-2 (Hendrycks & Gimpel 2016):
 //   gelu(x)  = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
 //   gelu'(x) = 0.5·(1 + tanh(u)) + 0.5·x·(1 − tanh²(u))·√(2/π)·(1 + 3·0.044715·x²)
 // SwiGLU (Shazeer 2020): in[N, 2F] = [gate ‖ up] per row, out[N, F] = silu(gate)·up with
 //   silu(g) = g·σ(g),  silu'(g) = σ(g)·(1 + g·(1 − σ(g))).
+// ReLU and tanh (the speech model's convolutional pre- and post-nets, Shen et al. 2018): their
+// backward reads the forward's *output* (relu' = [y > 0], tanh' = 1 − y²), so the forward may run
+// in place and the input need not be kept.
 #pragma once
 
 #include <cmath>
@@ -81,6 +84,39 @@ void swiglu_backward(T* din, const T* dout, const T* in, std::size_t N, std::siz
       dgate[f] = from_float<T>(d * u * s * (A(1) + g * (A(1) - s)));
       dup[f] = from_float<T>(d * g * s);
     }
+  }
+}
+
+/// out[n] = max(in[n], 0); out may alias in.
+template <storage_type T>
+void relu_forward(T* out, const T* in, std::size_t n) {
+  using A = accum_t<T>;
+  for (std::size_t i = 0; i < n; ++i) {
+    const A x = to_float(in[i]);
+    out[i] = from_float<T>(x > A(0) ? x : A(0));
+  }
+}
+
+/// din[n] = dout[n]·[out[n] > 0] from the forward's output; din may alias dout.
+template <storage_type T>
+void relu_backward(T* din, const T* dout, const T* out, std::size_t n) {
+  using A = accum_t<T>;
+  for (std::size_t i = 0; i < n; ++i) din[i] = from_float<T>(to_float(out[i]) > A(0) ? to_float(dout[i]) : A(0));
+}
+
+/// out[n] = tanh(in[n]); out may alias in.
+template <storage_type T>
+void tanh_forward(T* out, const T* in, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = from_float<T>(std::tanh(to_float(in[i])));
+}
+
+/// din[n] = dout[n]·(1 − out[n]²) from the forward's output; din may alias dout.
+template <storage_type T>
+void tanh_backward(T* din, const T* dout, const T* out, std::size_t n) {
+  using A = accum_t<T>;
+  for (std::size_t i = 0; i < n; ++i) {
+    const A y = to_float(out[i]);
+    din[i] = from_float<T>(to_float(dout[i]) * (A(1) - y * y));
   }
 }
 

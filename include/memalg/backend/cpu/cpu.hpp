@@ -7,6 +7,8 @@
 
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
+#include "memalg/backend/cpu/batchnorm.hpp"
+#include "memalg/backend/cpu/conv1d.hpp"
 #include "memalg/backend/cpu/cross_entropy.hpp"
 #include "memalg/backend/cpu/dropout.hpp"
 #include "memalg/backend/cpu/embedding.hpp"
@@ -19,6 +21,7 @@
 #include "memalg/backend/cpu/pointwise.hpp"
 #include "memalg/backend/cpu/rmsnorm.hpp"
 #include "memalg/backend/cpu/rotary.hpp"
+#include "memalg/backend/cpu/speech_loss.hpp"
 #include "memalg/backend/cpu/step_backend.hpp"
 
 #if !defined(MEMALG_NO_MPI) && __has_include(<mpi.h>)

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/backend/cuda/activation.cuh — GeLU (tanh approximation) and SwiGLU, forward and backward.
+// memalg/backend/cuda/activation.cuh — GeLU (tanh approximation), SwiGLU, ReLU and tanh, forward
+// and backward.
 //
 //   gelu:    out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))          din = dout·gelu'(x)  (=)
 //   swiglu:  in[N,2F] = [gate ‖ up], out[N,F] = silu(gate)·up            din[N,2F]          (=)
-// Element-wise; out may alias in (forward) and din may alias dout (gelu backward).
+//   relu:    out = max(x, 0)                                             din = dout·[out > 0]  (=)
+//   tanh:    out = tanh(x)                                               din = dout·(1 − out²) (=)
+// Element-wise; out may alias in (forward) and din may alias dout (gelu, relu, tanh backward).
+// ReLU's and tanh's backward read the forward's output, so their forward may run in place.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -121,6 +125,49 @@ struct swiglu_backward_op {
   }
 };
 
+// ReLU and tanh: y = f(x); backward dx = dy·f'(y) from the output y.
+struct relu_fn {
+  __device__ static float forward(float x) { return x > 0.0f ? x : 0.0f; }
+  __device__ static float grad(float y) { return y > 0.0f ? 1.0f : 0.0f; }
+};
+struct tanh_fn {
+  __device__ static float forward(float x) { return tanhf(x); }
+  __device__ static float grad(float y) { return 1.0f - y * y; }
+};
+
+template <class F, class T>
+struct unary_forward_op {
+  T* out;
+  const T* in;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const packed<T, W> x = load_packed<W>(in, i);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(F::forward(to_float(x.v[k])));
+    store_packed<W>(out, i, y);
+  }
+};
+
+template <class F, class T>
+struct unary_backward_from_output_op {
+  T* din;
+  const T* dout;
+  const T* out;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const packed<T, W> y = load_packed<W>(out, i);
+    const packed<T, W> g = load_packed<W>(dout, i);
+    packed<T, W> d;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float yk = to_float(y.v[k]);
+      d.v[k] = from_float<T>(F::grad(yk) != 0.0f ? to_float(g.v[k]) * F::grad(yk) : 0.0f);
+    }
+    store_packed<W>(din, i, d);
+  }
+};
+
 }  // namespace detail
 
 /// out[i] = gelu(in[i]) for n elements.
@@ -169,6 +216,40 @@ void swiglu_backward_in_place(T* d, const T* in, std::int64_t rows, std::int64_t
     swiglu_backward(d + lo * 2 * f, d + lo * f, in + lo * 2 * f, hi - lo, f, stream);
     hi = lo;
   }
+}
+
+/// out[i] = max(in[i], 0); out may alias in.
+template <storage_type T>
+void relu_forward(T* out, const T* in, std::int64_t n, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, out, in), detail::unary_forward_op<detail::relu_fn, T>{out, in}, stream,
+                      "relu_forward");
+}
+
+/// din[i] = dout[i]·[out[i] > 0] from the forward's output; din may alias dout.
+template <storage_type T>
+void relu_backward(T* din, const T* dout, const T* out, std::int64_t n, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, din, dout, out),
+                      detail::unary_backward_from_output_op<detail::relu_fn, T>{din, dout, out}, stream,
+                      "relu_backward");
+}
+
+/// out[i] = tanh(in[i]); out may alias in.
+template <storage_type T>
+void tanh_forward(T* out, const T* in, std::int64_t n, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, out, in), detail::unary_forward_op<detail::tanh_fn, T>{out, in}, stream,
+                      "tanh_forward");
+}
+
+/// din[i] = dout[i]·(1 − out[i]²) from the forward's output; din may alias dout.
+template <storage_type T>
+void tanh_backward(T* din, const T* dout, const T* out, std::int64_t n, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, din, dout, out),
+                      detail::unary_backward_from_output_op<detail::tanh_fn, T>{din, dout, out}, stream,
+                      "tanh_backward");
 }
 
 }  // namespace memalg::backend::cuda
