@@ -276,20 +276,24 @@ std::string hex(std::uint64_t v) {
   return b;
 }
 
-nlohmann::json generator_json(const options& o) {
-  return {{"text", o.text.string()},       {"utterances", o.utterances},
+nlohmann::json generator_json(const options& o, std::uint64_t text_key) {
+  return {{"text", o.text.string()},       {"text_fnv1a64", hex(text_key)}, {"utterances", o.utterances},
           {"voice", o.voice},              {"max_words", o.max_words},       {"max_frames", o.max_frames},
           {"max_phonemes", o.max_phonemes}, {"max_vocabulary", o.max_vocabulary}, {"wav", o.wav}};
 }
 
 int run(const options& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  std::ifstream tin(o.text, std::ios::binary);
+  if (!tin) throw usage_error("cannot read the text " + o.text.string());
+  const std::string text = slurp(o.text);
+  const std::uint64_t text_key = d::fnv1a64(text);
   // --if-missing: a dataset made with the same options is kept, and espeak-ng is not needed.
   if (o.if_missing && fs::exists(o.out / "manifest.json")) {
     std::ifstream in(o.out / "manifest.json");
     const nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
     const auto feature = [&](const char* k) { return m.at("features").value(k, 0ull); };
-    if (!m.is_discarded() && m.is_object() && m.contains("features") && m.value("generator", nlohmann::json()) == generator_json(o) &&
+    if (!m.is_discarded() && m.is_object() && m.contains("features") && m.value("generator", nlohmann::json()) == generator_json(o, text_key) &&
         feature("n_fft") == o.n_fft && feature("hop") == o.hop && feature("mels") == o.mels) {
       std::cout << "make_speech_data: " << o.out.string() << " already holds the dataset\n";
       return 0;
@@ -300,6 +304,9 @@ int run(const options& o) {
     throw usage_error("espeak-ng not found ('" + o.espeak +
                       "' is not an executable; Debian: apt-get install espeak-ng, or pass --espeak PROGRAM)");
   fs::create_directories(o.out);
+  // A dataset being replaced is invalid until the new manifest is written; its WAV files go.
+  fs::remove(o.out / "manifest.json");
+  fs::remove_all(o.out / "wav");
   const fs::path work = o.out / ".work";
   fs::create_directories(work);
   const pid_t vp = spawn({espeak, "--version"}, work / "version.txt");
@@ -308,9 +315,7 @@ int run(const options& o) {
   version = version.substr(0, version.find("  Data at"));
   while (!version.empty() && std::isspace(static_cast<unsigned char>(version.back()))) version.pop_back();
 
-  std::ifstream tin(o.text, std::ios::binary);
-  if (!tin) throw usage_error("cannot read the text " + o.text.string());
-  const std::vector<std::string> all = sentences_of(slurp(o.text), o.max_words);
+  const std::vector<std::string> all = sentences_of(text, o.max_words);
   // Deduplicate identical sentences (after normalisation) before anything is split.
   std::vector<std::string> unique;
   std::set<std::string> seen;
@@ -398,7 +403,7 @@ int run(const options& o) {
   nlohmann::json m;
   m["format"] = "memalg-speech";
   m["version"] = 1;
-  m["generator"] = generator_json(o);
+  m["generator"] = generator_json(o, text_key);
   m["synthesiser"] = version;
   m["audio"] = {{"sample_rate", rate}, {"bits", 16}, {"channels", 1}, {"wav_dir", o.wav ? "wav" : ""}};
   m["features"] = {{"kind", "log-mel"},   {"n_fft", mc.n_fft},     {"hop", mc.hop},       {"window", "hann-periodic"},
