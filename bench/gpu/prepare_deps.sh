@@ -8,9 +8,19 @@
 #   .deps/include/{doctest,nlohmann,CLI,fmt}          doctest (tests), JSON/CLI11/fmt (the tool)
 #   .deps/lib/cmake/<pkg>/<pkg>Config.cmake           minimal packages for find_package(doctest,
 #                                                     CLI11, nlohmann_json): INTERFACE targets
+#   .deps/include/kissfft, .deps/lib/libkissfft-float.so.*, .deps/lib/cmake/kissfft/,
+#   .deps/share/doc/kissfft/copyright
+#                                                     KissFFT (memalg/data/mel.hpp) as the target
+#                                                     kissfft::kissfft-float, when it is installed
+#   .deps/data/speech/                                a small speech dataset (docs/speech-data.md:
+#                                                     40 utterances, no WAV files), made here by
+#                                                     make_speech_data when it is built (MEMALG_SPEECH_TOOL)
+#                                                     and espeak-ng is installed; configure the GPU
+#                                                     build with -DMEMALG_SPEECH_DATA_DIR=<root>/.deps/data/speech
 # The top-level CMakeLists.txt takes Boost from MEMALG_BOOST_INCLUDE_DIR when no Boost package is
 # found. Afterwards every Boost header memalg's own headers reach is checked to come from the copy.
-# Source: MEMALG_DEPS_FROM (default /usr/include).
+# Source: MEMALG_DEPS_FROM (default /usr/include); KissFFT's library from MEMALG_KISSFFT_LIB
+# (default /usr/lib/x86_64-linux-gnu).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 from=${MEMALG_DEPS_FROM:-/usr/include}
@@ -57,6 +67,48 @@ CONFIG
 package doctest doctest::doctest "$(version_of "$deps/include/doctest" DOCTEST_VERSION_)"
 package CLI11 CLI11::CLI11 "$(version_of "$deps/include/CLI" CLI11_VERSION_)"
 package nlohmann_json nlohmann_json::nlohmann_json "$(version_of "$deps/include/nlohmann" NLOHMANN_JSON_VERSION_)"
+
+# KissFFT: the headers, the shared library and a package that names them (optional: without it
+# the GPU build has no memalg/data/mel.hpp users, which the CMake files already allow).
+kiss_lib=${MEMALG_KISSFFT_LIB:-/usr/lib/x86_64-linux-gnu}
+if [ -f "$from/kissfft/kiss_fftr.h" ] && [ -e "$kiss_lib/libkissfft-float.so" ]; then
+  cp -r "$from/kissfft" "$deps/include/"
+  # One plain file under the library's soname (what the loader asks for): links may not travel.
+  soname=$(basename "$(readlink "$kiss_lib/libkissfft-float.so" || echo libkissfft-float.so)")
+  cp -L "$kiss_lib/libkissfft-float.so" "$deps/lib/$soname"
+  # BSD-3-Clause: the copyright notice and license travel with the binary.
+  for c in /usr/share/doc/libkissfft-float131/copyright /usr/share/doc/libkissfft-dev/copyright; do
+    [ -f "$c" ] && { mkdir -p "$deps/share/doc/kissfft"; cp "$c" "$deps/share/doc/kissfft/copyright"; break; }
+  done
+  mkdir -p "$deps/lib/cmake/kissfft"
+  cat > "$deps/lib/cmake/kissfft/kissfft-config.cmake" <<CONFIG
+# Written by bench/gpu/prepare_deps.sh: KissFFT's float build in .deps as kissfft::kissfft-float.
+if(NOT TARGET kissfft::kissfft-float)
+  get_filename_component(_memalg_deps "\${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+  add_library(kissfft::kissfft-float SHARED IMPORTED)
+  set_target_properties(kissfft::kissfft-float PROPERTIES
+    IMPORTED_LOCATION "\${_memalg_deps}/lib/${soname}"
+    IMPORTED_SONAME "${soname}"
+    INTERFACE_INCLUDE_DIRECTORIES "\${_memalg_deps}/include/kissfft"
+    INTERFACE_COMPILE_DEFINITIONS "kiss_fft_scalar=float;KISS_FFT_SHARED")
+endif()
+set(kissfft_FOUND ON)
+CONFIG
+  kiss_version=$(grep -h "KISSFFT_VERSION" /usr/lib/x86_64-linux-gnu/cmake/kissfft/kissfft-config.cmake 2>/dev/null |
+                 sed -n 's/.*KISSFFT_VERSION \([0-9.]*\).*/\1/p' | head -1)
+  echo "set(PACKAGE_VERSION \"${kiss_version:-0}\")" > "$deps/lib/cmake/kissfft/kissfft-config-version.cmake"
+  echo 'set(PACKAGE_VERSION_COMPATIBLE TRUE)' >> "$deps/lib/cmake/kissfft/kissfft-config-version.cmake"
+else
+  echo "prepare_deps: KissFFT not found ($from/kissfft, $kiss_lib/libkissfft-float.so): not carried" >&2
+fi
+
+# A small speech dataset: the GPU machine has no espeak-ng to make one.
+tool=${MEMALG_SPEECH_TOOL:-$root/build/tools/make_speech_data}
+if [ -x "$tool" ] && command -v espeak-ng > /dev/null; then
+  "$tool" --out "$deps/data/speech" --utterances 40 --no-wav
+else
+  echo "prepare_deps: no $tool or no espeak-ng: no speech dataset carried (build make_speech_data first)" >&2
+fi
 
 # Every Boost header the library reaches must come from the copy.
 if command -v g++ > /dev/null; then
