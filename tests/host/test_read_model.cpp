@@ -1,10 +1,17 @@
 // SPDX-License-Identifier: BSL-1.0
 // exec::read_decoder_lm: the language model the runtime reads off a model's layer descriptors —
 // from transformer_lm of a config, from the presets, from a model written as layer types — and
-// the models it refuses, each with its sentence.
+// the models it refuses, each with its sentence; and a model written as layer types trains.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <memalg/backend/cpu/gpt_run.hpp>
+#include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/exec/read_model.hpp>
+#include <memalg/memalg.hpp>
 #include <memalg/model/compose.hpp>
 #include <memalg/model/presets.hpp>
 
@@ -124,4 +131,38 @@ TEST_CASE("read_decoder_lm refuses what is not a decoder-only language model, sa
   CHECK(problem(mm::sequential<mm::embedding<64, 32>, mm::dropout<32, 100>, mm::repeat<3, block>, mm::rmsnorm<32>,
                                mm::output<32, 64>>::value)
             .find("one dropout probability") != std::string::npos);
+}
+
+namespace {
+struct budget {
+  static constexpr m::device_desc value{"cpu", m::bytes{std::uint64_t{1} << 30}, m::bytes{}};
+};
+template <class Model>
+using cpu_plan = m::plan<Model, m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>,
+                                                 m::train::reference_kernels>,
+                         m::parallel::mesh<>, budget>;
+std::vector<std::int32_t> some_ids(std::size_t n, int shift) {
+  std::vector<std::int32_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int32_t>((i * 7 + static_cast<std::size_t>(shift) + i / 5) % 64);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("a model written as layer types trains on the CPU runtime, its arena at the plan's peak") {
+  using plan = cpu_plan<hand_written>;
+  using run = m::exec::gpt_run<plan, m::backend::cpu::local_communicator>;
+  static_assert(run::issue == m::exec::runtime_issue::none);
+  static_assert(run::config.layers == 3 && run::config.kv_heads == 2 && run::config.gated && !run::config.tied);
+  m::backend::cpu::local_communicator dp, tp;
+  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  const std::size_t n = run::config.micro_batch * run::config.sequence;
+  float first = 0, last = 0;
+  for (int s = 0; s < 8; ++s) {  // the same batch: the loss must fall
+    last = trainer.train_step(some_ids(n, 0), some_ids(n, 1));
+    if (s == 0) first = last;
+  }
+  CHECK(last < first);
+  const m::breakdown& want = plan::result.per_rank;
+  CHECK(trainer.memory().high_water() == (want.total() - want.reserve).value);
+  CHECK(trainer.memory().persistent_used() == plan::result.most_loaded.at[0].model_states().value);
 }

@@ -23,6 +23,7 @@
 
 #include "memalg/exec/config.hpp"
 #include "memalg/exec/program.hpp"
+#include "memalg/exec/read_model.hpp"
 #include "memalg/exec/runtime_issues.hpp"
 #include "memalg/model/transformer.hpp"
 #include "memalg/plan/plan.hpp"
@@ -175,9 +176,17 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
 }
 
 namespace detail {
-/// The lm_config of a runtime_gpt model type.
+/// The lm_config of a plan's model type: any model whose layer descriptors describe a decoder-only
+/// language model (exec/read_model.hpp: transformer_lm of a config, a preset, the HF import, a
+/// model::sequential of layer types), read off the descriptors; runtime_gpt and
+/// runtime_gpt_replicated name their config directly (the same fields: tests/host/test_read_model.cpp).
 template <class M>
-struct config_of;
+struct config_of {
+  static constexpr lm_reading reading = read_decoder_lm(M::value);
+  static_assert(runtime_check<reading.ok() ? runtime_issue::none : runtime_issue::model>::value,
+                "gpt_run: the plan's model is not a decoder-only language model");
+  static constexpr lm_config value = reading.config;
+};
 template <class C>
 struct config_of<runtime_gpt<C>> {
   static constexpr lm_config value = C::value;
