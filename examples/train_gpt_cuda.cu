@@ -75,6 +75,9 @@ struct gpt2_124m { static constexpr m::lm_config value = gpt2_small(); };
 /// cuBLASLt workspace) is what the measured overhead layers are compared with.
 template <class Config, class Recipe, class Mesh>
 using gpu_plan = m::plan<m::exec::runtime_gpt_replicated<Config>, Recipe, Mesh, m::device::h200>;  // the CUDA trainer's layout
+/// The step program's tensor-parallel layout: vocabulary-parallel embedding and loss.
+template <class Config, class Recipe, class Mesh>
+using gpu_plan_vocab = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, m::device::h200>;
 template <class Precision, class Optimizer, class Batch, class... Options>
 using recipe = m::train::recipe<Precision, Optimizer, Batch, m::train::reference_kernels, Options...>;
 using tiny_batch = m::train::batch<8, 64>;
@@ -108,6 +111,16 @@ MEMALG_NAMED_PLAN(dp4_zero3, "dp4-zero3", "fp32 AdamW, 4 data-parallel ranks, Ze
 MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks",
                   gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
                            m::parallel::mesh<m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(tp2_vocab, "tp2-vocab", "fp32 AdamW, 2 tensor-parallel ranks, vocabulary-parallel embedding and loss",
+                  gpu_plan_vocab<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                                 m::parallel::mesh<m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(tp2_sp, "tp2-sp", "fp32 AdamW, 2 tensor-parallel ranks with sequence parallelism, vocabulary-parallel",
+                  gpu_plan_vocab<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                                 m::parallel::mesh<m::parallel::tensor<2, true>>>);
+MEMALG_NAMED_PLAN(tp2_sp_dropout, "tp2-sp-dropout",
+                  "fp32 AdamW, dropout 0.1, flash attention, 2 tensor-parallel ranks with sequence parallelism",
+                  gpu_plan_vocab<gpt_fp32_dropout, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                                 m::parallel::mesh<m::parallel::tensor<2, true>>>);
 MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x 2 tensor-parallel ranks, ZeRO-2",
                   gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
@@ -118,7 +131,7 @@ MEMALG_NAMED_PLAN(gpt2_124m_plan, "gpt2-124m",
 #undef MEMALG_NAMED_PLAN
 
 using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_selective, tiny_recompute, dp2_zero1, dp2_zero2_bf16, dp4_zero3,
-                         tp2, dp2_tp2_zero2, gpt2_124m_plan>;
+                         tp2, tp2_vocab, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, gpt2_124m_plan>;
 
 // ---- command line ---------------------------------------------------------------------------
 struct cuda_options : options {
