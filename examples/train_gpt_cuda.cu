@@ -93,12 +93,15 @@ MEMALG_NAMED_PLAN(tiny_selective, "tiny-selective",
                            recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch, m::train::recompute::selective,
                                   m::train::grad_accum<2>>,
                            single>);
-MEMALG_NAMED_PLAN(tiny_recompute, "tiny-recompute",
-                  "fp32, momentum SGD, dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
-                  gpu_plan<gpt_fp32_dropout,
-                           recipe<m::precision::fp32, m::optim::momentum<>, tiny_batch, m::train::recompute::full,
-                                  m::train::grad_accum<2>>,
-                           single>);
+// Momentum SGD needs a larger step than the Adam-family default: this run's own learning rate
+// (train_gpt_cpu's tiny-recompute's).
+MEMALG_NAMED_PLAN_LR(tiny_recompute, "tiny-recompute",
+                     "fp32, momentum SGD (lr 0.05), dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
+                     0.05f,
+                     gpu_plan<gpt_fp32_dropout,
+                              recipe<m::precision::fp32, m::optim::momentum<>, tiny_batch, m::train::recompute::full,
+                                     m::train::grad_accum<2>>,
+                              single>);
 MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
                   gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
@@ -129,6 +132,7 @@ MEMALG_NAMED_PLAN(gpt2_124m_plan, "gpt2-124m",
                   gpu_plan<gpt2_124m, recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<16, 1024>>,
                            single>);
 #undef MEMALG_NAMED_PLAN
+#undef MEMALG_NAMED_PLAN_LR
 
 using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_selective, tiny_recompute, dp2_zero1, dp2_zero2_bf16, dp4_zero3,
                          tp2, tp2_vocab, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, gpt2_124m_plan>;
@@ -148,24 +152,27 @@ double parse_tflops(const char* text) {
   return v;
 }
 
-constexpr const char* help_text =
+const std::string help_text = std::string(
     "usage: train_gpt_cuda [--list-plans] [--plan NAME] [--steps N] [--seed S] [--checkpoint DIR [--resume]]\n"
     "                      [--data FILE] [--json] [--dry-run] [--peak-tflops X]\n"
-    "  --list-plans     one line per plan: name, ranks=N, description\n"
-    "  --steps N        the step the run ends at (with --resume: continue from the checkpoint)\n"
-    "  --json           one final object: plan, steps, loss_first, loss_last, tokens_per_s, mfu,\n"
-    "                   memory {predicted_arena, measured_arena, predicted_peak, measured_peak},\n"
-    "                   memory_layers {context, libraries, scratch, communicator, arena, modules, ...}\n"
-    "  --dry-run        no GPU: run every rank's step program on a backend that executes nothing,\n"
-    "                   replay its arena trace and compare the high-water mark with the plan\n"
-    "                   (--plan all: every plan)\n"
-    "  --peak-tflops X  the device's dense bf16 peak for the MFU (default: from the device name)\n"
+    "                      [--lr X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X] [--momentum X] [--clip X]\n"
+    "  --list-plans      one line per plan: name, ranks=N, description\n"
+    "  --steps N         the step the run ends at (with --resume: continue from the checkpoint)\n"
+    "  --json            one final object: plan, steps, loss_first, loss_last, tokens_per_s, mfu, hparams,\n"
+    "                    memory {predicted_arena, measured_arena, arena_capacity, layout_high_water,\n"
+    "                    predicted_peak, measured_peak}, memory_layers {context, libraries, scratch, ...}\n"
+    "  --dry-run         no GPU: run every rank's step program on a backend that executes nothing,\n"
+    "                    replay its arena trace and compare the high-water mark with the plan\n"
+    "                    (--plan all: every plan)\n"
+    "  --peak-tflops X   the device's dense bf16 peak for the MFU (default: from the device name)\n") +
+    hparams_help +
     "  MFU = (6N + 6*L*C*T) * tokens/s / (peak * GPUs): N parameters, L layers, C width, T sequence\n"
     "  (llm.c's count), peak the dense bf16 tensor-core rate (989.4 TFLOP/s on H100/H200 SXM).\n"
     "  Multi-rank plans: mpirun -np <ranks> train_gpt_cuda --plan NAME (built with MPI and NCCL).\n";
 
 cuda_options parse(int argc, char** argv) {
-  return parse_options<cuda_options>(argc, argv, help_text, [](cuda_options& o, std::string_view a, const auto& value) {
+  return parse_options<cuda_options>(argc, argv, help_text.c_str(), [](cuda_options& o, std::string_view a, const auto& value) {
+    if (parse_hparam(o, a, value)) return true;
     if (a == "--peak-tflops") o.peak_tflops = parse_tflops(value());
     else if (a == "--dry-run") o.dry_run = true;
     else return false;
@@ -286,9 +293,11 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
           cu::overhead_meter& meter, measured_layers& ml) {
   using run = cu::gpt_run<typename Named::plan, device_group>;
   const std::vector<std::int32_t> text = read_bytes(o.data);
+  const m::exec::optimizer_hparams hp = hparams_for<Named>(o);
+  const m::exec::gpt_config config = m::exec::with_hparams(run::config, hp);
   // The plan's step program, on the CUDA step backend: it allocates (and measures) its cuBLASLt
   // workspace, its scratch and the arena.
-  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  typename run::trainer trainer(config, run::arena, dp, tp);
   meter.step();  // the backend measured its own allocations; the first step's growth is counted from here
   const checkpoint_place ckpt = checkpoint_of(o, Named::name, p.rank, p.size);
   std::uint64_t start = 0;
@@ -329,6 +338,9 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
     m::exec::save_checkpoint(ckpt.file, ckpt.fingerprint, o.steps, sections);
   }
 
+  // Memory, in bytes (docs/runtime.md, "Reading the memory report"): the keys of train_gpt_cpu's
+  // JSON. The CUDA backend has no live-bytes meter: its measured_arena is the step program's
+  // layout high-water mark (as layout_high_water), the arena the kernels address.
   const auto& mem = trainer.memory();
   const std::size_t predicted_arena = run::arena.persistent + run::arena.stack;
   const double tokens_per_s = seconds > 0 ? static_cast<double>(timed_tokens) / seconds : 0.0;
@@ -341,19 +353,25 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
     if (o.json) {
       std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, "
                   "\"tokens_per_s\": %.1f, \"mfu\": %.6f, \"device\": \"%s\", \"peak_flops\": %.4g, \"ranks\": %d, "
-                  "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"predicted_peak\": %zu, "
-                  "\"measured_peak\": %zu}, ",
+                  "\"hparams\": {\"lr\": %g, \"weight_decay\": %g, \"beta1\": %g, \"beta2\": %g, \"eps\": %g, "
+                  "\"momentum\": %g, \"clip\": %g}, "
+                  "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"arena_capacity\": %zu, "
+                  "\"layout_high_water\": %zu, \"predicted_peak\": %zu, \"measured_peak\": %zu}, ",
                   Named::name.data(), static_cast<unsigned long long>(o.steps - start), static_cast<double>(first),
-                  static_cast<double>(last), tokens_per_s, mfu, device.c_str(), peak, p.size, predicted_arena,
-                  mem.high_water(), run::predicted_device_peak, ml.peak_used);
+                  static_cast<double>(last), tokens_per_s, mfu, device.c_str(), peak, p.size, static_cast<double>(hp.lr),
+                  static_cast<double>(hp.weight_decay), static_cast<double>(hp.beta1), static_cast<double>(hp.beta2),
+                  static_cast<double>(hp.eps), static_cast<double>(hp.momentum), static_cast<double>(hp.max_grad_norm),
+                  predicted_arena, mem.high_water(), mem.capacity(), mem.high_water(), run::predicted_device_peak,
+                  ml.peak_used);
       print_layers_json(ml, trainer.backend().memory_report(), run::predicted_reserve);
       std::printf("}\n");
     } else {
       const auto& r = trainer.backend().memory_report();
       std::printf("\nplan %s: %s\n", Named::name.data(), Named::description.data());
       std::printf("step program: %zu ops a step on the CUDA step backend\n", trainer.step_program().op_count());
-      std::printf("device %s, %d rank(s); loss %.4f -> %.4f over %llu steps\n", device.c_str(), p.size,
-                  static_cast<double>(first), static_cast<double>(last), static_cast<unsigned long long>(o.steps - start));
+      std::printf("device %s, %d rank(s); loss %.4f -> %.4f over %llu steps (lr %g)\n", device.c_str(), p.size,
+                  static_cast<double>(first), static_cast<double>(last), static_cast<unsigned long long>(o.steps - start),
+                  static_cast<double>(hp.lr));
       std::printf("%.0f tokens/s, MFU %.2f%% (6N + 6LCT flops per token over %.1f TFLOP/s dense bf16%s)\n",
                   tokens_per_s, 100.0 * mfu, peak / 1e12, peak > 0 ? "" : ": unknown device, pass --peak-tflops");
       std::printf("arena: predicted %zu B, high-water %zu B (%s)\n", predicted_arena, mem.high_water(),
@@ -398,15 +416,17 @@ int dry_run(const cuda_options& o) {
   using run = cu::gpt_run<plan, device_group>;
   constexpr m::mesh_desc mesh = plan::mesh;
   const std::size_t predicted = run::arena.persistent + run::arena.stack;
-  std::size_t worst = 0, scratch = 0, ops = 0;
+  std::size_t worst = 0, scratch = 0, ops = 0, capacity = 0, layout = 0;
   bool exact = true;
+  const m::exec::optimizer_hparams hp = hparams_for<Named>(o);
+  const m::exec::gpt_config config = m::exec::with_hparams(run::config, hp);  // changes no byte of the program
   const std::size_t tokens = run::config.grad_accum * run::config.micro_batch * run::config.sequence;
   const std::vector<std::int32_t> ids(tokens, 0);
   for (std::uint64_t rank = 0; rank < mesh.world; ++rank) {
     const std::size_t tp_rank = rank % mesh.tp, dp_rank = rank / mesh.tp;
     // The program the CUDA step backend would run on this rank, on a backend that executes nothing.
     const m::exec::program program =
-        m::exec::build_program(run::config, run::arena, m::exec::rank_coords{dp_rank, tp_rank}, run::backend::storage_elem);
+        m::exec::build_program(config, run::arena, m::exec::rank_coords{dp_rank, tp_rank}, run::backend::storage_elem);
     m::exec::null_backend backend(program);
     m::exec::run_state state{};
     for (std::uint64_t s = 0; s < std::min<std::uint64_t>(o.steps, 2); ++s)
@@ -416,13 +436,20 @@ int dry_run(const cuda_options& o) {
     worst = std::max(worst, traced);
     scratch = std::max(scratch, cu::step_backend_scratch_bytes(program));
     ops = std::max<std::size_t>(ops, program.op_count());
+    capacity = std::max<std::size_t>(capacity, program.sizes.persistent + program.sizes.stack);
+    layout = std::max<std::size_t>(layout, program.high_water);
     exact = exact && traced == predicted && program.high_water == predicted;
   }
   if (o.json)
-    std::printf("{\"plan\": \"%s\", \"dry_run\": true, \"ranks\": %llu, \"memory\": {\"predicted_arena\": %zu, "
-                "\"measured_arena\": %zu, \"predicted_peak\": %zu}, \"memory_layers\": {\"scratch_requested\": %zu}}\n",
-                Named::name.data(), static_cast<unsigned long long>(mesh.world), predicted, worst,
-                run::predicted_device_peak, scratch);
+    std::printf("{\"plan\": \"%s\", \"dry_run\": true, \"ranks\": %llu, "
+                "\"hparams\": {\"lr\": %g, \"weight_decay\": %g, \"beta1\": %g, \"beta2\": %g, \"eps\": %g, "
+                "\"momentum\": %g, \"clip\": %g}, "
+                "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"arena_capacity\": %zu, "
+                "\"layout_high_water\": %zu, \"predicted_peak\": %zu}, \"memory_layers\": {\"scratch_requested\": %zu}}\n",
+                Named::name.data(), static_cast<unsigned long long>(mesh.world), static_cast<double>(hp.lr),
+                static_cast<double>(hp.weight_decay), static_cast<double>(hp.beta1), static_cast<double>(hp.beta2),
+                static_cast<double>(hp.eps), static_cast<double>(hp.momentum), static_cast<double>(hp.max_grad_norm),
+                predicted, worst, capacity, layout, run::predicted_device_peak, scratch);
   else
     std::printf("plan %s (dry run, %llu rank(s), step program of %zu ops, no kernels): arena predicted %zu B, "
                 "high-water %zu B (%s); device peak predicted %s; backend scratch %zu B\n",
