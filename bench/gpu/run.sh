@@ -17,8 +17,8 @@
 #      $OUT/ctest.xml);
 #   3. trains with train_gpt_cuda (the plan's step program on the CUDA step backend) the GPT-2
 #      124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for MEMALG_BENCH_STEPS steps (default
-#      40) and the tiny fp32 and bf16 plans, with --json (the multi-rank plans, tp2-vocab and
-#      tp2-sp among them, need one GPU per rank under mpirun: here only ctest's dry run checks them);
+#      40) and the tiny fp32 and bf16 plans, with --json (the multi-rank plans, tp2-vocab,
+#      tp2-sp and pp2 among them, need one GPU per rank under mpirun: here only ctest's dry run checks them);
 #   3a. trains the tiny fp32 plan with train_gpt_cpu too: the same program on the CPU step
 #      backend, on the same batches; the first losses must agree within a relative 1e-5 and the
 #      last, after 50 AdamW steps that amplify rounding differences, within 1e-2

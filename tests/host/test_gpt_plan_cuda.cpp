@@ -45,7 +45,12 @@ TEST_CASE("the CUDA runtime implements fp32 and mixed-bf16, on one rank or many"
                                   m::train::reference_kernels>;
   CHECK(ex::find_cpu_runtime_issue(c, recipe::value, dp2::value) == ex::runtime_issue::none);
   using pp2 = m::parallel::mesh<m::parallel::pipeline<2>>;
-  CHECK(issue<m::precision::fp32, pp2>(c) == ex::cuda_runtime_issue::mesh);
+  // Pipeline stages: the CPU runtime's rule (fp32, an untied output layer).
+  CHECK(issue<m::precision::fp32, pp2>(c) == ex::cuda_runtime_issue::pipeline);
+  m::lm_config untied = c;
+  untied.tied = false;
+  CHECK(issue<m::precision::fp32, pp2>(untied) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::mixed_bf16, pp2>(untied) == ex::cuda_runtime_issue::pipeline);
   CHECK_FALSE(ex::describe_cuda(ex::cuda_runtime_issue::precision).empty());
 }
 

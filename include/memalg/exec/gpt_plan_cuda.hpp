@@ -7,12 +7,10 @@
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
 //     weights and optimizer states). No fp16: the GPU backend has no dynamic loss scaler.
 //   * head width: at most 128 with flash attention, 256 without (the kernels' register tiles).
-//   * no pipeline parallelism (pp > 1: runtime_issue::mesh): the backend executes the stages'
-//     send/recv (its 4-argument constructor), but gpt_run_cuda and train_gpt_cuda build no
-//     pipeline communicator nor stage programs.
 // Everything else is find_cpu_runtime_issue's rule: GPT-2 architecture and its Llama-style
 // variants (llama_style: RMSNorm, SwiGLU, rotary, grouped-query flash attention, no or q/k/v-only
-// biases), optimizers, fused optimizer step, DP/ZeRO/TP, ZeRO-3 one layer at a time, the
+// biases), optimizers, fused optimizer step, DP/ZeRO/TP, 1F1B pipeline stages (fp32, untied
+// output: find_cpu_pipeline_issue), ZeRO-3 one layer at a time, the
 // vocabulary-parallel embedding (vocabulary divisible by tp) and sequence parallelism (GPT-2-style
 // fp32 plans without selective recomputation), and find_cpu_plan_issue's chunked-loss limit.
 //
@@ -34,7 +32,6 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
   if (!fp32 && !mixed_bf16) return runtime_issue::precision;
-  if (m.pp != 1) return runtime_issue::mesh;  // no pipeline stages in gpt_run_cuda / train_gpt_cuda yet
   const runtime_issue shared = find_cpu_runtime_issue(c, t, m);  // the step program's rule
   if (shared != runtime_issue::none) return shared;
   const std::uint64_t head_width = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
