@@ -70,11 +70,23 @@ struct gpt_bf16 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf1
 struct gpt_bf16_flash { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16, true); };
 struct gpt_fp32_dropout { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32, true, 100); };
 struct gpt2_124m { static constexpr m::lm_config value = gpt2_small(); };
+/// gpt_fp32 with an untied output layer: pipeline stages keep no copy of a tied embedding on the
+/// last stage (exec/gpt_plan.hpp, find_cpu_pipeline_issue), as in train_gpt_cpu.
+struct gpt_fp32_untied {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = gpt_bytes(m::dtypes::fp32);
+    c.tied = false;
+    return c;
+  }();
+};
 
 /// Plans target the H200 the benchmark runs on; its device reserve (context estimate + 32 MiB
 /// cuBLASLt workspace) is what the measured overhead layers are compared with.
 template <class Config, class Recipe, class Mesh>
 using gpu_plan = m::plan<m::exec::runtime_gpt_replicated<Config>, Recipe, Mesh, m::device::h200>;  // the CUDA trainer's layout
+/// The step program's tensor-parallel layout: vocabulary-parallel embedding and loss.
+template <class Config, class Recipe, class Mesh>
+using gpu_plan_vocab = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, m::device::h200>;
 template <class Precision, class Optimizer, class Batch, class... Options>
 using recipe = m::train::recipe<Precision, Optimizer, Batch, m::train::reference_kernels, Options...>;
 using tiny_batch = m::train::batch<8, 64>;
@@ -90,12 +102,15 @@ MEMALG_NAMED_PLAN(tiny_selective, "tiny-selective",
                            recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch, m::train::recompute::selective,
                                   m::train::grad_accum<2>>,
                            single>);
-MEMALG_NAMED_PLAN(tiny_recompute, "tiny-recompute",
-                  "fp32, momentum SGD, dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
-                  gpu_plan<gpt_fp32_dropout,
-                           recipe<m::precision::fp32, m::optim::momentum<>, tiny_batch, m::train::recompute::full,
-                                  m::train::grad_accum<2>>,
-                           single>);
+// Momentum SGD needs a larger step than the Adam-family default: this run's own learning rate
+// (train_gpt_cpu's tiny-recompute's).
+MEMALG_NAMED_PLAN_LR(tiny_recompute, "tiny-recompute",
+                     "fp32, momentum SGD (lr 0.05), dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
+                     0.05f,
+                     gpu_plan<gpt_fp32_dropout,
+                              recipe<m::precision::fp32, m::optim::momentum<>, tiny_batch, m::train::recompute::full,
+                                     m::train::grad_accum<2>>,
+                              single>);
 MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
                   gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
@@ -108,6 +123,16 @@ MEMALG_NAMED_PLAN(dp4_zero3, "dp4-zero3", "fp32 AdamW, 4 data-parallel ranks, Ze
 MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks",
                   gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
                            m::parallel::mesh<m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(tp2_vocab, "tp2-vocab", "fp32 AdamW, 2 tensor-parallel ranks, vocabulary-parallel embedding and loss",
+                  gpu_plan_vocab<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                                 m::parallel::mesh<m::parallel::tensor<2>>>);
+MEMALG_NAMED_PLAN(tp2_sp, "tp2-sp", "fp32 AdamW, 2 tensor-parallel ranks with sequence parallelism, vocabulary-parallel",
+                  gpu_plan_vocab<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                                 m::parallel::mesh<m::parallel::tensor<2, true>>>);
+MEMALG_NAMED_PLAN(tp2_sp_dropout, "tp2-sp-dropout",
+                  "fp32 AdamW, dropout 0.1, flash attention, 2 tensor-parallel ranks with sequence parallelism",
+                  gpu_plan_vocab<gpt_fp32_dropout, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
+                                 m::parallel::mesh<m::parallel::tensor<2, true>>>);
 MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x 2 tensor-parallel ranks, ZeRO-2",
                   gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
@@ -115,10 +140,20 @@ MEMALG_NAMED_PLAN(gpt2_124m_plan, "gpt2-124m",
                   "GPT-2 124M shape (vocab 50304, 12x768, 12 heads, seq 1024), mixed-bf16 AdamW, flash, 16x1024 tokens, 1 rank",
                   gpu_plan<gpt2_124m, recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<16, 1024>>,
                            single>);
+template <class Precision, class Optimizer, class... Options>
+using pipeline_recipe =
+    m::train::recipe<Precision, Optimizer, m::train::batch<4, 64>, m::train::grad_accum<4>, m::train::reference_kernels, Options...>;
+MEMALG_NAMED_PLAN(pp2, "pp2", "fp32 AdamW, untied output, 2 pipeline stages (1F1B, 4 micro-batches)",
+                  gpu_plan_vocab<gpt_fp32_untied, pipeline_recipe<m::precision::fp32, m::optim::adamw<>>,
+                                 m::parallel::mesh<m::parallel::pipeline<2>>>);
+MEMALG_NAMED_PLAN(pp2_dp2, "pp2-dp2", "fp32 AdamW, untied output, 2 data-parallel ranks x 2 pipeline stages (1F1B, 4 micro-batches)",
+                  gpu_plan_vocab<gpt_fp32_untied, pipeline_recipe<m::precision::fp32, m::optim::adamw<>>,
+                                 m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>>);
 #undef MEMALG_NAMED_PLAN
+#undef MEMALG_NAMED_PLAN_LR
 
 using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_selective, tiny_recompute, dp2_zero1, dp2_zero2_bf16, dp4_zero3,
-                         tp2, dp2_tp2_zero2, gpt2_124m_plan>;
+                         tp2, tp2_vocab, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, gpt2_124m_plan, pp2, pp2_dp2>;
 
 // ---- command line ---------------------------------------------------------------------------
 struct cuda_options : options {
@@ -135,24 +170,27 @@ double parse_tflops(const char* text) {
   return v;
 }
 
-constexpr const char* help_text =
+const std::string help_text = std::string(
     "usage: train_gpt_cuda [--list-plans] [--plan NAME] [--steps N] [--seed S] [--checkpoint DIR [--resume]]\n"
     "                      [--data FILE] [--json] [--dry-run] [--peak-tflops X]\n"
-    "  --list-plans     one line per plan: name, ranks=N, description\n"
-    "  --steps N        the step the run ends at (with --resume: continue from the checkpoint)\n"
-    "  --json           one final object: plan, steps, loss_first, loss_last, tokens_per_s, mfu,\n"
-    "                   memory {predicted_arena, measured_arena, predicted_peak, measured_peak},\n"
-    "                   memory_layers {context, libraries, scratch, communicator, arena, modules, ...}\n"
-    "  --dry-run        no GPU: run every rank's step program on a backend that executes nothing,\n"
-    "                   replay its arena trace and compare the high-water mark with the plan\n"
-    "                   (--plan all: every plan)\n"
-    "  --peak-tflops X  the device's dense bf16 peak for the MFU (default: from the device name)\n"
+    "                      [--lr X] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X] [--momentum X] [--clip X]\n"
+    "  --list-plans      one line per plan: name, ranks=N, description\n"
+    "  --steps N         the step the run ends at (with --resume: continue from the checkpoint)\n"
+    "  --json            one final object: plan, steps, loss_first, loss_last, tokens_per_s, mfu, hparams,\n"
+    "                    memory {predicted_arena, measured_arena, arena_capacity, layout_high_water,\n"
+    "                    predicted_peak, measured_peak}, memory_layers {context, libraries, scratch, ...}\n"
+    "  --dry-run         no GPU: run every rank's step program on a backend that executes nothing,\n"
+    "                    replay its arena trace and compare the high-water mark with the plan\n"
+    "                    (--plan all: every plan)\n"
+    "  --peak-tflops X   the device's dense bf16 peak for the MFU (default: from the device name)\n") +
+    hparams_help +
     "  MFU = (6N + 6*L*C*T) * tokens/s / (peak * GPUs): N parameters, L layers, C width, T sequence\n"
     "  (llm.c's count), peak the dense bf16 tensor-core rate (989.4 TFLOP/s on H100/H200 SXM).\n"
     "  Multi-rank plans: mpirun -np <ranks> train_gpt_cuda --plan NAME (built with MPI and NCCL).\n";
 
 cuda_options parse(int argc, char** argv) {
-  return parse_options<cuda_options>(argc, argv, help_text, [](cuda_options& o, std::string_view a, const auto& value) {
+  return parse_options<cuda_options>(argc, argv, help_text.c_str(), [](cuda_options& o, std::string_view a, const auto& value) {
+    if (parse_hparam(o, a, value)) return true;
     if (a == "--peak-tflops") o.peak_tflops = parse_tflops(value());
     else if (a == "--dry-run") o.dry_run = true;
     else return false;
@@ -269,13 +307,29 @@ void print_layers_json(const measured_layers& ml, const cu::step_backend_memory&
 
 // ---- one plan on a GPU ----------------------------------------------------------------------
 template <class Named>
-int train(const cuda_options& o, const process& p, device_group& dp, device_group& tp, std::size_t dp_rank,
-          cu::overhead_meter& meter, measured_layers& ml) {
+int train(const cuda_options& o, const process& p, device_group& dp, device_group& tp, device_group* pp,
+          std::size_t dp_rank, std::size_t stage, cu::overhead_meter& meter, measured_layers& ml) {
   using run = cu::gpt_run<typename Named::plan, device_group>;
   const std::vector<std::int32_t> text = read_bytes(o.data);
+  const m::exec::optimizer_hparams hp = hparams_for<Named>(o);
+  const m::exec::gpt_config config = m::exec::with_hparams(run::config, hp);
+  // A pipeline stage's arena and peak are its own stage's plan (the most loaded stage's otherwise).
+  constexpr bool pipelined = run::config.pp > 1;
+  const m::exec::arena_sizes arena = pipelined ? run::stage_arena(stage) : run::arena;
+  const std::size_t predicted_device_peak =
+      pipelined ? static_cast<std::size_t>(run::stage_peak(stage).total().value) : run::predicted_device_peak;
   // The plan's step program, on the CUDA step backend: it allocates (and measures) its cuBLASLt
   // workspace, its scratch and the arena.
-  typename run::trainer trainer(run::config, run::arena, dp, tp);
+  auto make = [&]() {
+    if constexpr (pipelined) {
+      if (pp == nullptr) throw std::logic_error("a pipeline stage needs its pipeline group");
+      return std::make_unique<typename run::trainer>(config, arena, dp, tp, *pp);
+    } else {
+      return std::make_unique<typename run::trainer>(config, arena, dp, tp);
+    }
+  };
+  const auto owned = make();
+  typename run::trainer& trainer = *owned;
   meter.step();  // the backend measured its own allocations; the first step's growth is counted from here
   const checkpoint_place ckpt = checkpoint_of(o, Named::name, p.rank, p.size);
   std::uint64_t start = 0;
@@ -316,8 +370,11 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
     m::exec::save_checkpoint(ckpt.file, ckpt.fingerprint, o.steps, sections);
   }
 
+  // Memory, in bytes (docs/runtime.md, "Reading the memory report"): the keys of train_gpt_cpu's
+  // JSON. The CUDA backend has no live-bytes meter: its measured_arena is the step program's
+  // layout high-water mark (as layout_high_water), the arena the kernels address.
   const auto& mem = trainer.memory();
-  const std::size_t predicted_arena = run::arena.persistent + run::arena.stack;
+  const std::size_t predicted_arena = arena.persistent + arena.stack;
   const double tokens_per_s = seconds > 0 ? static_cast<double>(timed_tokens) / seconds : 0.0;
   const std::string device = cu::device_name(p.device);
   const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : m::exec::dense_bf16_peak_flops(device);
@@ -328,25 +385,31 @@ int train(const cuda_options& o, const process& p, device_group& dp, device_grou
     if (o.json) {
       std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, "
                   "\"tokens_per_s\": %.1f, \"mfu\": %.6f, \"device\": \"%s\", \"peak_flops\": %.4g, \"ranks\": %d, "
-                  "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"predicted_peak\": %zu, "
-                  "\"measured_peak\": %zu}, ",
+                  "\"hparams\": {\"lr\": %g, \"weight_decay\": %g, \"beta1\": %g, \"beta2\": %g, \"eps\": %g, "
+                  "\"momentum\": %g, \"clip\": %g}, "
+                  "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"arena_capacity\": %zu, "
+                  "\"layout_high_water\": %zu, \"predicted_peak\": %zu, \"measured_peak\": %zu}, ",
                   Named::name.data(), static_cast<unsigned long long>(o.steps - start), static_cast<double>(first),
-                  static_cast<double>(last), tokens_per_s, mfu, device.c_str(), peak, p.size, predicted_arena,
-                  mem.high_water(), run::predicted_device_peak, ml.peak_used);
+                  static_cast<double>(last), tokens_per_s, mfu, device.c_str(), peak, p.size, static_cast<double>(hp.lr),
+                  static_cast<double>(hp.weight_decay), static_cast<double>(hp.beta1), static_cast<double>(hp.beta2),
+                  static_cast<double>(hp.eps), static_cast<double>(hp.momentum), static_cast<double>(hp.max_grad_norm),
+                  predicted_arena, mem.high_water(), mem.capacity(), mem.high_water(), predicted_device_peak,
+                  ml.peak_used);
       print_layers_json(ml, trainer.backend().memory_report(), run::predicted_reserve);
       std::printf("}\n");
     } else {
       const auto& r = trainer.backend().memory_report();
       std::printf("\nplan %s: %s\n", Named::name.data(), Named::description.data());
       std::printf("step program: %zu ops a step on the CUDA step backend\n", trainer.step_program().op_count());
-      std::printf("device %s, %d rank(s); loss %.4f -> %.4f over %llu steps\n", device.c_str(), p.size,
-                  static_cast<double>(first), static_cast<double>(last), static_cast<unsigned long long>(o.steps - start));
+      std::printf("device %s, %d rank(s); loss %.4f -> %.4f over %llu steps (lr %g)\n", device.c_str(), p.size,
+                  static_cast<double>(first), static_cast<double>(last), static_cast<unsigned long long>(o.steps - start),
+                  static_cast<double>(hp.lr));
       std::printf("%.0f tokens/s, MFU %.2f%% (6N + 6LCT flops per token over %.1f TFLOP/s dense bf16%s)\n",
                   tokens_per_s, 100.0 * mfu, peak / 1e12, peak > 0 ? "" : ": unknown device, pass --peak-tflops");
       std::printf("arena: predicted %zu B, high-water %zu B (%s)\n", predicted_arena, mem.high_water(),
                   exact ? "equal" : "DIFFERENT");
       std::printf("device peak: predicted %s (arena + reserve %s), measured %s\n",
-                  cu::format_bytes(run::predicted_device_peak).c_str(), cu::format_bytes(run::predicted_reserve).c_str(),
+                  cu::format_bytes(predicted_device_peak).c_str(), cu::format_bytes(run::predicted_reserve).c_str(),
                   cu::format_bytes(ml.peak_used).c_str());
       std::printf("layers: context %s, NCCL %s, cuBLASLt %s (workspace %s), scratch %s, arena %s, first-step %s\n",
                   cu::format_bytes(ml.layers.context).c_str(), cu::format_bytes(ml.layers.communicator).c_str(),
@@ -385,15 +448,19 @@ int dry_run(const cuda_options& o) {
   using run = cu::gpt_run<plan, device_group>;
   constexpr m::mesh_desc mesh = plan::mesh;
   const std::size_t predicted = run::arena.persistent + run::arena.stack;
-  std::size_t worst = 0, scratch = 0, ops = 0;
+  std::size_t worst = 0, scratch = 0, ops = 0, capacity = 0, layout = 0;
   bool exact = true;
+  const m::exec::optimizer_hparams hp = hparams_for<Named>(o);
+  const m::exec::gpt_config config = m::exec::with_hparams(run::config, hp);  // changes no byte of the program
   const std::size_t tokens = run::config.grad_accum * run::config.micro_batch * run::config.sequence;
   const std::vector<std::int32_t> ids(tokens, 0);
   for (std::uint64_t rank = 0; rank < mesh.world; ++rank) {
-    const std::size_t tp_rank = rank % mesh.tp, dp_rank = rank / mesh.tp;
+    // Megatron's rank order (as run_on_gpu): tensor-parallel fastest, then data-parallel, then the stage.
+    const std::size_t tp_rank = rank % mesh.tp, dp_rank = (rank / mesh.tp) % mesh.dp, pp_rank = rank / (mesh.tp * mesh.dp);
+    const m::exec::arena_sizes arena = mesh.pp > 1 ? run::stage_arena(pp_rank) : run::arena;
     // The program the CUDA step backend would run on this rank, on a backend that executes nothing.
-    const m::exec::program program =
-        m::exec::build_program(run::config, run::arena, m::exec::rank_coords{dp_rank, tp_rank}, run::backend::storage_elem);
+    const m::exec::program program = m::exec::build_program(config, arena, m::exec::rank_coords{dp_rank, tp_rank, pp_rank},
+                                                            run::backend::storage_elem);
     m::exec::null_backend backend(program);
     m::exec::run_state state{};
     for (std::uint64_t s = 0; s < std::min<std::uint64_t>(o.steps, 2); ++s)
@@ -403,13 +470,21 @@ int dry_run(const cuda_options& o) {
     worst = std::max(worst, traced);
     scratch = std::max(scratch, cu::step_backend_scratch_bytes(program));
     ops = std::max<std::size_t>(ops, program.op_count());
-    exact = exact && traced == predicted && program.high_water == predicted;
+    capacity = std::max<std::size_t>(capacity, program.sizes.persistent + program.sizes.stack);
+    layout = std::max<std::size_t>(layout, program.high_water);
+    const std::size_t planned = arena.persistent + arena.stack;  // this rank's stage's
+    exact = exact && traced == planned && program.high_water == planned;
   }
   if (o.json)
-    std::printf("{\"plan\": \"%s\", \"dry_run\": true, \"ranks\": %llu, \"memory\": {\"predicted_arena\": %zu, "
-                "\"measured_arena\": %zu, \"predicted_peak\": %zu}, \"memory_layers\": {\"scratch_requested\": %zu}}\n",
-                Named::name.data(), static_cast<unsigned long long>(mesh.world), predicted, worst,
-                run::predicted_device_peak, scratch);
+    std::printf("{\"plan\": \"%s\", \"dry_run\": true, \"ranks\": %llu, "
+                "\"hparams\": {\"lr\": %g, \"weight_decay\": %g, \"beta1\": %g, \"beta2\": %g, \"eps\": %g, "
+                "\"momentum\": %g, \"clip\": %g}, "
+                "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"arena_capacity\": %zu, "
+                "\"layout_high_water\": %zu, \"predicted_peak\": %zu}, \"memory_layers\": {\"scratch_requested\": %zu}}\n",
+                Named::name.data(), static_cast<unsigned long long>(mesh.world), static_cast<double>(hp.lr),
+                static_cast<double>(hp.weight_decay), static_cast<double>(hp.beta1), static_cast<double>(hp.beta2),
+                static_cast<double>(hp.eps), static_cast<double>(hp.momentum), static_cast<double>(hp.max_grad_norm),
+                predicted, worst, capacity, layout, run::predicted_device_peak, scratch);
   else
     std::printf("plan %s (dry run, %llu rank(s), step program of %zu ops, no kernels): arena predicted %zu B, "
                 "high-water %zu B (%s); device peak predicted %s; backend scratch %zu B\n",
@@ -428,8 +503,10 @@ int run_on_gpu(const cuda_options& o, const process& p) {
     if (static_cast<std::uint64_t>(p.size) != mesh.world)
       throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
                         std::to_string(mesh.world) + "), this job has " + std::to_string(p.size));
-    const int tp_rank = p.rank % static_cast<int>(mesh.tp), dp_rank = p.rank / static_cast<int>(mesh.tp);
-    std::unique_ptr<device_group> dp, tp;
+    // Megatron's rank order: tensor-parallel fastest, then data-parallel, then the pipeline stage.
+    const int T = static_cast<int>(mesh.tp), D = static_cast<int>(mesh.dp);
+    const int tp_rank = p.rank % T, dp_rank = (p.rank / T) % D, pp_rank = p.rank / (T * D);
+    std::unique_ptr<device_group> dp, tp, pp;
 #if MEMALG_TRAIN_WITH_NCCL
     std::unique_ptr<nccl_comm> world;
     try {
@@ -439,24 +516,32 @@ int run_on_gpu(const cuda_options& o, const process& p) {
       MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
 #endif
       world = std::make_unique<nccl_comm>(id, p.rank, p.size, p.device);
-      // Megatron order: tensor-parallel ranks are consecutive (ncclCommSplit, NCCL >= 2.18).
+      // Megatron order: tensor-parallel ranks are consecutive (ncclCommSplit, NCCL >= 2.18). The dp
+      // group: same tp rank and stage; tp: same dp rank and stage; pp: same dp and tp rank.
       ncclComm_t dp_handle = nullptr, tp_handle = nullptr;
-      MEMALG_NCCL_CHECK(ncclCommSplit(world->get(), tp_rank, p.rank, &dp_handle, nullptr));
-      MEMALG_NCCL_CHECK(ncclCommSplit(world->get(), dp_rank, p.rank, &tp_handle, nullptr));
+      MEMALG_NCCL_CHECK(ncclCommSplit(world->get(), pp_rank * T + tp_rank, p.rank, &dp_handle, nullptr));
+      MEMALG_NCCL_CHECK(ncclCommSplit(world->get(), pp_rank * D + dp_rank, p.rank, &tp_handle, nullptr));
       dp = std::make_unique<device_group>(std::make_unique<nccl_comm>(dp_handle, nullptr, true));
       tp = std::make_unique<device_group>(std::make_unique<nccl_comm>(tp_handle, nullptr, true));
+      if (mesh.pp > 1) {  // only pipeline plans hold a third communicator
+        ncclComm_t pp_handle = nullptr;
+        MEMALG_NCCL_CHECK(ncclCommSplit(world->get(), dp_rank * T + tp_rank, p.rank, &pp_handle, nullptr));
+        pp = std::make_unique<device_group>(std::make_unique<nccl_comm>(pp_handle, nullptr, true));
+      }
       // NCCL sets up its connections at the first collective: measure after one on each group.
       float* one = nullptr;
       MEMALG_CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
       MEMALG_CUDA_CHECK(cudaMemset(one, 0, sizeof(float)));
       world->all_reduce(one, 1, m::exec::reduce_op::sum);
-      for (device_group* g : {dp.get(), tp.get()}) g->all_reduce(one, 1, m::exec::reduce_op::sum);
+      for (device_group* g : {dp.get(), tp.get(), pp.get()})
+        if (g != nullptr) g->all_reduce(one, 1, m::exec::reduce_op::sum);
       MEMALG_CUDA_CHECK(cudaDeviceSynchronize());
       MEMALG_CUDA_CHECK(cudaFree(one));
     } catch (const std::exception& e) {
       if (p.size > 1) throw;
       // One rank needs no collective: go on without NCCL rather than not at all.
       std::fprintf(stderr, "train_gpt_cuda: NCCL unavailable (%s); one rank runs without it\n", e.what());
+      pp.reset();
       tp.reset();
       dp.reset();
       world.reset();
@@ -469,7 +554,8 @@ int run_on_gpu(const cuda_options& o, const process& p) {
       tp = std::make_unique<device_group>();
     }
     ml.layers = meter.layers();
-    result = train<Named>(o, p, *dp, *tp, static_cast<std::size_t>(dp_rank), meter, ml);
+    result = train<Named>(o, p, *dp, *tp, pp.get(), static_cast<std::size_t>(dp_rank), static_cast<std::size_t>(pp_rank),
+                          meter, ml);
   });
   if (!found) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
   return result;

@@ -9,13 +9,16 @@
 # they are installed; carry it along). It
 #   1. configures a build for one architecture (MEMALG_BENCH_ARCH, default 90) without MPI and
 #      builds only the GPU tests, train_gpt_cuda and train_gpt_cpu;
-#   2. runs the GPU tests: every kernel against the CPU reference, and the CUDA step backend
+#   2. runs the GPU tests: every kernel against the CPU reference (the tensor- and
+#      sequence-parallel ones in device.gpu.parallel: every memalg_device_* target is built and
+#      every device.* test run, so a new test file is picked up), and the CUDA step backend
 #      against the CPU step backend on the same step programs (GPT-2 and Llama-shaped, fp32 and
 #      mixed-bf16), the plan's arena against the program's high-water mark (ctest, JUnit XML in
 #      $OUT/ctest.xml);
 #   3. trains with train_gpt_cuda (the plan's step program on the CUDA step backend) the GPT-2
 #      124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for MEMALG_BENCH_STEPS steps (default
-#      40) and the tiny fp32 and bf16 plans, with --json;
+#      40) and the tiny fp32 and bf16 plans, with --json (the multi-rank plans, tp2-vocab,
+#      tp2-sp and pp2 among them, need one GPU per rank under mpirun: here only ctest's dry run checks them);
 #   3a. trains the tiny fp32 plan with train_gpt_cpu too: the same program on the CPU step
 #      backend, on the same batches; the first losses must agree within a relative 1e-5 and the
 #      last, after 50 AdamW steps that amplify rounding differences, within 1e-2

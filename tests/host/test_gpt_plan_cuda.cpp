@@ -45,8 +45,41 @@ TEST_CASE("the CUDA runtime implements fp32 and mixed-bf16, on one rank or many"
                                   m::train::reference_kernels>;
   CHECK(ex::find_cpu_runtime_issue(c, recipe::value, dp2::value) == ex::runtime_issue::none);
   using pp2 = m::parallel::mesh<m::parallel::pipeline<2>>;
-  CHECK(issue<m::precision::fp32, pp2>(c) == ex::cuda_runtime_issue::mesh);
+  // Pipeline stages: the CPU runtime's rule (fp32, an untied output layer).
+  CHECK(issue<m::precision::fp32, pp2>(c) == ex::cuda_runtime_issue::pipeline);
+  m::lm_config untied = c;
+  untied.tied = false;
+  CHECK(issue<m::precision::fp32, pp2>(untied) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::mixed_bf16, pp2>(untied) == ex::cuda_runtime_issue::pipeline);
   CHECK_FALSE(ex::describe_cuda(ex::cuda_runtime_issue::precision).empty());
+}
+
+TEST_CASE("the CUDA runtime takes the step program's tensor-parallel layouts: vocabulary-parallel, sequence-parallel") {
+  const m::lm_config c = gpt2(50304);
+  m::mesh_desc tp{};
+  tp.tp = 2;
+  tp.world = 2;
+  using fp32 = m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::batch<4, 64>, m::train::reference_kernels>;
+  using bf16 = m::train::recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<4, 64>,
+                                m::train::reference_kernels>;
+  m::lm_config c32 = c;
+  c32.logits = m::dtypes::fp32;
+  CHECK(ex::find_cuda_runtime_issue(c32, fp32::value, tp) == ex::cuda_runtime_issue::none);
+  CHECK(ex::find_cuda_runtime_issue(c, bf16::value, tp) == ex::cuda_runtime_issue::none);
+  m::lm_config odd = c32;
+  odd.vocab = 50257;  // not divisible by tp = 2: no vocabulary-parallel embedding
+  CHECK(ex::find_cuda_runtime_issue(odd, fp32::value, tp) == ex::cuda_runtime_issue::vocab);
+  CHECK(ex::describe_cuda(ex::cuda_runtime_issue::vocab).find("divisible") != std::string_view::npos);
+  m::mesh_desc sp = tp;
+  sp.sequence_parallel = true;
+  CHECK(ex::find_cuda_runtime_issue(c32, fp32::value, sp) == ex::cuda_runtime_issue::none);
+  // The step program's sequence parallelism is fp32-only, without selective recomputation.
+  CHECK(ex::find_cuda_runtime_issue(c, bf16::value, sp) == ex::cuda_runtime_issue::sequence_parallel);
+  m::training_desc selective = fp32::value;
+  selective.recompute = m::recompute_kind::selective;
+  CHECK(ex::find_cuda_runtime_issue(c32, selective, sp) == ex::cuda_runtime_issue::sequence_parallel);
+  CHECK(ex::describe_cuda(ex::cuda_runtime_issue::sequence_parallel).find("CUDA runtime's sequence parallelism") !=
+        std::string_view::npos);
 }
 
 TEST_CASE("the CUDA attention kernels bound the head width") {

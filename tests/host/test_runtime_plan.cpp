@@ -123,7 +123,7 @@ TEST_CASE("plans the CPU runtime does not implement are named") {
   CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::optimizer);
   t = m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels>::value;
   mesh.pp = 2;
-  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::mesh);  // the rule the CUDA runtime shares
+  CHECK(find_runtime_issue(naive32::value, t, mesh) == runtime_issue::mesh);  // the shared rule without the step program's pipelines
   // The CPU runtime's pipeline stages: untied output, fp32, 1F1B, ZeRO-0/1, no full recomputation.
   m::lm_config untied = naive32::value;
   untied.tied = false;

@@ -514,7 +514,7 @@ TEST_CASE("the CPU runtime rule takes sequence parallelism and a vocabulary tp d
   sp.world = 2;
   sp.sequence_parallel = true;
   CHECK(m::exec::find_cpu_runtime_issue(bytes32::value, t, sp) == runtime_issue::none);
-  CHECK(m::exec::find_runtime_issue(bytes32::value, t, sp) == runtime_issue::mesh);  // the CUDA runtime's rule
+  CHECK(m::exec::find_runtime_issue(bytes32::value, t, sp) == runtime_issue::mesh);  // the shared rule, without the step program's extensions
   m::training_desc selective = t;
   selective.recompute = m::recompute_kind::selective;
   CHECK(m::exec::find_cpu_runtime_issue(bytes32::value, selective, sp) == runtime_issue::sequence_parallel);

@@ -105,7 +105,8 @@ constexpr bool llama_style(const lm_config& c) {
 }
 
 /// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
-/// configuration. GPT-2-style models: find_runtime_issue's rule, which the CUDA runtime shares.
+/// configuration (and, but for precision and head width, the CUDA runtime: find_cuda_runtime_issue).
+/// GPT-2-style models: find_runtime_issue's rule.
 /// Llama-style ones (llama_style): the same rule on the GPT-2 block of their shape (fp32,
 /// mixed-bf16 or amp-fp16, on any data- and tensor-parallel mesh it allows), flash attention when
 /// the key/value heads are fewer than the heads, rotary positions over an even number of each head's dimensions
@@ -146,7 +147,7 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   const precision_policy& p = t.precision;
   const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
   if (!llama_style(c)) {
-    mesh_desc without_sp = m;  // the step program implements it; find_runtime_issue is the CUDA runtime's too
+    mesh_desc without_sp = m;  // the step program implements it; find_runtime_issue (the shared rule) does not
     without_sp.sequence_parallel = false;
     const runtime_issue rest = find_runtime_issue(c, t, without_sp);
     if (rest != runtime_issue::none) return rest;

@@ -7,10 +7,12 @@
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
 //     weights and optimizer states). No fp16: the GPU backend has no dynamic loss scaler.
 //   * head width: at most 128 with flash attention, 256 without (the kernels' register tiles).
-// Everything else — GPT-2 architecture, optimizers, fused optimizer step, reference kernel
-// profile, DP/ZeRO/TP only, ZeRO-3 one layer at a time — is find_runtime_issue's rule, and for
-// Llama-style blocks (llama_style: RMSNorm, SwiGLU, rotary, grouped-query flash attention, no
-// or q/k/v-only biases) find_cpu_runtime_issue's.
+// Everything else is find_cpu_runtime_issue's rule: GPT-2 architecture and its Llama-style
+// variants (llama_style: RMSNorm, SwiGLU, rotary, grouped-query flash attention, no or q/k/v-only
+// biases), optimizers, fused optimizer step, DP/ZeRO/TP, 1F1B pipeline stages (fp32, untied
+// output: find_cpu_pipeline_issue), ZeRO-3 one layer at a time, the
+// vocabulary-parallel embedding (vocabulary divisible by tp) and sequence parallelism (GPT-2-style
+// fp32 plans without selective recomputation), and find_cpu_plan_issue's chunked-loss limit.
 //
 // Throughput is reported as model FLOPs utilisation with llm.c's count (Karpathy, llm.c
 // `train_gpt2.cu`, after Chowdhery et al. 2022, PaLM appendix B): 6N + 6·L·C·T flops per trained
@@ -30,29 +32,23 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   const bool fp32 = p.weights == dtypes::fp32 && p.gradients == dtypes::fp32 && p.master_weights.is_none();
   const bool mixed_bf16 = p.weights == dtypes::bf16 && p.gradients == dtypes::bf16 && p.master_weights == dtypes::fp32;
   if (!fp32 && !mixed_bf16) return runtime_issue::precision;
-  if (m.pp != 1) return runtime_issue::mesh;  // the CUDA backend has no point-to-point ops yet
-  if (m.sequence_parallel) return runtime_issue::sequence_parallel;  // nor the sequence-parallel ones
-  if (llama_style(c)) {  // the CPU runtime's rule for the step program's block variants
-    const runtime_issue variant = find_cpu_runtime_issue(c, t, m);
-    if (variant != runtime_issue::none) return variant;
-  } else {
-    const runtime_issue shared = find_runtime_issue(c, t, m);
-    if (shared != runtime_issue::none) return shared;
-  }
+  const runtime_issue shared = find_cpu_runtime_issue(c, t, m);  // the step program's rule
+  if (shared != runtime_issue::none) return shared;
   const std::uint64_t head_width = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (head_width == 0 || head_width > (c.flash ? 128u : 256u)) return runtime_issue::head_width;
   return runtime_issue::none;
 }
 
-/// The CUDA runtime's rule for a plan: find_cuda_runtime_issue, and under tensor parallelism
-/// replicated embeddings (a plan over runtime_gpt_replicated): the CUDA backend has no
-/// vocabulary-parallel ops yet.
+/// The CUDA runtime's rule for a plan: find_cuda_runtime_issue, and find_cpu_plan_issue's limit on
+/// chunked losses (a replicated output layer only, without sequence parallelism).
 template <class Plan>
 constexpr runtime_issue find_cuda_plan_issue() {
   constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
   const runtime_issue i = find_cuda_runtime_issue(c, Plan::training, Plan::mesh);
   if (i != runtime_issue::none) return i;
-  if (Plan::mesh.tp > 1 && vocab_parallel_output(Plan::model_type::value)) return runtime_issue::vocab;
+  if (c.loss_chunk != 0 && Plan::mesh.tp > 1 &&
+      (Plan::mesh.sequence_parallel || vocab_parallel_output(Plan::model_type::value)))
+    return runtime_issue::chunked;
   return runtime_issue::none;
 }
 

@@ -9,11 +9,22 @@
 // twice (statistics, then gradient) with 16-byte loads when the rows are aligned for them.
 // dlogits may alias logits (the gradient overwrites the logits in place). A target outside
 // [0, V) yields a NaN loss so that the error cannot go unnoticed.
+//
+// Vocabulary-parallel cross-entropy (the CPU's vocab_parallel_ce_*, backend/cpu/cross_entropy.hpp):
+// this rank holds columns [vocab_begin, vocab_begin + V) of a vocabulary of `vocab`; the caller
+// puts its collectives between the three steps, on the same stream:
+//   vocab_parallel_ce_max       row_max[n] = max_v logit                    → all-reduce max
+//   vocab_parallel_ce_partials  parts[2n] = Σ_v exp(logit − max), parts[2n+1] = the target's logit
+//                               on the rank that holds it, else 0          → all-reduce sum
+//   vocab_parallel_ce_finish    loss[n] = max + log Σ − logit[target]; logits become
+//                               (exp(logit − lse) − onehot)·dloss/N in place
+// One block per row. A target outside [0, vocab) makes its row's target part NaN (so its loss).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "memalg/backend/cuda/check.cuh"
 #include "memalg/backend/cuda/dtype.cuh"
@@ -72,7 +83,132 @@ __global__ void __launch_bounds__(1024) mean_kernel(float* out, const float* val
   if (threadIdx.x == 0) *out = s / static_cast<float>(n);
 }
 
+/// Max over a 1-D block (as block_sum); every thread gets the result.
+__device__ inline float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % warp_size;
+  const int warp = threadIdx.x / warp_size;
+  const int warps = blockDim.x / warp_size;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+template <int W, class T>
+__global__ void __launch_bounds__(cross_entropy_block)
+    vocab_parallel_max_kernel(float* row_max, const T* logits, std::int64_t V) {
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  float m = -INFINITY;
+  for (std::int64_t v = threadIdx.x; v < V / W; v += blockDim.x) {
+    const packed<T, W> p = load_packed<W>(x, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) m = fmaxf(m, to_float(p.v[k]));
+  }
+  m = block_max(m, scratch);
+  if (threadIdx.x == 0) row_max[row] = m;
+}
+
+template <int W, class T>
+__global__ void __launch_bounds__(cross_entropy_block)
+    vocab_parallel_partials_kernel(float* parts, const T* logits, const float* row_max, const std::int32_t* targets,
+                                   std::int64_t vocab_begin, std::int64_t V, std::int64_t vocab) {
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  const float m = row_max[row];
+  float sum = 0.0f;
+  for (std::int64_t v = threadIdx.x; v < V / W; v += blockDim.x) {
+    const packed<T, W> p = load_packed<W>(x, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) sum += expf(to_float(p.v[k]) - m);
+  }
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) {
+    const std::int64_t t = targets[row];
+    parts[2 * row] = sum;
+    parts[2 * row + 1] = t < 0 || t >= vocab ? __int_as_float(0x7fc00000)
+                         : t >= vocab_begin && t < vocab_begin + V ? to_float(x[t - vocab_begin])
+                                                                    : 0.0f;
+  }
+}
+
+template <int W, class T>
+__global__ void __launch_bounds__(cross_entropy_block)
+    vocab_parallel_finish_kernel(float* loss, T* logits, const float* row_max, const float* parts,
+                                 const std::int32_t* targets, std::int64_t vocab_begin, std::int64_t V, float g) {
+  const std::int64_t row = blockIdx.x;
+  const float lse = row_max[row] + logf(parts[2 * row]);
+  if (threadIdx.x == 0) loss[row] = lse - parts[2 * row + 1];
+  const std::int64_t t = static_cast<std::int64_t>(targets[row]) - vocab_begin;
+  T* x = logits + row * V;
+  for (std::int64_t v = threadIdx.x; v < V / W; v += blockDim.x) {
+    const packed<T, W> p = load_packed<W>(x, v);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float prob = expf(to_float(p.v[k]) - lse);
+      y.v[k] = from_float<T>((prob - (v * W + k == t ? 1.0f : 0.0f)) * g);
+    }
+    store_packed<W>(x, v, y);
+  }
+}
+
+/// Launches kernel<W> or kernel<1> over `rows` blocks, W when the rows of `logits` allow it.
+template <class T, class Launch>
+void vocab_parallel_launch(const T* logits, std::int64_t V, Launch&& launch) {
+  constexpr int w = max_vec_width(sizeof(T));
+  if (common_vec_width(w, V, logits) == w) launch(std::integral_constant<int, w>{});
+  else launch(std::integral_constant<int, 1>{});
+}
+
 }  // namespace detail
+
+/// row_max[n] = the largest of this rank's logits[n, 0..V).
+template <storage_type T>
+void vocab_parallel_ce_max(float* row_max, const T* logits, std::int64_t rows, std::int64_t V,
+                           cudaStream_t stream = nullptr) {
+  if (rows <= 0 || V <= 0) return;
+  detail::vocab_parallel_launch(logits, V, [&](auto w) {
+    detail::vocab_parallel_max_kernel<decltype(w)::value>
+        <<<static_cast<unsigned>(rows), cross_entropy_block, 0, stream>>>(row_max, logits, V);
+  });
+  MEMALG_CUDA_CHECK_LAUNCH("vocab_parallel_max_kernel");
+}
+
+/// parts[2n] = Σ_v exp(logit − row_max[n]) over this rank's columns, parts[2n + 1] = the target's
+/// logit if this rank holds it (targets index the whole vocabulary of `vocab`), else 0.
+template <storage_type T>
+void vocab_parallel_ce_partials(float* parts, const T* logits, const float* row_max, const std::int32_t* targets,
+                                std::int64_t vocab_begin, std::int64_t rows, std::int64_t V, std::int64_t vocab,
+                                cudaStream_t stream = nullptr) {
+  if (rows <= 0 || V <= 0) return;
+  detail::vocab_parallel_launch(logits, V, [&](auto w) {
+    detail::vocab_parallel_partials_kernel<decltype(w)::value><<<static_cast<unsigned>(rows), cross_entropy_block, 0,
+                                                                 stream>>>(parts, logits, row_max, targets, vocab_begin,
+                                                                           V, vocab);
+  });
+  MEMALG_CUDA_CHECK_LAUNCH("vocab_parallel_partials_kernel");
+}
+
+/// With the reduced row_max and parts: loss[n] per row, and logits replaced in place by their
+/// gradient (exp(logit − lse) − onehot)·dloss/rows for this rank's columns.
+template <storage_type T>
+void vocab_parallel_ce_finish(float* loss, T* logits, const float* row_max, const float* parts,
+                              const std::int32_t* targets, std::int64_t vocab_begin, float dloss, std::int64_t rows,
+                              std::int64_t V, cudaStream_t stream = nullptr) {
+  if (rows <= 0 || V <= 0) return;
+  const float g = dloss / static_cast<float>(rows);
+  detail::vocab_parallel_launch(static_cast<const T*>(logits), V, [&](auto w) {
+    detail::vocab_parallel_finish_kernel<decltype(w)::value><<<static_cast<unsigned>(rows), cross_entropy_block, 0,
+                                                               stream>>>(loss, logits, row_max, parts, targets,
+                                                                         vocab_begin, V, g);
+  });
+  MEMALG_CUDA_CHECK_LAUNCH("vocab_parallel_finish_kernel");
+}
 
 /// *out = mean(values[0..n)), summed in a fixed order.
 inline void mean_reduce(float* out, const float* values, std::int64_t n, cudaStream_t stream = nullptr) {

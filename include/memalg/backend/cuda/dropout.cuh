@@ -6,13 +6,22 @@
 //   backward: din = mask ? dout/(1−p) : 0                                              (=)
 // The mask of element i depends only on (seed, offset + i, p), exactly as on the CPU backend, so
 // both backends drop the same elements. out may alias in, din may alias dout.
+//
+// dropout_rows / dropout_rows_range: the CPU backend's (backend/cpu/pointwise.hpp) one stream per
+// global sequence, seed cpu::dropout_seed(seed, site, first_sequence + b); the range form is a
+// contiguous part [offset, offset + n) of the rows × row_len elements (a sequence-parallel rank's
+// token rows): element g draws index g % row_len of sequence g / row_len's stream, so every split
+// draws the one-rank mask.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 
+#include "memalg/backend/cpu/pointwise.hpp"
 #include "memalg/backend/cuda/check.cuh"
 #include "memalg/backend/cuda/dtype.cuh"
 #include "memalg/backend/cuda/launch.cuh"
@@ -81,6 +90,29 @@ void dropout_forward(T* out, std::uint8_t* mask, const T* in, std::int64_t n, fl
   constexpr int w = max_vec_width(sizeof(T));
   launch_pointwise<w>(n, common_vec_width(w, n, out, in, mask),
                       detail::dropout_forward_op<T>{out, mask, in, p, seed, index_offset}, stream, "dropout_forward");
+}
+
+/// Dropout over elements [offset, offset + n) of rows of row_len elements, sequence b drawing the
+/// stream cpu::dropout_seed(seed, site, first_sequence + b) at index (offset + k) % row_len.
+template <storage_type T>
+void dropout_rows_range(T* out, std::uint8_t* mask, const T* in, std::size_t n, std::size_t row_len, std::size_t offset,
+                        float p, std::uint64_t seed, std::uint64_t site, std::uint64_t first_sequence,
+                        cudaStream_t stream = nullptr) {
+  if (row_len == 0) throw std::invalid_argument("dropout_rows_range: row_len must be positive");
+  for (std::size_t k = 0; k < n;) {  // one launch per sequence the part touches
+    const std::size_t g = offset + k, b = g / row_len;
+    const std::size_t len = std::min(n - k, (b + 1) * row_len - g);
+    dropout_forward(out + k, mask + k, in + k, static_cast<std::int64_t>(len), p,
+                    cpu::dropout_seed(seed, site, first_sequence + b), g - b * row_len, stream);
+    k += len;
+  }
+}
+
+/// Dropout over rows × row_len elements, one stream per row (the CPU's dropout_rows).
+template <storage_type T>
+void dropout_rows(T* out, std::uint8_t* mask, const T* in, std::size_t rows, std::size_t row_len, float p,
+                  std::uint64_t seed, std::uint64_t site, std::uint64_t first_sequence, cudaStream_t stream = nullptr) {
+  dropout_rows_range(out, mask, in, rows * row_len, row_len, 0, p, seed, site, first_sequence, stream);
 }
 
 template <storage_type T>

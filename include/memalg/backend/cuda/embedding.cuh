@@ -8,6 +8,15 @@
 // then one thread per (distinct token, channel) sums its rows in float and adds the sum to dwte.
 // The sort needs embedding_backward_workspace_bytes(rows) bytes of workspace, passed in by the
 // caller so that the memory plan accounts for it. Token ids must lie in [0, vocab).
+//
+// Vocabulary-parallel lookup (a tensor-parallel rank's rows [vocab_begin, vocab_begin + rows) of
+// wte, as the CPU's embedding_forward_vocab_range / embedding_backward_vocab_range):
+//   forward:  out[n,:] = wte_part[tok[n] − vocab_begin,:] for tokens in the range, else 0 (the
+//             all-reduce over the group sums the one rank's row)
+//   backward: dwte_part[tok[n] − vocab_begin,:] += dout[n,:] for tokens in the range only, with the
+//             same sort (out-of-range rows get the padding key and sort last)
+//   position_add: x[n,:] += wpe[(row0 + n) % s,:], rounded once (the positions added after that
+//             all-reduce, at flat row row0 of the micro-batch under sequence parallelism)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -59,14 +68,64 @@ struct embedding_forward_op {
   }
 };
 
+template <class T>
+struct embedding_vocab_range_op {
+  T* out;
+  const std::int32_t* tokens;
+  const T* wte_part;
+  std::int64_t vocab_begin;
+  std::int64_t vocab_rows;
+  std::int64_t channels;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t e = i * W;
+    const std::int64_t n = e / channels;
+    const std::int64_t c = e - n * channels;
+    const std::int64_t t = static_cast<std::int64_t>(tokens[n]) - vocab_begin;
+    packed<T, W> y;
+    if (t >= 0 && t < vocab_rows) {
+      y = load_packed<W>(wte_part + t * channels + c, 0);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(0.0f);
+    }
+    store_packed<W>(out, i, y);
+  }
+};
+
+template <class T>
+struct position_add_op {
+  T* x;
+  const T* wpe;
+  std::int64_t row0;
+  std::int64_t seq;
+  std::int64_t channels;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t e = i * W;
+    const std::int64_t n = e / channels;
+    const std::int64_t c = e - n * channels;
+    const packed<T, W> a = load_packed<W>(x, i);
+    const packed<T, W> p = load_packed<W>(wpe + ((row0 + n) % seq) * channels + c, 0);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(to_float(a.v[k]) + to_float(p.v[k]));
+    store_packed<W>(x, i, y);
+  }
+};
+
 inline constexpr std::uint64_t sort_pad_key = ~std::uint64_t{0};
 
-__global__ void embedding_keys_kernel(std::uint64_t* keys, const std::int32_t* tokens, std::int64_t rows, std::int64_t padded) {
+// Key (token − vocab_begin) << 32 | row for tokens in [vocab_begin, vocab_begin + vocab_rows), the
+// padding key for the others and past rows (vocab_rows < 0: every token is in range).
+__global__ void embedding_keys_kernel(std::uint64_t* keys, const std::int32_t* tokens, std::int64_t rows, std::int64_t padded,
+                                      std::int64_t vocab_begin, std::int64_t vocab_rows) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < padded; i += stride)
-    keys[i] = i < rows ? (static_cast<std::uint64_t>(static_cast<std::uint32_t>(tokens[i])) << 32) |
-                             static_cast<std::uint64_t>(i)
-                       : sort_pad_key;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < padded; i += stride) {
+    const std::int64_t t = i < rows ? static_cast<std::int64_t>(tokens[i]) - vocab_begin : -1;
+    const bool in = i < rows && t >= 0 && (vocab_rows < 0 || t < vocab_rows);
+    keys[i] = in ? (static_cast<std::uint64_t>(t) << 32) | static_cast<std::uint64_t>(i) : sort_pad_key;
+  }
 }
 
 // One compare-exchange of the bitonic network: element i against i ^ j, ascending where i & k == 0.
@@ -139,6 +198,7 @@ __global__ void __launch_bounds__(embedding_backward_block)
     embedding_backward_wte_kernel(T* dwte, const T* dout, const std::uint64_t* keys, std::int64_t rows,
                                   std::int64_t channels) {
   const std::int64_t i = blockIdx.x;
+  if (keys[i] == sort_pad_key) return;  // a token outside a vocabulary-parallel rank's rows
   const std::uint64_t token = keys[i] >> 32;
   if (i > 0 && (keys[i - 1] >> 32) == token) return;
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -179,6 +239,27 @@ void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T
                       stream, "embedding_forward");
 }
 
+/// out[N, C]: wte_part[tok − vocab_begin] for tokens in [vocab_begin, vocab_begin + vocab_rows), else 0.
+template <storage_type T>
+void embedding_forward_vocab_range(T* out, const std::int32_t* tokens, const T* wte_part, std::int64_t vocab_begin,
+                                   std::int64_t vocab_rows, std::int64_t rows, std::int64_t channels,
+                                   cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(rows * channels, common_vec_width(w, channels, out, wte_part),
+                      detail::embedding_vocab_range_op<T>{out, tokens, wte_part, vocab_begin, vocab_rows, channels}, stream,
+                      "embedding_forward_vocab_range");
+}
+
+/// x[N, C] += wpe[(row0 + n) % seq, :], rounded once per element.
+template <storage_type T>
+void position_add(T* x, const T* wpe, std::int64_t row0, std::int64_t rows, std::int64_t seq, std::int64_t channels,
+                  cudaStream_t stream = nullptr) {
+  if (seq <= 0) throw std::invalid_argument("position_add: sequence length must be positive");
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(rows * channels, common_vec_width(w, channels, x, wpe),
+                      detail::position_add_op<T>{x, wpe, row0, seq, channels}, stream, "position_add");
+}
+
 /// dwte += scatter of dout by token, dwpe += sum over the batch (either may be null). `workspace`
 /// holds embedding_backward_workspace_bytes(B·S) bytes, 8-byte aligned (only needed for dwte).
 template <storage_type T>
@@ -202,11 +283,37 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tok
   auto* keys = static_cast<std::uint64_t*>(workspace);
   const std::int64_t padded = next_pow2(rows);
   const launch_1d l = grid_stride_launch(padded);
-  detail::embedding_keys_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(keys, tokens, rows, padded);
+  detail::embedding_keys_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(keys, tokens, rows, padded, 0, -1);
   MEMALG_CUDA_CHECK_LAUNCH("embedding_keys_kernel");
   detail::bitonic_sort(keys, padded, stream);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div(channels, embedding_backward_block)));
   detail::embedding_backward_wte_kernel<<<grid, embedding_backward_block, 0, stream>>>(dwte, dout, keys, rows,
+                                                                                      channels);
+  MEMALG_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
+}
+
+/// dwte_part[vocab_rows, C] += the rows of dout[N, C] whose tokens lie in [vocab_begin,
+/// vocab_begin + vocab_rows), grouped by token (ascending rows) and rounded once per row;
+/// `workspace` as embedding_backward's for N rows.
+template <storage_type T>
+void embedding_backward_vocab_range(T* dwte_part, const T* dout, const std::int32_t* tokens, std::int64_t vocab_begin,
+                                    std::int64_t vocab_rows, std::int64_t rows, std::int64_t channels, void* workspace,
+                                    std::size_t workspace_bytes, cudaStream_t stream = nullptr) {
+  if (rows <= 0 || channels <= 0 || vocab_rows <= 0) return;
+  if (rows > INT_MAX) throw std::invalid_argument("embedding_backward_vocab_range: more than INT_MAX token rows");
+  if (workspace == nullptr || workspace_bytes < embedding_backward_workspace_bytes(rows) ||
+      reinterpret_cast<std::uintptr_t>(workspace) % alignof(std::uint64_t) != 0)
+    throw std::invalid_argument("embedding_backward_vocab_range: workspace smaller than "
+                                "embedding_backward_workspace_bytes(rows) or not 8-byte aligned");
+  auto* keys = static_cast<std::uint64_t*>(workspace);
+  const std::int64_t padded = next_pow2(rows);
+  const launch_1d l = grid_stride_launch(padded);
+  detail::embedding_keys_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(keys, tokens, rows, padded,
+                                                                                      vocab_begin, vocab_rows);
+  MEMALG_CUDA_CHECK_LAUNCH("embedding_keys_kernel");
+  detail::bitonic_sort(keys, padded, stream);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div(channels, embedding_backward_block)));
+  detail::embedding_backward_wte_kernel<<<grid, embedding_backward_block, 0, stream>>>(dwte_part, dout, keys, rows,
                                                                                       channels);
   MEMALG_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
 }

@@ -8,6 +8,9 @@
 // for a plan that does not fit (require_fits prints the numbers) or that the CUDA runtime does not
 // implement (exec::find_cuda_runtime_issue, exec/gpt_plan_cuda.hpp: a sentence says what).
 //
+// A pipeline plan's rank runs its stage's program (stage_arena, stage_peak; the trainer's
+// 5-argument constructor takes the pipeline group).
+//
 // Comm: a device communicator (step_backend.cuh's device_communicator): nccl_communicator,
 // local_device_communicator, or a binary's own group type.
 #pragma once
@@ -54,6 +57,12 @@ class gpt_run {
   /// The device peak the plan predicts: the arena plus the device reserve (context + workspace).
   static constexpr std::size_t predicted_device_peak = static_cast<std::size_t>(Plan::result.per_rank.total().value);
   static constexpr std::size_t predicted_reserve = static_cast<std::size_t>(Plan::result.per_rank.reserve.value);
+  /// The arena of pipeline stage `stage` (`arena` is the most loaded stage's).
+  static constexpr exec::arena_sizes stage_arena(std::size_t stage) { return exec::planned_stage_arena<Plan>(stage); }
+  /// The per-rank breakdown the plan predicts for the ranks of pipeline stage `stage`.
+  static constexpr breakdown stage_peak(std::size_t stage) {
+    return evaluate_stage(Plan::model, Plan::training, Plan::mesh, Plan::device, stage).per_rank;
+  }
 };
 
 }  // namespace memalg::backend::cuda

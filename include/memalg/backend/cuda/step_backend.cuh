@@ -35,7 +35,11 @@
 // construction fp16 storage and dynamic loss scaling (no loss scaler on the GPU) and optimizers
 // other than sgd, momentum, adam and adamw; as an op resolves its operands, an operand outside the
 // arena or of another element type than the kernel's. Dropout masks agree with the CPU's (one counter-based
-// stream per global sequence, the same seeds). The gradient norm's non-finite flag is raised when
+// stream per global sequence, the same seeds), also for a sequence-parallel part of the rows. The
+// tensor-parallel program's vocabulary-parallel lookup and loss (row max, then Σexp and the target
+// logit, all-reduced over the op's group between the kernels) and position_add run with the CPU
+// backend's formulas; a pipeline stage (the 4-argument constructor) sends and receives its fp32
+// boundary tensors through the pipeline communicator on the compute stream. The gradient norm's non-finite flag is raised when
 // a segment's Σg² is not finite (a non-finite element, or squares overflowing fp32).
 //
 // Comm: an exec::communicator over device pointers with set_stream(cudaStream_t) —
@@ -106,6 +110,7 @@ struct step_scratch_shape {
   std::size_t row_dots = 0;    ///< naive attention backward: B·H·S floats
   std::size_t sort_rows = 0;   ///< embedding backward: token rows to sort
   std::size_t ids = 0;         ///< token ids of one step (and as many targets)
+  std::size_t vp_rows = 0;     ///< vocabulary-parallel loss rows (row max, and two partials each)
 };
 
 inline step_scratch_shape step_scratch_of(const exec::program& p) {
@@ -120,6 +125,10 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
               s.stat_rows = std::max<std::size_t>(s.stat_rows, x.N);
             else if constexpr (std::is_same_v<O, exec::ops::loss>)
               s.loss_rows = std::max<std::size_t>(s.loss_rows, x.N);
+            else if constexpr (std::is_same_v<O, exec::ops::vocab_parallel_loss>) {
+              s.loss_rows = std::max<std::size_t>(s.loss_rows, x.N);
+              s.vp_rows = std::max<std::size_t>(s.vp_rows, x.N);
+            }
             else if constexpr (std::is_same_v<O, exec::ops::attention_bwd>) {
               if (!x.sh.flash) s.row_dots = std::max<std::size_t>(s.row_dots, std::size_t{x.sh.B} * x.sh.H * x.sh.S);
             } else if constexpr (std::is_same_v<O, exec::ops::embedding_bwd>) {
@@ -139,12 +148,14 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
 inline constexpr std::uint64_t scalar_slots = exec::scalars::count + 2;
 
 /// Bytes of the backend's scratch outside the arena for a program (each buffer rounded to 256
-/// bytes): norm mean and rstd, per-token losses, row dots, gradient-norm partials, the scalar
-/// file, the embedding sort keys, and the step's token and target ids. Host arithmetic only.
+/// bytes): norm mean and rstd, per-token losses, row dots, the vocabulary-parallel loss's row maxima
+/// and partials, gradient-norm partials, the scalar file, the embedding sort keys, and the step's
+/// token and target ids. Host arithmetic only.
 inline std::size_t step_backend_scratch_bytes(const exec::program& p) {
   const step_scratch_shape s = step_scratch_of(p);
   return 2 * workspace_round(s.stat_rows * sizeof(float)) + workspace_round(s.loss_rows * sizeof(float)) +
-         workspace_round(s.row_dots * sizeof(float)) + workspace_round(grad_norm_scratch_floats * sizeof(float)) +
+         workspace_round(s.row_dots * sizeof(float)) + workspace_round(s.vp_rows * sizeof(float)) +
+         workspace_round(2 * s.vp_rows * sizeof(float)) + workspace_round(grad_norm_scratch_floats * sizeof(float)) +
          workspace_round(scalar_slots * sizeof(float)) +
          workspace_round(embedding_backward_workspace_bytes(static_cast<std::int64_t>(s.sort_rows))) +
          2 * workspace_round(s.ids * sizeof(std::int32_t));
@@ -242,9 +253,17 @@ class step_backend {
   /// Allocates the workspace, the scratch and the program's arena on the current device and
   /// initialises the parameters. The communicators must match the program's mesh and rank and
   /// outlive the backend; they are put on the backend's compute stream.
-  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm)
+  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm) : step_backend(p, dp_comm, tp_comm, nullptr) {}
+  /// The same for a pipeline stage: `pp_comm` is the group of the stages (rank = stage), put on
+  /// the compute stream too; the stages exchange fp32 activations and gradients through it.
+  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm, Comm& pp_comm)
+      : step_backend(p, dp_comm, tp_comm, &pp_comm) {}
+
+ private:
+  step_backend(const exec::program& p, Comm& dp_comm, Comm& tp_comm, Comm* pp_comm)
       : dp_(dp_comm),
         tp_(tp_comm),
+        pp_(pp_comm),
         capacity_(p.sizes.persistent + p.sizes.stack),
         units_(p.units),
         checkpoint_(p.checkpoint),
@@ -258,6 +277,8 @@ class step_backend {
     acquire(p);
     initialise(p);
   }
+
+ public:
   ~step_backend() {
     if (compute_.stream() != nullptr) cudaStreamSynchronize(compute_.stream());  // nothing in flight as buffers go
   }
@@ -266,6 +287,11 @@ class step_backend {
 
   Comm& dp() { return dp_; }
   Comm& tp() { return tp_; }
+  /// The pipeline group (a pipeline stage's backend only).
+  Comm& pp() {
+    if (pp_ == nullptr) fail("this backend has no pipeline group");
+    return *pp_;
+  }
   cudaStream_t stream() const { return compute_.stream(); }
   const step_backend_memory& memory_report() const { return report_; }
 
@@ -291,11 +317,28 @@ class step_backend {
 
   // ---- ops ------------------------------------------------------------------------------------
   void operator()(const exec::ops::embedding_fwd& o, exec::run_state& s) {
-    if (o.vocab_rows != 0) fail("embedding_fwd: the CUDA backend has no vocabulary-parallel lookup yet");
+    if (o.vocab_rows != 0) {  // this rank's rows of wte; zero for the others' tokens (summed over tp next)
+      if (!o.wpe.null()) fail("embedding_fwd: a vocabulary-parallel lookup adds its positions after the sum");
+      if (o.wte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_fwd: wte is not [vocab_rows, C]");
+      if (o.out.count < std::size_t{o.B} * o.S * o.C) fail("embedding_fwd: out holds fewer than B·S rows of C");
+      embedding_forward_vocab_range(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), o.vocab_begin, o.vocab_rows,
+                                    std::int64_t{o.B} * o.S, o.C, stream());
+      return;
+    }
     embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, stream());
   }
   void operator()(const exec::ops::embedding_bwd& o, exec::run_state& s) {
-    if (o.vocab_rows != 0) fail("embedding_bwd: the CUDA backend has no vocabulary-parallel lookup yet");
+    if (o.vocab_rows != 0) {
+      if (o.dwte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_bwd: dwte is not [vocab_rows, C]");
+      if (std::size_t{o.B} * o.S > sort_rows_) fail("embedding_bwd: more token rows than the scratch sorts");
+      const T* dout = cptr<T>(o.dout);
+      embedding_backward_vocab_range(ptr<T>(o.dwte), dout, ids(o.tok, s), o.vocab_begin, o.vocab_rows,
+                                     std::int64_t{o.B} * o.S, o.C, sort_keys_, sort_bytes_, stream());
+      if (!o.dwpe.null())
+        embedding_backward(static_cast<T*>(nullptr), ptr<T>(o.dwpe), dout, ids(o.tok, s), o.B, o.S, o.C, sort_keys_,
+                           sort_bytes_, stream());
+      return;
+    }
     embedding_backward(ptr<T>(o.dwte), ptr<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C, sort_keys_,
                        sort_bytes_, stream());
   }
@@ -383,17 +426,17 @@ class step_backend {
     gelu_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), static_cast<std::int64_t>(o.din.count), stream());
   }
   void operator()(const exec::ops::dropout_fwd& o, exec::run_state& s) {
-    if (o.offset != 0) fail("dropout_fwd: the CUDA backend has no sequence-parallel dropout yet");
     const std::size_t n = std::size_t{o.rows} * o.row_len;
-    if (o.out.count != n || o.in.count != n || o.mask.count != n) fail("dropout_fwd: operand sizes do not match rows × row_len");
+    if (o.offset == 0 && o.out.count == n && (o.in.count != n || o.mask.count != n))
+      fail("dropout_fwd: operand sizes do not match rows × row_len");
+    if ((o.offset != 0 || o.out.count != n) &&  // a sequence-parallel part of the rows
+        (o.in.count != o.out.count || o.mask.count != o.out.count || o.offset + o.out.count > n))
+      fail("dropout_fwd: the part lies outside rows × row_len or its operands differ in size");
     const std::uint64_t first =
         cpu::dropout_global_sequence(s.step, grad_accum_, s.micro, micro_batch_, dp_size_, dp_rank_, 0);
-    T* out = ptr<T>(o.out);
-    std::uint8_t* mask = ptr<std::uint8_t>(o.mask);
-    const T* in = cptr<T>(o.in);
-    for (std::size_t b = 0; b < o.rows; ++b)  // one stream per global sequence, as the CPU's dropout_rows
-      dropout_forward(out + b * o.row_len, mask + b * o.row_len, in + b * o.row_len, static_cast<std::int64_t>(o.row_len),
-                      o.p, cpu::dropout_seed(hp_.seed, o.site, first + b), 0, stream());
+    // One stream per global sequence, as the CPU's dropout_rows / dropout_rows_range.
+    dropout_rows_range(ptr<T>(o.out), ptr<std::uint8_t>(o.mask), cptr<T>(o.in), o.out.count, o.row_len, o.offset, o.p,
+                       hp_.seed, o.site, first, stream());
   }
   void operator()(const exec::ops::dropout_bwd& o, exec::run_state&) {
     same_count(o.din, o.dout);
@@ -514,14 +557,39 @@ class step_backend {
       c.reduce_scatter(cptr<U>(o.send), ptr<U>(o.recv), o.recv.count);
     });
   }
-  // Pipeline stages' point-to-point ops: not on this backend yet (find_cuda_runtime_issue refuses
-  // pp > 1 at compile time, so a program from a plan never has them).
-  // Vocabulary- and sequence-parallel ops: not on this backend yet (find_cuda_plan_issue refuses
-  // vocabulary-parallel and sequence-parallel plans at compile time).
-  void operator()(const exec::ops::position_add&, exec::run_state&) { fail("position_add: the CUDA backend runs no sequence-parallel embedding"); }
-  void operator()(const exec::ops::vocab_parallel_loss&, exec::run_state&) { fail("vocab_parallel_loss: the CUDA backend has no vocabulary-parallel loss yet"); }
-  void operator()(const exec::ops::send&, exec::run_state&) { fail("send: the CUDA backend runs no pipeline stages"); }
-  void operator()(const exec::ops::recv&, exec::run_state&) { fail("recv: the CUDA backend runs no pipeline stages"); }
+  void operator()(const exec::ops::position_add& o, exec::run_state&) {
+    if (o.x.count != std::size_t{o.N} * o.C || o.wpe.count < std::size_t{o.S} * o.C)
+      fail("position_add: x is not [N, C] or wpe has fewer than S rows");
+    position_add(ptr<T>(o.x), cptr<T>(o.wpe), static_cast<std::int64_t>(o.row0), o.N, o.S, o.C, stream());
+  }
+  void operator()(const exec::ops::vocab_parallel_loss& o, exec::run_state& s) {
+    // The CPU backend's steps and formula (cpu::vocab_parallel_ce_*), the group's collectives on
+    // the compute stream between them.
+    if (o.logits.count != std::size_t{o.N} * o.V || o.targets.count != o.N) fail("vocab_parallel_loss: logits are not [N, V]");
+    if (o.N > vp_rows_ || o.N > loss_rows_) fail("vocab_parallel_loss: more rows than the scratch holds");
+    scalar_index(o.acc);
+    Comm& c = group(o.g);
+    T* logits = ptr<T>(o.logits);
+    const std::int32_t* tgt = ids(o.targets, s);
+    vocab_parallel_ce_max(row_max_, logits, o.N, o.V, stream());
+    c.all_reduce(row_max_, o.N, exec::reduce_op::max);
+    vocab_parallel_ce_partials(ce_parts_, logits, row_max_, tgt, o.vocab_begin, o.N, o.V, o.vocab, stream());
+    c.all_reduce(ce_parts_, 2 * std::size_t{o.N}, exec::reduce_op::sum);
+    const float dloss = 1.0f / static_cast<float>(o.grad_accum);  // no loss scale on this backend
+    vocab_parallel_ce_finish(token_losses_, logits, row_max_, ce_parts_, tgt, o.vocab_begin, dloss, o.N, o.V, stream());
+    mean_reduce(scalars_ + micro_loss_slot, token_losses_, o.N, stream());
+    scalar(detail::step::scalar_kind::add, static_cast<int>(o.acc), micro_loss_slot);
+  }
+  // Pipeline stages' point-to-point ops on the pipeline group (fp32, as the CPU backend's), on the
+  // compute stream.
+  void operator()(const exec::ops::send& o, exec::run_state&) {
+    if (o.buf.type != exec::elem::f32) fail("send: pipeline stages exchange fp32 tensors");
+    pp().send(cptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
+  }
+  void operator()(const exec::ops::recv& o, exec::run_state&) {
+    if (o.buf.type != exec::elem::f32) fail("recv: pipeline stages exchange fp32 tensors");
+    pp().recv(ptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
+  }
   void operator()(const exec::ops::all_gather& o, exec::run_state&) {
     Comm& c = group(o.g);
     if (o.send.type != o.recv.type || o.recv.count != o.send.count * static_cast<std::uint64_t>(c.size()))
@@ -613,6 +681,9 @@ class step_backend {
     if (static_cast<std::size_t>(dp_.size()) != p.dp || static_cast<std::size_t>(tp_.size()) != p.tp ||
         static_cast<std::size_t>(dp_.rank()) != p.dp_rank || static_cast<std::size_t>(tp_.rank()) != p.tp_rank)
       fail("the communicators do not match the program's mesh and rank");
+    if (p.pp > 1 && (pp_ == nullptr || static_cast<std::size_t>(pp_->size()) != p.pp ||
+                     static_cast<std::size_t>(pp_->rank()) != p.pp_rank))
+      fail("a pipeline stage needs the pipeline group of its program's stages, at its stage");
     if (p.persistent_bytes > p.sizes.persistent || p.high_water > capacity_)
       fail("the program does not fit its own capacities");
     switch (p.hp.optimizer) {
@@ -654,6 +725,7 @@ class step_backend {
     base_ = memory_.data();
     dp_.set_stream(stream());
     tp_.set_stream(stream());
+    if (pp_ != nullptr) pp_->set_stream(stream());
   }
   void carve_scratch(const exec::program& p) {
     const step_scratch_shape sh = step_scratch_of(p);
@@ -666,6 +738,8 @@ class step_backend {
     take(rstd_, sh.stat_rows);
     take(token_losses_, sh.loss_rows);
     take(row_dots_, sh.row_dots);
+    take(row_max_, sh.vp_rows);
+    take(ce_parts_, 2 * sh.vp_rows);
     take(norm_scratch_, grad_norm_scratch_floats);
     take(scalars_, scalar_slots);
     sort_bytes_ = embedding_backward_workspace_bytes(static_cast<std::int64_t>(sh.sort_rows));
@@ -675,8 +749,10 @@ class step_backend {
     take(targets_, sh.ids);
     if (at != report_.scratch) throw std::logic_error("cuda::step_backend: scratch layout disagrees with step_backend_scratch_bytes");
     stat_rows_ = sh.stat_rows;
+    sort_rows_ = sh.sort_rows;
     loss_rows_ = sh.loss_rows;
     row_dots_count_ = sh.row_dots;
+    vp_rows_ = sh.vp_rows;
     ids_ = sh.ids;
   }
 
@@ -714,7 +790,7 @@ class step_backend {
     compute_.synchronize();
   }
 
-  Comm& group(exec::group g) { return g == exec::group::dp ? dp_ : tp_; }
+  Comm& group(exec::group g) { return g == exec::group::dp ? dp_ : g == exec::group::tp ? tp_ : pp(); }
   static attention_shape shape(const exec::attn_shape& s) { return {s.B, s.S, s.H, s.Hkv, s.D, s.causal}; }
   void stats(std::size_t N) const {
     if (N > stat_rows_) fail("a norm has more rows than the scratch holds");
@@ -799,6 +875,7 @@ class step_backend {
 
   Comm& dp_;
   Comm& tp_;
+  Comm* pp_;
   std::size_t capacity_;
   std::vector<exec::param_unit> units_;
   std::vector<exec::persistent_tensor> checkpoint_;
@@ -812,10 +889,10 @@ class step_backend {
   gemm_context gemm_{};
   std::byte* base_ = nullptr;
   float *mean_ = nullptr, *rstd_ = nullptr, *token_losses_ = nullptr, *row_dots_ = nullptr, *norm_scratch_ = nullptr,
-        *scalars_ = nullptr;
+        *scalars_ = nullptr, *row_max_ = nullptr, *ce_parts_ = nullptr;
   std::int32_t *tokens_ = nullptr, *targets_ = nullptr;
   void* sort_keys_ = nullptr;
-  std::size_t sort_bytes_ = 0, stat_rows_ = 0, loss_rows_ = 0, row_dots_count_ = 0, ids_ = 0;
+  std::size_t sort_bytes_ = 0, stat_rows_ = 0, loss_rows_ = 0, row_dots_count_ = 0, ids_ = 0, vp_rows_ = 0, sort_rows_ = 0;
   std::vector<std::vector<std::byte>> host_state_;
   cpu::dynamic_loss_scaler scaler_{};  // never updated (no fp16): keeps the CPU checkpoint layout
   std::size_t step_ = 0, updates_ = 0;
@@ -825,5 +902,9 @@ class step_backend {
 
 static_assert(exec::step_backend<step_backend<float, local_device_communicator>>);
 static_assert(exec::step_backend<step_backend<bf16, local_device_communicator>>);
+// A pipeline stage's backend (exec::program_trainer's 5-argument constructor builds it this way).
+static_assert(std::is_constructible_v<step_backend<float, local_device_communicator>, const exec::program&,
+                                      local_device_communicator&, local_device_communicator&,
+                                      local_device_communicator&>);
 
 }  // namespace memalg::backend::cuda
