@@ -46,43 +46,45 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
     r.problem = why;
     return r;
   };
+  // Entries by index, not by pointer: a pointer compared with nullptr is not a constant
+  // expression for GCC under -fsanitize (the test build under AddressSanitizer).
   std::size_t i = 0;
-  const auto next = [&]() -> const layer_desc* { return i < m.size ? &m.entries[i] : nullptr; };
+  const auto has = [&](std::size_t k) { return k < m.size; };
   for (const layer_desc& l : m)
     if (!l.trainable || !l.weight_storage.is_none() || l.group != 0)
       return refuse("the runtime trains every layer of the model in the policy's dtypes: no frozen, quantized or teacher layers");
 
-  const layer_desc* e = next();
-  if (e == nullptr || e->kind != layer_kind::embedding || e->count != 1)
+  if (!has(i) || m.entries[i].kind != layer_kind::embedding || m.entries[i].count != 1)
     return refuse("a decoder-only language model starts with one token embedding");
   lm_config& c = r.config;
   c.name = m.name;
-  c.vocab = e->shape.vocab;
-  c.hidden = e->shape.hidden;
+  c.vocab = m.entries[i].shape.vocab;
+  c.hidden = m.entries[i].shape.hidden;
   ++i;
-  if (const layer_desc* p = next(); p != nullptr && p->kind == layer_kind::position_embedding) {
-    if (p->count != 1 || p->shape.hidden != c.hidden)
+  if (has(i) && m.entries[i].kind == layer_kind::position_embedding) {
+    if (m.entries[i].count != 1 || m.entries[i].shape.hidden != c.hidden)
       return refuse("the position embedding must be one table of the embedding's width");
-    c.positions = p->shape.positions;
+    c.positions = m.entries[i].shape.positions;
     ++i;
   }
   std::uint64_t embedding_dropout = 0;
-  if (const layer_desc* d = next(); d != nullptr && d->kind == layer_kind::dropout) {
-    embedding_dropout = d->shape.dropout_permille;
+  if (has(i) && m.entries[i].kind == layer_kind::dropout) {
+    embedding_dropout = m.entries[i].shape.dropout_permille;
     ++i;
   }
-  const layer_desc* b = next();
-  if (b == nullptr || b->kind != layer_kind::transformer_block || b->place != placement::repeated || b->count == 0)
+  if (!has(i) || m.entries[i].kind != layer_kind::transformer_block || m.entries[i].place != placement::repeated ||
+      m.entries[i].count == 0)
     return refuse("after the embeddings the runtime expects the repeated transformer blocks");
+  const layer_desc& b = m.entries[i];
   ++i;
-  const layer_shape& s = b->shape;
+  const layer_shape& s = b.shape;
   const std::uint32_t f = s.flags;
   using namespace layer_flags;
   if (detail::has(f, cross_attention) || detail::has(f, moe) || s.experts != 0 || detail::has(f, adapted))
     return refuse("the runtime's blocks are decoder self-attention blocks with a dense MLP (no cross-attention, mixture of experts or adapters)");
   if (s.hidden != c.hidden) return refuse("the blocks must have the embedding's width");
   if (s.sequence != 0) return refuse("the blocks run on the recipe's sequence length");
-  c.layers = b->count;
+  c.layers = b.count;
   c.heads = s.heads;
   c.kv_heads = s.kv_heads;
   c.head_dim = s.head_dim;
@@ -108,20 +110,19 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
   // presets write Llama-family models whether or not they set the pytorch stack's `rotary` flag).
   if (c.positions != 0 && c.rotary) return refuse("a learned position embedding and rotary blocks together");
 
-  const layer_desc* n = next();
-  if (n == nullptr || n->count != 1 || n->shape.hidden != c.hidden ||
-      !(n->kind == (c.rms_norm ? layer_kind::rmsnorm : layer_kind::layernorm)))
+  if (!has(i) || m.entries[i].count != 1 || m.entries[i].shape.hidden != c.hidden ||
+      !(m.entries[i].kind == (c.rms_norm ? layer_kind::rmsnorm : layer_kind::layernorm)))
     return refuse("after the blocks the runtime expects one final norm of the blocks' kind and width");
-  if (n->kind == layer_kind::layernorm && detail::has(n->shape.flags, bias) != c.bias)
+  if (m.entries[i].kind == layer_kind::layernorm && detail::has(m.entries[i].shape.flags, bias) != c.bias)
     return refuse("the final LayerNorm must have biases exactly when the blocks do");
   ++i;
-  const layer_desc* o = next();
-  if (o == nullptr || o->kind != layer_kind::output || o->count != 1 || o->shape.hidden != c.hidden ||
-      o->shape.vocab != c.vocab)
+  if (!has(i) || m.entries[i].kind != layer_kind::output || m.entries[i].count != 1 ||
+      m.entries[i].shape.hidden != c.hidden || m.entries[i].shape.vocab != c.vocab)
     return refuse("the model must end with an output layer over the embedding's vocabulary and width");
-  c.tied = detail::has(o->shape.flags, tied);
-  c.logits = o->shape.logits;
-  c.loss_chunk = o->shape.chunk;
+  const layer_shape& o = m.entries[i].shape;
+  c.tied = detail::has(o.flags, tied);
+  c.logits = o.logits;
+  c.loss_chunk = o.chunk;
   ++i;
   if (i != m.size) return refuse("the runtime's language model ends with its output layer");
   return r;
