@@ -19,8 +19,8 @@
 //
 // T is the storage type (float, bf16, fp16; accum_t<T> is float for all three); Comm is any
 // exec::communicator (local_communicator for one rank, mpi_communicator). Collectives on 16-bit
-// buffers go through Comm when it transports T, else they are the identity of a group of one and
-// throw on a larger group (multi-rank runs use fp32, as the builder requires). A pipeline stage's
+// buffers go through Comm when it transports T (mpi_communicator does, with its 16-bit MPI user
+// operations), else they are the identity of a group of one and throw on a larger group. A pipeline stage's
 // program (pp > 1) needs the pipeline group too (the four-argument constructor): its send and
 // recv ops are blocking point-to-point calls on it, in the schedule's order (exec/program.hpp),
 // which pairs every send with the peer's receive.
