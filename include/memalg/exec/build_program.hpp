@@ -135,6 +135,7 @@ class gpt_lowering {
     p_.micro_batch = c_.micro_batch;
     p_.sequence = c_.sequence;
     p_.tokens_per_micro = tokens();
+    p_.targets_per_micro = tokens();
     p_.dp = c_.dp;
     p_.tp = c_.tp;
     p_.dp_rank = r_.dp;

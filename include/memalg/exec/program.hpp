@@ -55,10 +55,12 @@ constexpr std::size_t elem_size(elem e) {
 }
 
 /// What an operand's offset is relative to.
-enum class where : std::uint8_t { none, arena, tokens, targets, scalar };
+enum class where : std::uint8_t { none, arena, tokens, targets, scalar, features, masks };
 
-/// A tensor of the program: byte offset in the arena (element offset for tokens/targets, slot
-/// index for scalars) and element count.
+/// A tensor of the program: byte offset in the arena (element offset for tokens, targets,
+/// features and masks, slot index for scalars) and element count. `features` are this
+/// micro-batch's fp32 inputs (the speech model's mel frames and stop targets), `masks` its u8
+/// masks (real frames, real phonemes): step_io carries both, as it carries the ids.
 struct operand {
   std::uint64_t offset = 0, count = 0;
   elem type = elem::f32;
@@ -107,7 +109,9 @@ struct norm_fwd { operand out, in, w, b; std::uint32_t N, C; bool rms = false; }
 struct norm_bwd { operand din, dw, db, dout, in, w; std::uint32_t N, C; bool rms = false; };
 // out[N, OC] = in[N, IC] · wᵀ (+ bias); backward writes din, accumulates dw, dbias.
 struct linear_fwd { operand out, in, w, bias; std::uint32_t N, IC, OC; };
-struct linear_bwd { operand din, dw, dbias, dout, in, w; std::uint32_t N, IC, OC; };
+// add_din: din += (instead of =) dout · w — an input several products read (the encoder output
+// every cross-attention projects).
+struct linear_bwd { operand din, dw, dbias, dout, in, w; std::uint32_t N, IC, OC; bool add_din = false; };
 // probs_or_lse: naive attention's probabilities [B·H·S·S] or flash's log-sum-exp [B·H·S] (A).
 // Flash backward reads the saved output `out`; naive takes none.
 struct attention_fwd { operand out, probs_or_lse, qkv; attn_shape sh; };
@@ -118,7 +122,9 @@ struct rotary_fwd { operand qkv; attn_shape sh; std::uint32_t rot_dim; float the
 struct rotary_bwd { operand dqkv; attn_shape sh; std::uint32_t rot_dim; float theta; };
 // gelu: elementwise. swiglu: in [N, 2F] = [gate ‖ up] → out [N, F]; its backward writes din
 // [N, 2F] and may run in place over a dout [N, F] that is din's first N·F elements.
-enum class activation_kind : std::uint8_t { gelu, swiglu };
+// relu, tanh: elementwise, and their backward reads the forward's output y (f'(x) from y: y > 0,
+// 1 − y²) in `in`, so they run in place and keep only their output.
+enum class activation_kind : std::uint8_t { gelu, swiglu, relu, tanh };
 struct activation_fwd { operand out, in; activation_kind k = activation_kind::gelu; std::uint32_t N = 0, F = 0; };
 struct activation_bwd { operand din, dout, in; activation_kind k = activation_kind::gelu; std::uint32_t N = 0, F = 0; };
 // Per sequence b of `rows`: mask and out over row_len elements; the seed comes from the step,
@@ -128,6 +134,49 @@ struct activation_bwd { operand din, dout, in; activation_kind k = activation_ki
 // operands then hold fewer than rows × row_len elements), so each element keeps its one-rank mask.
 struct dropout_fwd { operand out, mask, in; std::uint32_t rows, row_len; float p; std::uint32_t site; std::uint64_t offset = 0; };
 struct dropout_bwd { operand din, dout, mask; float p; };
+// ---- the speech model (encoder–decoder; exec/build_speech_program.hpp) ----
+// Attention with a key mask over separate queries and keys/values: the decoder's cross-attention
+// (q [B·Sq, H·D] from the decoder, kv [B·Sk, 2·Hkv·D] = [k ‖ v] per row from the encoder output),
+// and with `fused` the encoder's bidirectional self-attention over padded phonemes (q and kv both
+// name one qkv [B·S, (H + 2Hkv)·D], dq and dkv one dqkv, Sq == Sk). key_mask: u8 [B·Sk] (where::masks;
+// null: every key real). probs_or_lse as attention_fwd's ([B·H·Sq·Sk] naive, [B·H·Sq] (A) flash).
+struct xattn_shape {
+  std::uint32_t B = 0, Sq = 0, Sk = 0, H = 0, Hkv = 0, D = 0;
+  bool causal = false, flash = true, fused = false;
+  friend constexpr bool operator==(const xattn_shape&, const xattn_shape&) = default;
+};
+struct masked_attention_fwd { operand out, probs_or_lse, q, kv, key_mask; xattn_shape sh; };
+struct masked_attention_bwd { operand dq, dkv, dout, q, kv, out, probs_or_lse, key_mask; xattn_shape sh; };
+// nn.Conv1d(IC, OC, K, padding="same") over each sequence of S rows, token-major in[B·S, IC],
+// out[B·S, OC], w [OC, IC, K] (backend/cpu/conv1d.hpp); backward writes din (when not null) and
+// accumulates dw, dbias.
+struct conv1d_fwd { operand out, in, w, bias; std::uint32_t B, S, IC, OC, K; };
+struct conv1d_bwd { operand din, dw, dbias, dout, in, w; std::uint32_t B, S, IC, OC, K; };
+// BatchNorm1d in training mode over the real rows of in[N, C] (mask u8 [N], where::masks; null:
+// all real; backend/cpu/batchnorm.hpp): out = m·(γ·x̂ + β), padded rows 0. The statistics are
+// backend scratch, recomputed from `in` in backward (as norm_fwd's). Backward writes din (may
+// alias dout) and accumulates dgamma, dbeta.
+struct batchnorm_fwd { operand out, in, gamma, beta, mask; std::uint32_t N, C; };
+struct batchnorm_bwd { operand din, dgamma, dbeta, dout, in, gamma, mask; std::uint32_t N, C; };
+// out[b, t] = src[b, t − shift] for t ≥ shift, 0 before (teacher forcing: the decoder reads the
+// previous target frame, a zero "go" frame first); src is fp32 [B·S, M] (where::features), out
+// in the storage type.
+struct frames_in { operand out, src; std::uint32_t B, S, M, shift; };
+// Masked mel regression loss of pred [N, M] (row stride ld ≥ M) against fp32 target [N, M]
+// (where::features), mask u8 [N]: Σ m_n·ℓ(pred − target) / divisor is added to `acc` and the
+// gradient dloss · ∂ℓ · m_n / divisor written to grad [N, M] (contiguous; may alias pred when ld
+// == M), dloss = loss scale / grad_accum. ℓ = |·| (l1) or (·)² (mse). A fixed divisor (the padded
+// micro-batch's B·S·M, not its real count) makes grad_accum micro-batches the same sum as one
+// micro-batch of all of them.
+struct mel_loss { operand pred, target, mask, grad; std::uint32_t N, M, ld, grad_accum; bool l1 = true; float divisor = 1;
+                  std::uint64_t acc = scalars::loss_sum; };
+// Stop-token BCE with logits: x_n = logits[n·ld], y_n fp32 targets [N] (where::features):
+// Σ ℓ(x, y) / divisor added to `acc` (every frame, padded ones with target 1, as Tacotron 2's
+// gate loss), gradient dloss·(σ(x) − y)/divisor written to grad[n·ld].
+struct stop_loss { operand logits, targets, grad; std::uint32_t N, ld, grad_accum; float divisor = 1;
+                   std::uint64_t acc = scalars::loss_sum; };
+// x[N, C] *= mask[n] (u8 [N], where::masks): padded rows to zero.
+struct mask_rows { operand x, mask; std::uint32_t N, C; };
 struct residual_add { operand out, a, b; };  ///< out = a + b, rounded once (out may alias a)
 struct bias_add { operand x, bias; std::uint32_t N, C; };  ///< x[N, C] += bias[C]
 // Cross-entropy of N rows: Σ loss / rows_total accumulates into `acc`; the logits become their
@@ -179,7 +228,9 @@ using op_body =
                  ops::dropout_bwd, ops::residual_add, ops::bias_add, ops::loss, ops::loss_mean, ops::scalar_div,
                  ops::zero, ops::copy, ops::sqnorm, ops::norm_parts, ops::clip_scale, ops::optimizer_update,
                  ops::all_reduce, ops::reduce_scatter, ops::all_gather, ops::send, ops::recv,
-                 ops::position_add, ops::vocab_parallel_loss>;
+                 ops::position_add, ops::vocab_parallel_loss, ops::masked_attention_fwd, ops::masked_attention_bwd,
+                 ops::conv1d_fwd, ops::conv1d_bwd, ops::batchnorm_fwd, ops::batchnorm_bwd, ops::frames_in,
+                 ops::mel_loss, ops::stop_loss, ops::mask_rows>;
 
 struct op {
   op_body body;
@@ -300,7 +351,10 @@ struct program {
   std::size_t stash_slots = 0, stash_slot_bytes = 0;  ///< pp > 1: the stash's micro-batch slots
   std::vector<arena_event> trace;  ///< construction's persistent tensors, then one whole step
   std::size_t grad_accum = 1, micro_batch = 0, sequence = 0;
-  std::size_t tokens_per_micro = 0;  ///< token ids each micro-batch reads (and targets)
+  std::size_t tokens_per_micro = 0;  ///< token ids each micro-batch reads
+  std::size_t targets_per_micro = 0;   ///< target ids each micro-batch reads (the tokens' count for a GPT, 0 for speech)
+  std::size_t features_per_micro = 0;  ///< fp32 features each micro-batch reads (where::features)
+  std::size_t masks_per_micro = 0;     ///< u8 mask entries each micro-batch reads (where::masks)
   std::size_t dp = 1, tp = 1, dp_rank = 0, tp_rank = 0;
   std::size_t pp = 1, pp_rank = 0;  ///< pipeline stages and this rank's stage
   bool loss_scaling = false;  ///< dynamic loss scaling (fp16): dloss and the norm carry the scale

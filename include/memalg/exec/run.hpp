@@ -30,9 +30,13 @@ struct run_state {
   float loss_scale = 1.0f;  ///< the dynamic loss scale (1 without loss scaling)
 };
 
-/// This rank's token and target ids for one step: grad_accum × tokens_per_micro each.
+/// This rank's inputs for one step, micro-batch after micro-batch: grad_accum × tokens_per_micro
+/// token ids, grad_accum × targets_per_micro target ids, grad_accum × features_per_micro fp32
+/// features and grad_accum × masks_per_micro u8 mask entries (the last two for the speech model).
 struct step_io {
   std::span<const std::int32_t> tokens, targets;
+  std::span<const float> features = {};
+  std::span<const std::uint8_t> masks = {};
 };
 
 struct step_result {
@@ -61,9 +65,10 @@ concept step_backend = detail::handles_all<B, op_body>::value &&
 /// One optimizer step of `p` on backend `b`.
 template <step_backend B>
 step_result run(const program& p, B& b, step_io io, run_state& s) {
-  const std::size_t n = p.grad_accum * p.tokens_per_micro;
-  if (io.tokens.size() != n || io.targets.size() != n)
-    throw std::invalid_argument("exec::run: expected grad_accum × micro_batch × sequence tokens and targets");
+  if (io.tokens.size() != p.grad_accum * p.tokens_per_micro || io.targets.size() != p.grad_accum * p.targets_per_micro ||
+      io.features.size() != p.grad_accum * p.features_per_micro || io.masks.size() != p.grad_accum * p.masks_per_micro)
+    throw std::invalid_argument(
+        "exec::run: expected grad_accum × the program's tokens, targets, features and masks per micro-batch");
   ++s.step;
   s.skip = false;
   b.begin_step(p, io, s);
