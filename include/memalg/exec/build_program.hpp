@@ -78,6 +78,31 @@ constexpr elem default_storage(const gpt_config& c) {
   return c.loss_scaling ? elem::f16 : c.master_weights ? elem::bf16 : elem::f32;
 }
 
+/// A maximal run of elements [begin, end) all inside or all outside a set of ranges.
+struct element_run {
+  std::size_t begin, end;
+  bool inside;
+};
+/// [lo, hi) cut into maximal runs that are all inside or all outside `ranges`.
+inline std::vector<element_run> element_runs(const element_ranges& ranges, std::size_t lo, std::size_t hi) {
+  std::vector<std::size_t> cuts{lo, hi};
+  for (const auto& [b, e] : ranges) {
+    if (b > lo && b < hi) cuts.push_back(b);
+    if (e > lo && e < hi) cuts.push_back(e);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::vector<element_run> out;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    bool in = false;
+    for (const auto& [b, e] : ranges)
+      if (cuts[i] >= b && cuts[i] < e) in = true;
+    if (!out.empty() && out.back().inside == in) out.back().end = cuts[i + 1];
+    else out.push_back({cuts[i], cuts[i + 1], in});
+  }
+  return out;
+}
+
 namespace detail {
 
 /// Mirrors gpt_trainer's structure function by function, emitting ops where it runs kernels.
@@ -1029,28 +1054,9 @@ class gpt_lowering {
   }
 
   // ---- loss, gradient norm, clipping, optimizer -----------------------------------------------
-  struct run {
-    std::size_t begin, end;
-    bool inside;
-  };
-  /// [lo, hi) cut into maximal runs that are all inside or all outside `ranges`.
+  using run = element_run;
   static std::vector<run> runs(const element_ranges& ranges, std::size_t lo, std::size_t hi) {
-    std::vector<std::size_t> cuts{lo, hi};
-    for (const auto& [b, e] : ranges) {
-      if (b > lo && b < hi) cuts.push_back(b);
-      if (e > lo && e < hi) cuts.push_back(e);
-    }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    std::vector<run> out;
-    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
-      bool in = false;
-      for (const auto& [b, e] : ranges)
-        if (cuts[i] >= b && cuts[i] < e) in = true;
-      if (!out.empty() && out.back().inside == in) out.back().end = cuts[i + 1];
-      else out.push_back({cuts[i], cuts[i + 1], in});
-    }
-    return out;
+    return element_runs(ranges, lo, hi);
   }
   void step_end() {
     const int z = c_.zero_stage;

@@ -296,6 +296,7 @@ constexpr model_desc encoder_decoder(const model_desc& encoder, const model_desc
   layer_desc out = custom_layer("encoder_output", 0, hidden);
   out.shape.hidden = hidden;
   out.shape.sequence = tokens;
+  out.shape.flags |= layer_flags::encoder_output;
   m.push(out);
   for (layer_desc l : decoder) {
     if ((l.shape.flags & layer_flags::cross_attention) != 0 && l.shape.kv_sequence == 0) l.shape.kv_sequence = tokens;

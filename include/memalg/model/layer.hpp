@@ -100,6 +100,12 @@ inline constexpr std::uint32_t residual_dropout = 1u << 18;   ///< block: dropou
 /// block without `bias`: the query, key and value projections still have biases (Qwen2's
 /// q_proj/k_proj/v_proj with bias=True, o_proj and the MLP without; modeling_qwen2.py)
 inline constexpr std::uint32_t qkv_bias = 1u << 19;
+/// linear / conv with `activation`: the nonlinearity is tanh, not ReLU (what memalg's runtime
+/// computes; the same bytes either way)
+inline constexpr std::uint32_t tanh = 1u << 20;
+/// custom entry: an encoder's output that every cross-attention of the decoder reads (set by
+/// encoder_decoder)
+inline constexpr std::uint32_t encoder_output = 1u << 21;
 }  // namespace layer_flags
 
 /// Values of `layer_desc::group`.

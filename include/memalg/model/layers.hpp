@@ -329,6 +329,8 @@ struct bidirectional { static constexpr void apply(layer_options& o) { o.flags &
 struct cross_attention { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::cross_attention; } };
 /// A nonlinearity (ReLU, tanh, ...) after a linear or convolution layer: its output is saved.
 struct nonlinearity { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::activation; } };
+/// The nonlinearity is tanh (Tacotron 2's post-net), not ReLU: the runtime reads it, memory does not.
+struct tanh { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::tanh; } };
 struct batchnorm { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::batchnorm; } };
 struct tied { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::tied; } };
 // How the modelling code computes a block (what the pytorch stack saves; layer_flags):

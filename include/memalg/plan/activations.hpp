@@ -751,6 +751,9 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
     }
     case layer_kind::custom:
       r.saved.input_grad = a.rep(a.values_per_token(s.saved_per_token));
+      // memalg's runtime keeps an encoder output's gradient beside it from its forward on: every
+      // cross-attention's key/value projection adds into it (exec/build_speech_program.hpp).
+      if (c.reference() && (s.flags & layer_flags::encoder_output) != 0) r.saved.input_grad += a.rep(a.values_per_token(s.hidden));
       r.input = r.saved.input_grad;
       r.input_in_saved = true;
       break;
@@ -832,6 +835,31 @@ constexpr activation_table activation_table_of(const model_desc& model, const ac
     for (std::size_t i = 0; i < model.size; ++i) {
       const layer_kind k = model.entries[i].kind;
       if (k == layer_kind::embedding || k == layer_kind::position_embedding) table.entries[i].backward_temporary += mask;
+    }
+  }
+  if (c.reference()) {
+    // memalg's runtime on a regression head (the speech decoder, exec/build_speech_program.hpp):
+    // a linear layer whose output is wider than the next entry's input (the mel ‖ stop projection
+    // before the post-net) keeps its output's gradient from its forward on — the stop logits turn
+    // into their gradient at once, the mel gradient sums the losses before and after the post-net;
+    // and the model's last layer, when it is no output layer, holds its output (the frames the loss
+    // reads) through its forward.
+    for (std::size_t i = 0; i + 1 < model.size; ++i) {
+      const layer_desc& l = model.entries[i];
+      const layer_desc& next = model.entries[i + 1];
+      const bool narrower = (next.kind == layer_kind::linear || next.kind == layer_kind::conv1d) && next.shape.in < l.shape.out;
+      if (l.kind != layer_kind::linear || !narrower || !table.entries[i].backward) continue;
+      const detail::act_terms a(c, l.shape);
+      const bytes g = a.rep(a.values_per_token(l.shape.out));
+      table.entries[i].saved += g;
+      table.entries[i].selective += g;
+    }
+    if (model.size > 0) {
+      const layer_desc& l = model.entries[model.size - 1];
+      if ((l.kind == layer_kind::linear || l.kind == layer_kind::conv1d) && l.group != layer_group::teacher) {
+        const detail::act_terms a(c, l.shape);
+        table.entries[model.size - 1].forward_temporary += a.rep(a.values_per_token(l.shape.out));
+      }
     }
   }
   if (c.pytorch()) {

@@ -1,0 +1,837 @@
+// SPDX-License-Identifier: BSL-1.0
+// memalg/exec/build_speech_program.hpp — lowers a training step of the speech model to a step program.
+//
+// The speech model (model/presets/speech.hpp: a phoneme encoder and an autoregressive mel-frame
+// decoder, Transformer TTS with Tacotron 2's convolutional pre- and post-nets) as the same
+// `program` the GPT runtime runs (exec/program.hpp), built on the host through an arena_layout of
+// the plan's capacities: every operand has its offset before a kernel runs, and a push past the
+// plan throws here. The layout follows the `memalg` stack's accounting (plan/activations.hpp), each
+// entry keeping its input:
+//
+//   encoder   embedding → 3 × [conv1d → batch norm → ReLU → dropout] → blocks (bidirectional
+//             self-attention over the real phonemes: a key mask) → final LayerNorm = the encoder
+//             output, kept with its gradient accumulator (every cross-attention's key/value
+//             projection adds into it: linear_bwd add_din)
+//   decoder   the previous target frame (teacher forcing, a zero frame first) → 2 × [linear → ReLU
+//             → dropout] → linear → blocks (causal self-attention, cross-attention over the encoder
+//             output, MLP) → final LayerNorm → the mel ‖ stop projection, whose output gradient is
+//             kept with it: the stop logits become their gradient at once (BCE over every frame),
+//             the mel gradient sums the loss of the frames before the post-net and, after it, the
+//             loss of the frames after → post-net: 4 × [conv1d → batch norm → tanh → dropout],
+//             conv1d → batch norm → dropout, added to the mel frames (Tacotron 2, §2.2: the
+//             post-net predicts a residual)
+//   loss      L1 (or MSE) of the mel frames before and after the post-net, masked to the real
+//             frames, plus the stop-token BCE — each a sum over the micro-batch divided by its
+//             padded size (B·S·M, B·S), so grad_accum micro-batches of b sum to one of grad_accum·b
+//
+// Backward runs the entries in reverse. The gradient arriving at an entry sits on the transient
+// side; the entry pushes its input's gradient above it, then the two are released and the input's
+// gradient moved down into their place (ops::copy, a memmove): each entry's backward holds its
+// output's and its input's gradient, as the plan counts. The blocks add one gradient slot of the
+// stream for their stack, as the GPT runtime's do.
+//
+// What is not implemented, refused by program_error: tensor, sequence, pipeline parallelism,
+// ZeRO > 0, recomputation, naive attention; the mesh is data parallel with gradients all-reduced.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "memalg/exec/arena_layout.hpp"
+#include "memalg/exec/build_program.hpp"
+#include "memalg/exec/config.hpp"
+#include "memalg/exec/program.hpp"
+
+namespace memalg::exec {
+
+/// The speech model and its run, as the runtime reads them (exec/speech_plan.hpp fills one from a
+/// plan; the defaults are a small model).
+struct speech_config {
+  // model (presets::speech_dims)
+  std::size_t phonemes = 128, hidden = 32, heads = 2, ffn = 128, mel_bins = 80;
+  std::size_t encoder_layers = 2, decoder_layers = 2, prenet = 16, postnet = 32, kernel = 5;
+  std::size_t encoder_convs = 3, postnet_convs = 3;  ///< the pre-net's convolutions; the post-net's middle ones
+  std::size_t text_tokens = 32;                       ///< phonemes per utterance (the encoder's sequence)
+  bool batchnorm = true;
+  float block_dropout = 0.1f, net_dropout = 0.5f;  ///< blocks; pre- and post-nets
+  bool l1 = true;                                   ///< mel loss: L1 (else MSE)
+  // batch
+  std::size_t micro_batch = 4, frames = 48, grad_accum = 1;  ///< frames: mel frames per utterance
+  // mesh, precision, optimizer
+  std::size_t dp = 1;
+  bool master_weights = false;
+  optimizer_kind optimizer = optimizer_kind::adamw;
+  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float max_grad_norm = 1.0f;
+  std::uint64_t seed = 1;
+};
+
+/// `c` with the hyper-parameters `h`.
+constexpr speech_config with_hparams(speech_config c, const optimizer_hparams& h) {
+  c.lr = h.lr;
+  c.weight_decay = h.weight_decay;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.eps = h.eps;
+  c.momentum = h.momentum;
+  c.max_grad_norm = h.max_grad_norm;
+  return c;
+}
+
+/// Where a micro-batch's inputs sit in step_io (per micro-batch, in this order):
+///   tokens    phoneme ids [B·text_tokens]
+///   features  target mel frames [B·frames·mel_bins], then stop targets [B·frames]
+///   masks     real frames [B·frames], then real phonemes [B·text_tokens]
+struct speech_inputs {
+  std::size_t tokens = 0, features = 0, masks = 0;
+  std::size_t mel = 0, stop = 0, frame_mask = 0, phoneme_mask = 0;  ///< element offsets
+};
+constexpr speech_inputs speech_inputs_of(const speech_config& c) {
+  speech_inputs s{};
+  const std::size_t B = c.micro_batch, F = c.frames, T = c.text_tokens, M = c.mel_bins;
+  s.tokens = B * T;
+  s.mel = 0;
+  s.stop = B * F * M;
+  s.features = B * F * M + B * F;
+  s.frame_mask = 0;
+  s.phoneme_mask = B * F;
+  s.masks = B * F + B * T;
+  return s;
+}
+
+namespace detail {
+
+class speech_lowering {
+  using side = arena_layout::side;
+
+ public:
+  speech_lowering(const speech_config& c, arena_sizes sizes, rank_coords r, elem storage)
+      : c_(c), r_(r), T_(storage), layout_(sizes.persistent, sizes.stack), io_(speech_inputs_of(c)) {
+    p_.storage = T_;
+    p_.accum = A_;
+    p_.sizes = sizes;
+  }
+
+  program build() {
+    validate();
+    build_units();
+    allocate_states();
+    layout_.enable_trace();
+    section_ = &p_.step_begin;
+    for (unit& u : units_) emit(ops::zero{u.grad});
+    section_ = &p_.micro;
+    const std::size_t from = layout_.trace().size();
+    micro_batch();
+    p_.trace = layout_.trace();
+    for (std::size_t k = 1; k < c_.grad_accum; ++k)
+      p_.trace.insert(p_.trace.end(), layout_.trace().begin() + static_cast<std::ptrdiff_t>(from), layout_.trace().end());
+    section_ = &p_.step_end;
+    step_end();
+    finish();
+    return std::move(p_);
+  }
+
+ private:
+  // ---- configuration ----------------------------------------------------------------------------
+  void validate() const {
+    const auto fail = [](const std::string& why) { throw program_error("build_speech_program: " + why); };
+    if (c_.heads == 0 || c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
+    if (c_.dp == 0 || r_.dp >= c_.dp || r_.tp != 0 || r_.pp != 0) fail("the rank lies outside the data-parallel mesh");
+    if (c_.micro_batch == 0 || c_.frames == 0 || c_.text_tokens == 0 || c_.grad_accum == 0)
+      fail("micro-batch, frames, phonemes and accumulation must be at least 1");
+    if (c_.kernel == 0) fail("the convolutions need a kernel of at least 1");
+    if (c_.encoder_layers == 0 || c_.decoder_layers == 0) fail("the encoder and the decoder need a block each");
+    if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
+    switch (c_.optimizer) {
+      case optimizer_kind::sgd:
+      case optimizer_kind::momentum:
+      case optimizer_kind::adam:
+      case optimizer_kind::adamw: break;
+      default: fail("the runtime implements sgd, momentum, adam and adamw");
+    }
+  }
+  std::size_t Nd() const { return c_.micro_batch * c_.frames; }       // decoder rows
+  std::size_t Ne() const { return c_.micro_batch * c_.text_tokens; }  // encoder rows
+  std::size_t D() const { return c_.hidden / c_.heads; }
+  static std::uint32_t u32(std::size_t n) {
+    if (n > 0xffffffffu) throw program_error("build_speech_program: a shape exceeds 32 bits");
+    return static_cast<std::uint32_t>(n);
+  }
+
+  // ---- the arena and the op stream ----------------------------------------------------------------
+  /// Persistent tensors are laid out by element (a unit of 2673 parameters is not a multiple of
+  /// 16 bytes, and the plan counts parameters, not padding): offsets stay multiples of the element.
+  operand persistent(const std::string& name, std::size_t n, elem e, category cat) {
+    const std::size_t off = layout_.persistent(name, n * elem_size(e), cat);
+    operand o{off, n, e, where::arena};
+    p_.persistent.push_back({name, o, cat});
+    return o;
+  }
+  operand push(std::string_view name, std::size_t n, elem e, category cat = category::activations, side s = side::saved) {
+    const std::size_t off = layout_.push(name, arena_layout::checked_bytes(name, n, elem_size(e)), cat, s);
+    return {off, n, e, where::arena};
+  }
+  operand transient(std::string_view name, std::size_t n, elem e, category cat = category::temporaries) {
+    return push(name, n, e, cat, side::transient);
+  }
+  void pop(const operand& o) { layout_.pop(o.offset); }
+  template <class Op>
+  void emit(Op&& o, when w = when::always) {
+    section_->push_back(op{op_body{std::forward<Op>(o)}, w});
+  }
+  static operand sub(const operand& o, std::size_t at, std::size_t n) {
+    return {o.offset + at * elem_size(o.type), n, o.type, o.in};
+  }
+  operand feature(std::size_t at, std::size_t n) const { return {at, n, elem::f32, where::features}; }
+  operand mask(std::size_t at, std::size_t n) const { return {at, n, elem::u8, where::masks}; }
+  operand frame_mask() const { return mask(io_.frame_mask, Nd()); }
+  operand phoneme_mask() const { return mask(io_.phoneme_mask, Ne()); }
+  /// The arriving gradient `dout` and the input gradient `din` pushed above it are released and
+  /// din moved down into their place: the next entry's arriving gradient.
+  operand hand_down(const operand& dout, const operand& din) {
+    pop(din);
+    pop(dout);
+    operand g = transient("grad_input", din.count, T_);
+    if (g.offset != din.offset) emit(ops::copy{g, din});
+    return g;
+  }
+
+  // ---- units ----------------------------------------------------------------------------------------
+  struct unit {
+    std::string name;
+    std::size_t elements = 0;
+    operand weight, grad, master, state1, state2;
+    element_ranges no_decay;              ///< norms, biases, batch norm
+    std::vector<param_init> init;
+  };
+  /// Offsets inside a unit, filled as the unit is described.
+  struct conv_view { std::size_t w, b, gamma, beta, end; };
+  struct block_view {
+    std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b;          // self-attention
+    std::size_t lnx_w, lnx_b, q_w, q_b, kv_w, kv_b, projx_w, projx_b;  // cross-attention (decoder)
+    std::size_t ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
+  };
+  static param_init ones(std::size_t at, std::size_t n) {
+    param_init i;
+    i.at = at;
+    i.cols = n;
+    i.constant = 1.0f;
+    return i;
+  }
+  param_init normal(std::size_t at, std::size_t n, std::size_t tensor, float stddev) const {
+    param_init i;
+    i.k = param_init::kind::normal;
+    i.at = at;
+    i.rows = 1;
+    i.cols = n;
+    i.rng_tensor = tensor;
+    i.stddev = stddev;
+    return i;
+  }
+  static float fan_in(std::size_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); }
+  unit& add_unit(std::string name) {
+    units_.push_back(unit{});
+    units_.back().name = std::move(name);
+    return units_.back();
+  }
+  /// A convolution's unit: W [OC, IC, K] ~ N(0, 1/(IC·K)), bias 0, batch norm γ 1, β 0.
+  conv_view conv_unit(const std::string& name, std::size_t IC, std::size_t OC) {
+    unit& u = add_unit(name);
+    conv_view v{};
+    v.w = 0;
+    v.b = OC * IC * c_.kernel;
+    v.gamma = v.b + OC;
+    v.beta = v.gamma + (c_.batchnorm ? OC : 0);
+    v.end = v.beta + (c_.batchnorm ? OC : 0);
+    u.elements = v.end;
+    u.no_decay = {{v.b, v.end}};
+    u.init.push_back(normal(v.w, v.b, units_.size() * 8, fan_in(IC * c_.kernel)));
+    if (c_.batchnorm) u.init.push_back(ones(v.gamma, OC));
+    return v;
+  }
+  /// A linear layer's unit: W [OC, IC] ~ N(0, 1/IC), bias 0.
+  std::size_t linear_unit(const std::string& name, std::size_t IC, std::size_t OC) {
+    unit& u = add_unit(name);
+    u.elements = OC * IC + OC;
+    u.no_decay = {{OC * IC, OC * IC + OC}};
+    u.init.push_back(normal(0, OC * IC, units_.size() * 8, fan_in(IC)));
+    return OC * IC;  // the bias's offset
+  }
+  block_view block_unit(const std::string& name, bool cross) {
+    const std::size_t C = c_.hidden, F = c_.ffn;
+    unit& u = add_unit(name);
+    block_view v{};
+    std::size_t o = 0;
+    const auto take = [&](std::size_t n) {
+      const std::size_t at = o;
+      o += n;
+      return at;
+    };
+    v.ln1_w = take(C), v.ln1_b = take(C), v.qkv_w = take(3 * C * C), v.qkv_b = take(3 * C);
+    v.proj_w = take(C * C), v.proj_b = take(C);
+    v.lnx_w = take(cross ? C : 0), v.lnx_b = take(cross ? C : 0), v.q_w = take(cross ? C * C : 0);
+    v.q_b = take(cross ? C : 0), v.kv_w = take(cross ? 2 * C * C : 0), v.kv_b = take(cross ? 2 * C : 0);
+    v.projx_w = take(cross ? C * C : 0), v.projx_b = take(cross ? C : 0);
+    v.ln2_w = take(C), v.ln2_b = take(C), v.fc1_w = take(F * C), v.fc1_b = take(F), v.fc2_w = take(C * F);
+    v.fc2_b = take(C), v.end = o;
+    u.elements = v.end;
+    u.no_decay = {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.q_w}, {v.q_b, v.kv_w},
+                  {v.kv_b, v.projx_w}, {v.projx_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}};
+    const std::size_t t = units_.size() * 8;
+    const std::size_t L = c_.encoder_layers + c_.decoder_layers;
+    const float res = 0.02f / std::sqrt(2.0f * static_cast<float>(L));  // GPT-2's residual projections
+    u.init.push_back(ones(v.ln1_w, C));
+    u.init.push_back(normal(v.qkv_w, 3 * C * C, t + 1, 0.02f));
+    u.init.push_back(normal(v.proj_w, C * C, t + 2, res));
+    if (cross) {
+      u.init.push_back(ones(v.lnx_w, C));
+      u.init.push_back(normal(v.q_w, C * C, t + 3, 0.02f));
+      u.init.push_back(normal(v.kv_w, 2 * C * C, t + 4, 0.02f));
+      u.init.push_back(normal(v.projx_w, C * C, t + 5, res));
+    }
+    u.init.push_back(ones(v.ln2_w, C));
+    u.init.push_back(normal(v.fc1_w, F * C, t + 6, 0.02f));
+    u.init.push_back(normal(v.fc2_w, C * F, t + 7, res));
+    return v;
+  }
+  std::size_t norm_unit(const std::string& name) {
+    unit& u = add_unit(name);
+    u.elements = 2 * c_.hidden;
+    u.no_decay = {{0, u.elements}};
+    u.init.push_back(ones(0, c_.hidden));
+    return units_.size() - 1;
+  }
+  void build_units() {
+    const std::size_t C = c_.hidden, M = c_.mel_bins, P = c_.prenet, Q = c_.postnet;
+    {
+      unit& e = add_unit("encoder.embedding");
+      e.elements = c_.phonemes * C;
+      e.init.push_back(normal(0, e.elements, 8, 1.0f));
+    }
+    for (std::size_t i = 0; i < c_.encoder_convs; ++i) enc_conv_.push_back(conv_unit("encoder.prenet.conv" + std::to_string(i), C, C));
+    enc_block0_ = units_.size();
+    for (std::size_t l = 0; l < c_.encoder_layers; ++l) enc_blk_ = block_unit("encoder.block" + std::to_string(l), false);
+    enc_norm_ = norm_unit("encoder.final_norm");
+    pre1_ = units_.size();
+    pre1_b_ = linear_unit("decoder.prenet.fc1", M, P);
+    pre2_b_ = linear_unit("decoder.prenet.fc2", P, P);
+    proj_b_ = linear_unit("decoder.prenet.proj", P, C);
+    dec_block0_ = units_.size();
+    for (std::size_t l = 0; l < c_.decoder_layers; ++l) dec_blk_ = block_unit("decoder.block" + std::to_string(l), true);
+    dec_norm_ = norm_unit("decoder.final_norm");
+    out_ = units_.size();
+    out_b_ = linear_unit("decoder.mel_stop_out", C, M + 1);
+    post0_ = units_.size();
+    post_.push_back(conv_unit("decoder.postnet.in", M, Q));
+    for (std::size_t i = 0; i < c_.postnet_convs; ++i) post_.push_back(conv_unit("decoder.postnet.conv" + std::to_string(i), Q, Q));
+    post_.push_back(conv_unit("decoder.postnet.out", Q, M));
+  }
+  void allocate_states() {
+    const std::size_t states = c_.optimizer == optimizer_kind::adamw || c_.optimizer == optimizer_kind::adam ? 2
+                               : c_.optimizer == optimizer_kind::sgd                                    ? 0
+                                                                                                        : 1;
+    for (unit& u : units_) u.weight = persistent(u.name + ".weights", u.elements, T_, category::weights);
+    for (unit& u : units_) u.grad = persistent(u.name + ".grads", u.elements, T_, category::gradients);
+    for (unit& u : units_)
+      if (c_.master_weights) u.master = persistent(u.name + ".master", u.elements, A_, category::master_weights);
+    for (unit& u : units_) {
+      if (states >= 1) u.state1 = persistent(u.name + ".state1", u.elements, A_, category::optimizer_states);
+      if (states >= 2) u.state2 = persistent(u.name + ".state2", u.elements, A_, category::optimizer_states);
+    }
+    for (const unit& u : units_) {
+      const auto section = [&](const std::string& name, const operand& o, category cat) {
+        if (!o.null()) p_.checkpoint.push_back({name, o, cat});
+      };
+      section(u.name + ".weights", u.weight, category::weights);
+      section(u.name + ".master", u.master, category::master_weights);
+      section(u.name + ".state1", u.state1, category::optimizer_states);
+      section(u.name + ".state2", u.state2, category::optimizer_states);
+      param_unit d;
+      d.name = u.name;
+      d.elements = u.elements;
+      d.shard = u.elements;
+      d.weight = u.weight;
+      d.grad = u.grad;
+      d.master = u.master;
+      d.state1 = u.state1;
+      d.state2 = u.state2;
+      d.init = u.init;
+      p_.units.push_back(std::move(d));
+    }
+  }
+  void reduce(const unit& u) {
+    if (c_.dp > 1) emit(ops::all_reduce{u.grad, group::dp, reduce_op::sum}, when::last_micro);
+  }
+
+  // ---- dropout ----------------------------------------------------------------------------------------
+  std::uint32_t site_ = 0;
+  /// mask and out over B sequences of rows_per_seq × width elements.
+  void dropout(const operand& out, const operand& m, const operand& in, std::size_t rows_per_seq, std::size_t width,
+               float p, std::uint32_t site) {
+    emit(ops::dropout_fwd{out, m, in, u32(c_.micro_batch), u32(rows_per_seq * width), p, site});
+  }
+
+  // ---- a convolution (or linear) entry: product → [batch norm] → [nonlinearity] → [dropout] ------
+  struct net_saved {
+    operand x_bn, y, m;  ///< batch norm input, nonlinearity output, dropout mask (null where absent)
+  };
+  enum class net_kind : std::uint8_t { conv, linear };
+  /// Pushes the entry's saved tensors, then its output `out` (the next entry's input; a transient
+  /// when `last`: the model's last output, which the loss turns into its gradient).
+  net_saved net_forward(net_kind kind, const unit& u, const conv_view& v, const operand& in, std::size_t rows_per_seq,
+                        std::size_t IC, std::size_t OC, bool bn, bool act, ops::activation_kind ak, float p,
+                        operand& out, std::string_view out_name, bool last, std::uint32_t site) {
+    const std::size_t N = c_.micro_batch * rows_per_seq;
+    net_saved s{};
+    const operand W = u.weight;
+    const auto product = [&](const operand& dst) {
+      if (kind == net_kind::conv)
+        emit(ops::conv1d_fwd{dst, in, sub(W, v.w, OC * IC * c_.kernel), sub(W, v.b, OC), u32(c_.micro_batch),
+                             u32(rows_per_seq), u32(IC), u32(OC), u32(c_.kernel)});
+      else
+        emit(ops::linear_fwd{dst, in, sub(W, 0, OC * IC), sub(W, OC * IC, OC), u32(N), u32(IC), u32(OC)});
+    };
+    const bool drop = p > 0;
+    const operand msk = rows_per_seq == c_.frames ? frame_mask() : phoneme_mask();
+    // What each step writes: product → x_bn (saved when bn) → y (saved when act) → out.
+    if (bn) s.x_bn = push("batchnorm_in", N * OC, T_);
+    if (act) s.y = push("activation_out", N * OC, T_);
+    if (drop) s.m = push("dropout_mask", N * OC, elem::u8);
+    out = last ? transient(out_name, N * OC, T_) : push(out_name, N * OC, T_);
+    // product → x_bn → (batch norm) → y → (nonlinearity, in place) → (dropout) → out. Without
+    // dropout the nonlinearity's output is still copied into `out` (an identity dropout): the plan
+    // counts the two tensors as two (the entry's own and the next one's input).
+    const operand after_bn = act ? s.y : out;
+    if (bn) {
+      product(s.x_bn);
+      emit(ops::batchnorm_fwd{after_bn, s.x_bn, sub(W, v.gamma, OC), sub(W, v.beta, OC), msk, u32(N), u32(OC)});
+    } else {
+      product(after_bn);
+    }
+    if (act) emit(ops::activation_fwd{s.y, s.y, ak});
+    if (drop) dropout(out, s.m, act ? s.y : out, rows_per_seq, OC, p, site);
+    else if (act) emit(ops::copy{out, s.y});
+    return s;
+  }
+  void pop_net(const net_saved& s) {
+    if (!s.m.null()) pop(s.m);
+    if (!s.y.null()) pop(s.y);
+    if (!s.x_bn.null()) pop(s.x_bn);
+  }
+  /// Backward of a net entry: dout arrives on the transient side and is consumed in place; returns
+  /// the input's gradient (handed down), or nothing when `want_din` is false.
+  operand net_backward(net_kind kind, unit& u, const conv_view& v, const net_saved& s, const operand& in,
+                       const operand& dout, std::size_t rows_per_seq, std::size_t IC, std::size_t OC, bool bn, bool act,
+                       ops::activation_kind ak, float p, bool want_din) {
+    const std::size_t N = c_.micro_batch * rows_per_seq;
+    const operand W = u.weight, G = u.grad;
+    const operand msk = rows_per_seq == c_.frames ? frame_mask() : phoneme_mask();
+    if (p > 0) emit(ops::dropout_bwd{dout, dout, s.m, p});
+    if (act) emit(ops::activation_bwd{dout, dout, s.y, ak});
+    if (bn)
+      emit(ops::batchnorm_bwd{dout, sub(G, v.gamma, OC), sub(G, v.beta, OC), dout, s.x_bn, sub(W, v.gamma, OC), msk, u32(N),
+                              u32(OC)});
+    operand din = want_din ? transient("grad_input", N * IC, T_) : operand{};
+    if (kind == net_kind::conv)
+      emit(ops::conv1d_bwd{din, sub(G, v.w, OC * IC * c_.kernel), sub(G, v.b, OC), dout, in, sub(W, v.w, OC * IC * c_.kernel),
+                           u32(c_.micro_batch), u32(rows_per_seq), u32(IC), u32(OC), u32(c_.kernel)});
+    else
+      emit(ops::linear_bwd{din, sub(G, 0, OC * IC), sub(G, OC * IC, OC), dout, in, sub(W, 0, OC * IC), u32(N), u32(IC),
+                           u32(OC)});
+    reduce(u);
+    if (!want_din) {
+      pop(dout);
+      return {};
+    }
+    return hand_down(dout, din);
+  }
+  static conv_view linear_view(std::size_t IC, std::size_t OC) { return {0, OC * IC, 0, 0, OC * IC + OC}; }
+
+  // ---- transformer blocks ----------------------------------------------------------------------------
+  struct block_saved {
+    operand ln1_out, qkv, lse, atty, mask1, x_mid;
+    operand lnx_out, qx, kvx, lsex, attyx, maskx, x_midx;
+    operand ln2_out, fc1_out, gelu_out, mask2, x_out;
+  };
+  ops::xattn_shape self_shape() const {  // the encoder's: bidirectional over the real phonemes, fused qkv
+    return {u32(c_.micro_batch), u32(c_.text_tokens), u32(c_.text_tokens), u32(c_.heads), u32(c_.heads), u32(D()), false, true,
+            true};
+  }
+  attn_shape causal_shape() const {  // the decoder's
+    return {u32(c_.micro_batch), u32(c_.frames), u32(c_.heads), u32(c_.heads), u32(D()), true, true};
+  }
+  ops::xattn_shape cross_shape() const {
+    return {u32(c_.micro_batch), u32(c_.frames), u32(c_.text_tokens), u32(c_.heads), u32(c_.heads), u32(D()), false, true,
+            false};
+  }
+  /// One block on S tokens per sequence (the encoder's phonemes or the decoder's frames);
+  /// `enc` is the encoder output for a decoder block (cross-attention), null for an encoder block.
+  block_saved block_forward(const unit& u, const block_view& b, const operand& x_in, const operand& enc, std::uint32_t site) {
+    const bool cross = !enc.null();
+    const std::size_t S = cross ? c_.frames : c_.text_tokens, N = c_.micro_batch * S, C = c_.hidden, F = c_.ffn;
+    const std::size_t lse_n = c_.micro_batch * c_.heads * S;
+    const float p = c_.block_dropout;
+    const bool drop = p > 0;
+    const operand W = u.weight;
+    const std::uint32_t n = u32(N), cc = u32(C);
+    block_saved s{};
+    // self-attention
+    s.ln1_out = push("ln1_out", N * C, T_);
+    emit(ops::norm_fwd{s.ln1_out, x_in, sub(W, b.ln1_w, C), sub(W, b.ln1_b, C), n, cc});
+    s.qkv = push("qkv", N * 3 * C, T_);
+    emit(ops::linear_fwd{s.qkv, s.ln1_out, sub(W, b.qkv_w, 3 * C * C), sub(W, b.qkv_b, 3 * C), n, cc, u32(3 * C)});
+    s.lse = push("attention_lse", lse_n, A_);
+    s.atty = push("attention_out", N * C, T_);
+    if (cross) emit(ops::attention_fwd{s.atty, s.lse, s.qkv, causal_shape()});
+    else emit(ops::masked_attention_fwd{s.atty, s.lse, s.qkv, s.qkv, phoneme_mask(), self_shape()});
+    if (drop) s.mask1 = push("dropout_mask", N * C, elem::u8);
+    s.x_mid = push("residual", N * C, T_);
+    residual_branch(s.x_mid, x_in, s.atty, sub(W, b.proj_w, C * C), sub(W, b.proj_b, C), C, s.mask1, S, site);
+    operand stream = s.x_mid;
+    if (cross) {
+      const std::size_t lsex_n = c_.micro_batch * c_.heads * c_.frames;
+      s.lnx_out = push("lnx_out", N * C, T_);
+      emit(ops::norm_fwd{s.lnx_out, s.x_mid, sub(W, b.lnx_w, C), sub(W, b.lnx_b, C), n, cc});
+      s.qx = push("cross_q", N * C, T_);
+      emit(ops::linear_fwd{s.qx, s.lnx_out, sub(W, b.q_w, C * C), sub(W, b.q_b, C), n, cc, cc});
+      s.kvx = push("cross_kv", Ne() * 2 * C, T_);
+      emit(ops::linear_fwd{s.kvx, enc, sub(W, b.kv_w, 2 * C * C), sub(W, b.kv_b, 2 * C), u32(Ne()), cc, u32(2 * C)});
+      s.lsex = push("cross_lse", lsex_n, A_);
+      s.attyx = push("cross_out", N * C, T_);
+      emit(ops::masked_attention_fwd{s.attyx, s.lsex, s.qx, s.kvx, phoneme_mask(), cross_shape()});
+      if (drop) s.maskx = push("dropout_mask", N * C, elem::u8);
+      s.x_midx = push("residual", N * C, T_);
+      residual_branch(s.x_midx, s.x_mid, s.attyx, sub(W, b.projx_w, C * C), sub(W, b.projx_b, C), C, s.maskx, S, site + 1);
+      stream = s.x_midx;
+    }
+    // MLP
+    s.ln2_out = push("ln2_out", N * C, T_);
+    emit(ops::norm_fwd{s.ln2_out, stream, sub(W, b.ln2_w, C), sub(W, b.ln2_b, C), n, cc});
+    s.fc1_out = push("fc1_out", N * F, T_);
+    emit(ops::linear_fwd{s.fc1_out, s.ln2_out, sub(W, b.fc1_w, F * C), sub(W, b.fc1_b, F), n, cc, u32(F)});
+    s.gelu_out = push("gelu_out", N * F, T_);
+    emit(ops::activation_fwd{s.gelu_out, s.fc1_out, ops::activation_kind::gelu, n, u32(F)});
+    if (drop) s.mask2 = push("dropout_mask", N * C, elem::u8);
+    s.x_out = push("residual", N * C, T_);
+    residual_branch(s.x_out, stream, s.gelu_out, sub(W, b.fc2_w, C * F), sub(W, b.fc2_b, C), F, s.mask2, S, site + 2);
+    return s;
+  }
+  /// out = x + dropout(in · wᵀ + bias), through a transient of the stream's width.
+  void residual_branch(const operand& out, const operand& x, const operand& in, const operand& w, const operand& bias,
+                       std::size_t IC, const operand& m, std::size_t S, std::uint32_t site) {
+    const std::size_t N = c_.micro_batch * S, C = c_.hidden;
+    operand t = transient("branch_out", N * C, T_);
+    emit(ops::linear_fwd{t, in, w, bias, u32(N), u32(IC), u32(C)});
+    if (!m.null()) dropout(t, m, t, S, C, c_.block_dropout, site);
+    emit(ops::residual_add{out, x, t});
+    pop(t);
+  }
+  void pop_block(const block_saved& s) {
+    for (const operand* o : {&s.mask2, &s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_midx, &s.maskx, &s.attyx, &s.lsex, &s.kvx,
+                             &s.qx, &s.lnx_out, &s.x_mid, &s.mask1, &s.atty, &s.lse, &s.qkv, &s.ln1_out})
+      if (!o->null()) pop(*o);
+  }
+  /// Backward through a residual branch out = x + dropout(in · wᵀ + b): dres (the stream's
+  /// gradient) flows on; writes d(in) into a transient of `in_n` elements, returned.
+  operand branch_backward(const operand& dres, const operand& slot, const operand& m, const operand& in, const operand& w,
+                          const operand& dw, const operand& dbias, std::size_t IC, std::size_t N, std::size_t in_n,
+                          const char* name) {
+    operand g = dres;
+    if (!m.null()) {
+      emit(ops::dropout_bwd{slot, dres, m, c_.block_dropout});
+      g = slot;
+    }
+    operand din = transient(name, in_n, T_);
+    emit(ops::linear_bwd{din, dw, dbias, g, in, w, u32(N), u32(IC), u32(c_.hidden)});
+    return din;
+  }
+  void norm_into(const operand& dres, const operand& dslot, const operand& x, const operand& w, const operand& dw,
+                 const operand& db, std::size_t N) {
+    operand dn = transient("grad_norm_in", N * c_.hidden, T_);
+    emit(ops::norm_bwd{dn, dw, db, dslot, x, w, u32(N), u32(c_.hidden)});
+    emit(ops::residual_add{dres, dres, dn});
+    pop(dn);
+  }
+  void block_backward(unit& u, const block_view& b, const block_saved& s, const operand& x_in, const operand& enc,
+                      const operand& denc, const operand& dres, const operand& slot) {
+    const bool cross = !enc.null();
+    const std::size_t S = cross ? c_.frames : c_.text_tokens, N = c_.micro_batch * S, C = c_.hidden, F = c_.ffn;
+    const operand W = u.weight, G = u.grad;
+    const std::uint32_t n = u32(N), cc = u32(C);
+    {  // MLP
+      operand dgelu = branch_backward(dres, slot, s.mask2, s.gelu_out, sub(W, b.fc2_w, C * F), sub(G, b.fc2_w, C * F),
+                                      sub(G, b.fc2_b, C), F, N, N * F, "grad_mlp_inner");
+      emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out, ops::activation_kind::gelu, n, u32(F)});
+      emit(ops::linear_bwd{slot, sub(G, b.fc1_w, F * C), sub(G, b.fc1_b, F), dgelu, s.ln2_out, sub(W, b.fc1_w, F * C), n, cc,
+                           u32(F)});
+      pop(dgelu);
+      norm_into(dres, slot, cross ? s.x_midx : s.x_mid, sub(W, b.ln2_w, C), sub(G, b.ln2_w, C), sub(G, b.ln2_b, C), N);
+    }
+    if (cross) {  // cross-attention
+      operand datt = branch_backward(dres, slot, s.maskx, s.attyx, sub(W, b.projx_w, C * C), sub(G, b.projx_w, C * C),
+                                     sub(G, b.projx_b, C), C, N, N * C, "grad_cross_out");
+      operand dq = transient("grad_cross_q", N * C, T_);
+      operand dkv = transient("grad_cross_kv", Ne() * 2 * C, T_);
+      emit(ops::masked_attention_bwd{dq, dkv, datt, s.qx, s.kvx, s.attyx, s.lsex, phoneme_mask(), cross_shape()});
+      emit(ops::linear_bwd{slot, sub(G, b.q_w, C * C), sub(G, b.q_b, C), dq, s.lnx_out, sub(W, b.q_w, C * C), n, cc, cc});
+      ops::linear_bwd kv{denc, sub(G, b.kv_w, 2 * C * C), sub(G, b.kv_b, 2 * C), dkv, enc, sub(W, b.kv_w, 2 * C * C),
+                         u32(Ne()), cc, u32(2 * C)};
+      kv.add_din = true;
+      emit(kv);
+      pop(dkv);
+      pop(dq);
+      pop(datt);
+      norm_into(dres, slot, s.x_mid, sub(W, b.lnx_w, C), sub(G, b.lnx_w, C), sub(G, b.lnx_b, C), N);
+    }
+    {  // self-attention
+      operand datt = branch_backward(dres, slot, s.mask1, s.atty, sub(W, b.proj_w, C * C), sub(G, b.proj_w, C * C),
+                                     sub(G, b.proj_b, C), C, N, N * C, "grad_attention_out");
+      operand dqkv = transient("grad_qkv", N * 3 * C, T_);
+      if (cross) emit(ops::attention_bwd{dqkv, datt, s.qkv, s.atty, s.lse, causal_shape()});
+      else emit(ops::masked_attention_bwd{dqkv, dqkv, datt, s.qkv, s.qkv, s.atty, s.lse, phoneme_mask(), self_shape()});
+      emit(ops::linear_bwd{slot, sub(G, b.qkv_w, 3 * C * C), sub(G, b.qkv_b, 3 * C), dqkv, s.ln1_out,
+                           sub(W, b.qkv_w, 3 * C * C), n, cc, u32(3 * C)});
+      pop(dqkv);
+      pop(datt);
+      norm_into(dres, slot, x_in, sub(W, b.ln1_w, C), sub(G, b.ln1_w, C), sub(G, b.ln1_b, C), N);
+    }
+    reduce(u);
+  }
+
+  // ---- one micro-batch ----------------------------------------------------------------------------
+  void micro_batch() {
+    const std::size_t C = c_.hidden, M = c_.mel_bins, P = c_.prenet, Q = c_.postnet, B = c_.micro_batch;
+    const std::size_t Te = c_.text_tokens, Fr = c_.frames, ND = Nd(), NE = Ne();
+    const std::size_t LE = c_.encoder_layers, LD = c_.decoder_layers;
+    const float pn = c_.net_dropout;
+    const bool bn = c_.batchnorm;
+    using ak = ops::activation_kind;
+
+    // ---- encoder forward
+    unit& emb = units_[0];
+    operand x = push("embedding_out", NE * C, T_);
+    emit(ops::embedding_fwd{x, {0, NE, elem::i32, where::tokens}, emb.weight, operand{}, u32(B), u32(Te), u32(C)});
+    std::vector<operand> enc_in{x};
+    std::vector<net_saved> enc_net;
+    for (std::size_t i = 0; i < enc_conv_.size(); ++i) {
+      operand out{};
+      enc_net.push_back(net_forward(net_kind::conv, units_[1 + i], enc_conv_[i], enc_in.back(), Te, C, C, bn, true, ak::relu,
+                                    pn, out, "conv_out", false, u32(100 + i)));
+      enc_in.push_back(out);
+    }
+    std::vector<block_saved> enc_blocks;
+    for (std::size_t l = 0; l < LE; ++l) {
+      enc_blocks.push_back(block_forward(units_[enc_block0_ + l], enc_blk_, enc_in.back(), operand{}, u32(1000 + 4 * l)));
+      enc_in.push_back(enc_blocks.back().x_out);
+    }
+    operand enc = push("encoder_output", NE * C, T_);
+    {
+      const unit& n = units_[enc_norm_];
+      emit(ops::norm_fwd{enc, enc_in.back(), sub(n.weight, 0, C), sub(n.weight, C, C), u32(NE), u32(C)});
+    }
+    operand denc = push("encoder_output_grad", NE * C, T_);
+    emit(ops::zero{denc});
+
+    // ---- decoder forward
+    operand frames = push("decoder_in", ND * M, T_);
+    emit(ops::frames_in{frames, feature(io_.mel, ND * M), u32(B), u32(Fr), u32(M), 1});
+    const conv_view lv1 = linear_view(M, P), lv2 = linear_view(P, P), lv3 = linear_view(P, C);
+    operand in2 = operand{}, in3 = operand{}, x0 = operand{};
+    const net_saved pre1 =
+        net_forward(net_kind::linear, units_[pre1_], lv1, frames, Fr, M, P, false, true, ak::relu, pn, in2, "prenet_out", false, 200);
+    const net_saved pre2 =
+        net_forward(net_kind::linear, units_[pre1_ + 1], lv2, in2, Fr, P, P, false, true, ak::relu, pn, in3, "prenet_out", false, 201);
+    const net_saved pre3 = net_forward(net_kind::linear, units_[pre1_ + 2], lv3, in3, Fr, P, C, false, false, ak::relu, 0, x0,
+                                       "decoder_embedding", false, 202);
+    std::vector<operand> dec_in{x0};
+    std::vector<block_saved> dec_blocks;
+    for (std::size_t l = 0; l < LD; ++l) {
+      dec_blocks.push_back(block_forward(units_[dec_block0_ + l], dec_blk_, dec_in.back(), enc, u32(2000 + 4 * l)));
+      dec_in.push_back(dec_blocks.back().x_out);
+    }
+    operand lnf = push("decoder_norm_out", ND * C, T_);
+    {
+      const unit& n = units_[dec_norm_];
+      emit(ops::norm_fwd{lnf, dec_in.back(), sub(n.weight, 0, C), sub(n.weight, C, C), u32(ND), u32(C)});
+    }
+    // The mel ‖ stop projection, its output's gradient kept with it.
+    unit& out = units_[out_];
+    const operand Wmel = sub(out.weight, 0, M * C), Wstop = sub(out.weight, M * C, C);
+    const operand bmel = sub(out.weight, out_b_, M), bstop = sub(out.weight, out_b_ + M, 1);
+    const float divisor_mel = static_cast<float>(ND * M), divisor_stop = static_cast<float>(ND);
+    const std::uint32_t ga = u32(c_.grad_accum);
+    operand dmel = push("mel_grad", ND * M, T_);
+    operand dstop = push("stop_grad", ND, T_);
+    emit(ops::linear_fwd{dstop, lnf, Wstop, bstop, u32(ND), u32(C), 1});
+    emit(ops::stop_loss{dstop, feature(io_.stop, ND), dstop, u32(ND), 1, ga, divisor_stop});
+    operand mel = push("mel_before", ND * M, T_);  // the post-net's input
+    emit(ops::linear_fwd{mel, lnf, Wmel, bmel, u32(ND), u32(C), u32(M)});
+    emit(ops::mel_loss{mel, feature(io_.mel, ND * M), frame_mask(), dmel, u32(ND), u32(M), u32(M), ga, c_.l1, divisor_mel});
+    // The post-net.
+    std::vector<operand> post_in{mel};
+    std::vector<net_saved> post_net;
+    const std::size_t K = post_.size();
+    operand after{};
+    for (std::size_t i = 0; i < K; ++i) {
+      const bool last = i + 1 == K;
+      const std::size_t IC = i == 0 ? M : Q, OC = last ? M : Q;
+      operand o{};
+      post_net.push_back(net_forward(net_kind::conv, units_[post0_ + i], post_[i], post_in.back(), Fr, IC, OC, bn, !last, ak::tanh,
+                                     pn, o, last ? "mel_after" : "postnet_out", last, u32(300 + i)));
+      if (last) after = o;
+      else post_in.push_back(o);
+    }
+    emit(ops::residual_add{after, after, mel});  // the post-net predicts a residual
+    emit(ops::mel_loss{after, feature(io_.mel, ND * M), frame_mask(), after, u32(ND), u32(M), u32(M), ga, c_.l1, divisor_mel});
+    emit(ops::residual_add{dmel, dmel, after});  // d(mel_before) gets d(mel_after) through the residual
+
+    // ---- decoder backward
+    operand g = after;  // d(post-net output) = d(mel_after)
+    for (std::size_t i = K; i-- > 0;) {
+      const bool last = i + 1 == K;
+      const std::size_t IC = i == 0 ? M : Q, OC = last ? M : Q;
+      g = net_backward(net_kind::conv, units_[post0_ + i], post_[i], post_net[i], post_in[i], g, Fr, IC, OC, bn, !last, ak::tanh,
+                       pn, true);
+      pop_net(post_net[i]);
+      pop(post_in[i]);
+    }
+    emit(ops::residual_add{dmel, dmel, g});
+    pop(g);
+    operand dx = transient("grad_norm_out", ND * C, T_);
+    emit(ops::linear_bwd{dx, sub(out.grad, 0, M * C), sub(out.grad, out_b_, M), dmel, lnf, Wmel, u32(ND), u32(C), u32(M)});
+    {
+      ops::linear_bwd s{dx, sub(out.grad, M * C, C), sub(out.grad, out_b_ + M, 1), dstop, lnf, Wstop, u32(ND), u32(C), 1};
+      s.add_din = true;
+      emit(s);
+    }
+    reduce(out);
+    pop(dstop);
+    pop(dmel);
+    pop(lnf);
+    {
+      unit& n = units_[dec_norm_];
+      operand din = transient("grad_residual", ND * C, T_);
+      emit(ops::norm_bwd{din, sub(n.grad, 0, C), sub(n.grad, C, C), dx, dec_in.back(), sub(n.weight, 0, C), u32(ND), u32(C)});
+      reduce(n);
+      g = hand_down(dx, din);
+    }
+    {
+      operand slot = transient("grad_slot", ND * C, T_);
+      for (std::size_t l = LD; l-- > 0;) {
+        pop(dec_blocks[l].x_out);
+        block_backward(units_[dec_block0_ + l], dec_blk_, dec_blocks[l], dec_in[l], enc, denc, g, slot);
+        pop_block(dec_blocks[l]);
+      }
+      pop(slot);
+    }
+    pop(x0);  // the first block's input
+    g = net_backward(net_kind::linear, units_[pre1_ + 2], lv3, pre3, in3, g, Fr, P, C, false, false, ak::relu, 0, true);
+    pop_net(pre3);
+    pop(in3);
+    g = net_backward(net_kind::linear, units_[pre1_ + 1], lv2, pre2, in2, g, Fr, P, P, false, true, ak::relu, pn, true);
+    pop_net(pre2);
+    pop(in2);
+    net_backward(net_kind::linear, units_[pre1_], lv1, pre1, frames, g, Fr, M, P, false, true, ak::relu, pn, false);
+    pop_net(pre1);
+    pop(frames);
+
+    // ---- encoder backward: the encoder output's gradient moves into the output's place
+    emit(ops::copy{enc, denc});
+    pop(denc);
+    {
+      unit& n = units_[enc_norm_];
+      operand din = transient("grad_residual", NE * C, T_);
+      emit(ops::norm_bwd{din, sub(n.grad, 0, C), sub(n.grad, C, C), enc, enc_in.back(), sub(n.weight, 0, C), u32(NE), u32(C)});
+      reduce(n);
+      pop(enc);
+      g = din;
+    }
+    {
+      operand slot = transient("grad_slot", NE * C, T_);
+      for (std::size_t l = LE; l-- > 0;) {
+        pop(enc_blocks[l].x_out);
+        block_backward(units_[enc_block0_ + l], enc_blk_, enc_blocks[l], enc_in[enc_conv_.size() + l], operand{}, operand{}, g,
+                       slot);
+        pop_block(enc_blocks[l]);
+      }
+      pop(slot);
+    }
+    pop(enc_in[enc_conv_.size()]);  // the first block's input
+    for (std::size_t i = enc_conv_.size(); i-- > 0;) {
+      g = net_backward(net_kind::conv, units_[1 + i], enc_conv_[i], enc_net[i], enc_in[i], g, Te, C, C, bn, true, ak::relu, pn,
+                       true);
+      pop_net(enc_net[i]);
+      pop(enc_in[i]);
+    }
+    emit(ops::embedding_bwd{emb.grad, operand{}, g, {0, NE, elem::i32, where::tokens}, u32(B), u32(Te), u32(C)});
+    reduce(emb);
+    pop(g);
+  }
+
+  void step_end() {
+    emit(ops::loss_mean{u32(c_.grad_accum)});
+    emit(ops::all_reduce{scalars::slot(scalars::loss), group::dp, reduce_op::sum});
+    emit(ops::scalar_div{scalars::loss, static_cast<float>(c_.dp)});
+    for (const unit& u : units_) emit(ops::sqnorm{u.grad, true});
+    emit(ops::norm_parts{});
+    emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});
+    emit(ops::clip_scale{c_.max_grad_norm, u32(c_.dp), false});
+    for (const unit& u : units_) {
+      for (const element_run& r : element_runs(u.no_decay, 0, u.elements)) {
+        const std::size_t k = r.end - r.begin;
+        const auto state = [&](const operand& s) { return s.null() ? operand{} : sub(s, r.begin, k); };
+        emit(ops::optimizer_update{sub(u.weight, r.begin, k), state(u.master), state(u.state1), state(u.state2),
+                                   sub(u.grad, r.begin, k), r.inside ? 0.0f : c_.weight_decay},
+             when::unless_skipped);
+      }
+    }
+  }
+  void finish() {
+    p_.persistent_bytes = layout_.persistent_used();
+    p_.high_water = layout_.high_water();
+    p_.peak_by_category = layout_.peak_by_category();
+    p_.peak_tensor = std::string(layout_.peak_tensor());
+    p_.grad_accum = c_.grad_accum;
+    p_.micro_batch = c_.micro_batch;
+    p_.sequence = c_.frames;
+    p_.tokens_per_micro = io_.tokens;
+    p_.targets_per_micro = 0;
+    p_.features_per_micro = io_.features;
+    p_.masks_per_micro = io_.masks;
+    p_.dp = c_.dp;
+    p_.dp_rank = r_.dp;
+    p_.hp = {c_.optimizer, c_.lr, c_.weight_decay, c_.momentum, c_.beta1, c_.beta2, c_.eps, c_.max_grad_norm,
+             c_.block_dropout, c_.seed};
+  }
+
+  speech_config c_;
+  rank_coords r_;
+  elem T_;
+  elem A_ = elem::f32;
+  arena_layout layout_;
+  speech_inputs io_;
+  program p_;
+  std::vector<op>* section_ = nullptr;
+  std::vector<unit> units_;
+  std::vector<conv_view> enc_conv_, post_;
+  block_view enc_blk_{}, dec_blk_{};
+  std::size_t enc_block0_ = 0, enc_norm_ = 0, pre1_ = 0, pre1_b_ = 0, pre2_b_ = 0, proj_b_ = 0, dec_block0_ = 0, dec_norm_ = 0;
+  std::size_t out_ = 0, out_b_ = 0, post0_ = 0;
+};
+
+}  // namespace detail
+
+/// The step program of the speech model for rank `r` (data parallel only), laid out in `sizes`
+/// (the plan's arena). Throws program_error for what the runtime does not implement and
+/// arena_error when the step does not fit.
+inline program build_speech_program(const speech_config& c, arena_sizes sizes, rank_coords r = {}, elem storage = elem::f32) {
+  return detail::speech_lowering(c, sizes, r, storage).build();
+}
+
+}  // namespace memalg::exec
