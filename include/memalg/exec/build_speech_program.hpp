@@ -70,6 +70,10 @@ struct speech_config {
   float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float max_grad_norm = 1.0f;
   std::uint64_t seed = 1;
+  /// A validation pass: the forward and the losses only (no backward, no update), on the same
+  /// arena and weights; dropout is off when its probabilities are 0 here. Batch norm uses the
+  /// micro-batch's statistics (the arena holds no running statistics; the plan counts none).
+  bool evaluate = false;
 };
 
 /// `c` with the hyper-parameters `h`.
@@ -124,7 +128,8 @@ class speech_lowering {
     allocate_states();
     layout_.enable_trace();
     section_ = &p_.step_begin;
-    for (unit& u : units_) emit(ops::zero{u.grad});
+    if (!c_.evaluate)
+      for (unit& u : units_) emit(ops::zero{u.grad});
     section_ = &p_.micro;
     const std::size_t from = layout_.trace().size();
     micro_batch();
@@ -690,6 +695,7 @@ class speech_lowering {
     emit(ops::residual_add{after, after, mel});  // the post-net predicts a residual
     emit(ops::mel_loss{after, feature(io_.mel, ND * M), frame_mask(), after, u32(ND), u32(M), u32(M), ga, c_.l1, divisor_mel});
     emit(ops::residual_add{dmel, dmel, after});  // d(mel_before) gets d(mel_after) through the residual
+    if (c_.evaluate) return;  // a validation pass: the losses are all it computes
 
     // ---- decoder backward
     operand g = after;  // d(post-net output) = d(mel_after)
@@ -778,6 +784,7 @@ class speech_lowering {
     emit(ops::loss_mean{u32(c_.grad_accum)});
     emit(ops::all_reduce{scalars::slot(scalars::loss), group::dp, reduce_op::sum});
     emit(ops::scalar_div{scalars::loss, static_cast<float>(c_.dp)});
+    if (c_.evaluate) return;
     for (const unit& u : units_) emit(ops::sqnorm{u.grad, true});
     emit(ops::norm_parts{});
     emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});

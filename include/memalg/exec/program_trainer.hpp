@@ -115,6 +115,9 @@ class program_trainer {
                                Backend::storage_elem)),
         backend_(program_, dp, tp, pp),
         memory_(program_, backend_.capacity()) {}
+  /// Any program built for this rank (e.g. exec/build_speech_program.hpp's), in its own sizes.
+  program_trainer(program p, dp_comm& dp, tp_comm& tp)
+      : program_(std::move(p)), backend_(program_, dp, tp), memory_(program_, backend_.capacity()) {}
   program_trainer(const program_trainer&) = delete;
   program_trainer& operator=(const program_trainer&) = delete;
 
@@ -134,6 +137,12 @@ class program_trainer {
   /// data-parallel ranks and micro-batches.
   float train_step(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
     last_ = run(program_, backend_, step_io{tokens, targets}, state_);
+    return last_.loss;
+  }
+
+  /// One optimizer step over every input the program reads (step_io: ids, features, masks).
+  float train_step(const step_io& io) {
+    last_ = run(program_, backend_, io, state_);
     return last_.loss;
   }
 
