@@ -46,11 +46,11 @@ inline std::size_t mask_count(const std::uint8_t* mask, std::size_t N) {
 inline bool is_real(const std::uint8_t* mask, std::size_t n) { return !mask || mask[n] != 0; }
 }  // namespace detail
 
-/// out[N, C]; mean[C], rstd[C] (saved for the backward); gamma[C], beta[C]; mask[N] may be null.
-/// out may alias in.
+/// mean[C], rstd[C] of in[N, C] over the real positions (the forward's statistics; a backward
+/// that did not keep them recomputes them with this, bit for bit).
 template <storage_type T>
-void batchnorm_forward(T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* in, const T* gamma, const T* beta,
-                       const std::uint8_t* mask, std::size_t N, std::size_t C) {
+void batchnorm_stats(accum_t<T>* mean, accum_t<T>* rstd, const T* in, const std::uint8_t* mask, std::size_t N,
+                     std::size_t C) {
   using A = accum_t<T>;
   const std::size_t M = detail::mask_count(mask, N);
   const A inv_m = M ? A(1) / static_cast<A>(M) : A(0);
@@ -66,12 +66,23 @@ void batchnorm_forward(T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* in, 
         v += d * d;
       }
     v *= inv_m;
-    const A r = A(1) / std::sqrt(v + static_cast<A>(batchnorm_eps));
+    mean[c] = m;
+    rstd[c] = A(1) / std::sqrt(v + static_cast<A>(batchnorm_eps));
+  }
+}
+
+/// out[N, C]; mean[C], rstd[C] (saved for the backward); gamma[C], beta[C]; mask[N] may be null.
+/// out may alias in.
+template <storage_type T>
+void batchnorm_forward(T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* in, const T* gamma, const T* beta,
+                       const std::uint8_t* mask, std::size_t N, std::size_t C) {
+  using A = accum_t<T>;
+  batchnorm_stats(mean, rstd, in, mask, N, C);  // reads every input before out is written
+  for (std::size_t c = 0; c < C; ++c) {
+    const A m = mean[c], r = rstd[c];
     const A g = to_float(gamma[c]), b = to_float(beta[c]);
     for (std::size_t n = 0; n < N; ++n)
       out[n * C + c] = from_float<T>(detail::is_real(mask, n) ? (to_float(in[n * C + c]) - m) * r * g + b : A(0));
-    mean[c] = m;
-    rstd[c] = r;
   }
 }
 

@@ -8,7 +8,8 @@
 // scaler and the same fused optimizer runs. It owns
 //   * one aligned block of the program's capacities (sizes.persistent + sizes.stack): every arena
 //     operand is a byte offset into it, checked against the capacity as it is resolved;
-//   * host scratch outside the plan (LayerNorm statistics, per-token losses), as the trainer's;
+//   * host scratch outside the plan (LayerNorm and BatchNorm statistics, per-token losses), as the
+//     trainer's;
 //   * the step's scalar file (exec::scalars: loss sum, loss, Σg², non-finite flag, norm, clip scale);
 //   * the loss scaler and the checkpoint counters;
 //   * a meter of the arena's live bytes (measured_high_water): every op says which of its operands
@@ -42,6 +43,8 @@
 
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
+#include "memalg/backend/cpu/batchnorm.hpp"
+#include "memalg/backend/cpu/conv1d.hpp"
 #include "memalg/backend/cpu/cross_entropy.hpp"
 #include "memalg/backend/cpu/dropout.hpp"
 #include "memalg/backend/cpu/embedding.hpp"
@@ -114,6 +117,9 @@ class step_backend {
         grad_accum_(p.grad_accum),
         micro_batch_(p.micro_batch),
         tokens_per_micro_(p.tokens_per_micro),
+        targets_per_micro_(p.targets_per_micro),
+        features_per_micro_(p.features_per_micro),
+        masks_per_micro_(p.masks_per_micro),
         dp_size_(p.dp),
         dp_rank_(p.dp_rank),
         loss_scaling_(p.loss_scaling) {
@@ -155,10 +161,18 @@ class step_backend {
 
   // ---- the interpreter's hooks ----------------------------------------------------------------
   void begin_step(const exec::program& p, exec::step_io io, exec::run_state& s) {
-    if (io.tokens.size() != p.grad_accum * p.tokens_per_micro || io.targets.size() != io.tokens.size())
-      fail("expected grad_accum × tokens_per_micro token and target ids");
+    if (io.tokens.size() != p.grad_accum * p.tokens_per_micro || io.targets.size() != p.grad_accum * p.targets_per_micro)
+      fail("expected grad_accum × tokens_per_micro token ids and grad_accum × targets_per_micro target ids");
+    if (io.features.size() != p.grad_accum * p.features_per_micro)
+      fail("expected grad_accum × features_per_micro fp32 features");
+    if (io.masks.size() != p.grad_accum * p.masks_per_micro) fail("expected grad_accum × masks_per_micro mask entries");
+    if (p.tokens_per_micro != tokens_per_micro_ || p.targets_per_micro != targets_per_micro_ ||
+        p.features_per_micro != features_per_micro_ || p.masks_per_micro != masks_per_micro_)
+      fail("the step's program reads other inputs per micro-batch than the backend's");
     tokens_ = io.tokens;
     targets_ = io.targets;
+    features_ = io.features;
+    masks_ = io.masks;
     for (float& x : scalars_) x = 0.0f;
     op_ = 0;
     pending_.clear();
@@ -244,8 +258,9 @@ class step_backend {
     linear_forward(out<T>(o.out), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.bias), o.N, o.IC, o.OC);
   }
   void execute(const exec::ops::linear_bwd& o, exec::run_state&) {
-    linear_backward(out<T>(o.din), inout<T>(o.dw), inout<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w), o.N,
-                    o.IC, o.OC);
+    T* din = o.add_din ? inout<T>(o.din) : out<T>(o.din);  // add_din reads the old din
+    linear_backward(din, inout<T>(o.dw), inout<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w), o.N,
+                    o.IC, o.OC, o.add_din);
   }
   void execute(const exec::ops::attention_fwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
@@ -278,7 +293,13 @@ class step_backend {
       return;
     }
     same_count(o.out, o.in);
-    gelu_forward(out<T>(o.out), cptr<T>(o.in), o.out.count);
+    const T* in = cptr<T>(o.in);  // relu and tanh run in place: out may alias in
+    switch (o.k) {
+      case exec::ops::activation_kind::gelu: gelu_forward(out<T>(o.out), in, o.out.count); return;
+      case exec::ops::activation_kind::relu: relu_forward(out<T>(o.out), in, o.out.count); return;
+      case exec::ops::activation_kind::tanh: tanh_forward(out<T>(o.out), in, o.out.count); return;
+      default: fail("activation_fwd: unknown activation");
+    }
   }
   void execute(const exec::ops::activation_bwd& o, exec::run_state&) {
     if (o.k == exec::ops::activation_kind::swiglu) {
@@ -297,7 +318,15 @@ class step_backend {
     }
     same_count(o.din, o.dout);
     same_count(o.din, o.in);
-    gelu_backward(out<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), o.din.count);
+    // gelu reads the forward's input; relu and tanh its output y (din may alias dout).
+    const T* dout = cptr<T>(o.dout);
+    const T* in = cptr<T>(o.in);
+    switch (o.k) {
+      case exec::ops::activation_kind::gelu: gelu_backward(out<T>(o.din), dout, in, o.din.count); return;
+      case exec::ops::activation_kind::relu: relu_backward(out<T>(o.din), dout, in, o.din.count); return;
+      case exec::ops::activation_kind::tanh: tanh_backward(out<T>(o.din), dout, in, o.din.count); return;
+      default: fail("activation_bwd: unknown activation");
+    }
   }
   void execute(const exec::ops::dropout_fwd& o, exec::run_state& s) {
     const std::size_t n = std::size_t{o.rows} * o.row_len;
@@ -468,6 +497,155 @@ class step_backend {
     });
   }
 
+  // ---- the speech model's ops (exec/program.hpp) ----
+  void execute(const exec::ops::masked_attention_fwd& o, exec::run_state& s) {
+    const exec::ops::xattn_shape& x = o.sh;
+    const detail_io io = attention_io_of(x, o.q, o.kv, mask(o.key_mask, std::size_t{x.B} * x.Sk, s, "masked_attention_fwd"),
+                                         "masked_attention_fwd");
+    check_count(o.out, std::size_t{x.B} * x.Sq * x.H * x.D, "masked_attention_fwd: out is not [B·Sq, H·D]");
+    check_count(o.probs_or_lse, std::size_t{x.B} * x.H * x.Sq * (x.flash ? 1 : x.Sk),
+                "masked_attention_fwd: probs_or_lse is not [B·H·Sq·Sk] (naive) or [B·H·Sq] (flash)");
+    const T* q = cptr<T>(o.q);
+    const T* kv = x.fused ? q : cptr<T>(o.kv);
+    if (x.flash) cpu::detail::attention_flash_forward_io(out<T>(o.out), out<A>(o.probs_or_lse), q, kv, io, flash_block);
+    else cpu::detail::attention_naive_forward_io(out<T>(o.out), out<T>(o.probs_or_lse), q, kv, io);
+  }
+  void execute(const exec::ops::masked_attention_bwd& o, exec::run_state& s) {
+    const exec::ops::xattn_shape& x = o.sh;
+    const detail_io io = attention_io_of(x, o.q, o.kv, mask(o.key_mask, std::size_t{x.B} * x.Sk, s, "masked_attention_bwd"),
+                                         "masked_attention_bwd");
+    if (x.fused ? o.dq != o.dkv || o.dq.count != o.q.count : o.dq.count != o.q.count || o.dkv.count != o.kv.count)
+      fail("masked_attention_bwd: dq and dkv are not shaped as q and kv (fused: one dqkv)");
+    check_count(o.dout, std::size_t{x.B} * x.Sq * x.H * x.D, "masked_attention_bwd: dout is not [B·Sq, H·D]");
+    check_count(o.probs_or_lse, std::size_t{x.B} * x.H * x.Sq * (x.flash ? 1 : x.Sk),
+                "masked_attention_bwd: probs_or_lse is not [B·H·Sq·Sk] (naive) or [B·H·Sq] (flash)");
+    const T* dout = cptr<T>(o.dout);
+    const T* q = cptr<T>(o.q);
+    const T* kv = x.fused ? q : cptr<T>(o.kv);
+    // Gradients summed in A over the query heads of a group and rounded once, as the kernels' wrappers.
+    std::vector<A> acc_q(o.q.count, A(0)), acc_kv(x.fused ? 0 : o.kv.count, A(0));
+    A* akv = x.fused ? acc_q.data() : acc_kv.data();
+    if (x.flash) {
+      check_count(o.out, std::size_t{x.B} * x.Sq * x.H * x.D, "masked_attention_bwd: out is not [B·Sq, H·D]");
+      cpu::detail::attention_flash_backward_io(acc_q.data(), akv, dout, q, kv, cptr<T>(o.out), cptr<A>(o.probs_or_lse), io,
+                                               flash_block);
+    } else {
+      cpu::detail::attention_naive_backward_io(acc_q.data(), akv, dout, q, kv, cptr<T>(o.probs_or_lse), io);
+    }
+    cpu::detail::round_into(out<T>(o.dq), acc_q);
+    if (!x.fused) cpu::detail::round_into(out<T>(o.dkv), acc_kv);
+  }
+  void execute(const exec::ops::conv1d_fwd& o, exec::run_state&) {
+    const conv1d_shape sh{o.B, o.S, o.IC, o.OC, o.K};
+    check_conv(sh, o.in, o.out, o.w, o.bias, "conv1d_fwd");
+    conv1d_forward(out<T>(o.out), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.bias), sh);
+  }
+  void execute(const exec::ops::conv1d_bwd& o, exec::run_state&) {
+    const conv1d_shape sh{o.B, o.S, o.IC, o.OC, o.K};
+    check_conv(sh, o.in, o.dout, o.w, o.dbias, "conv1d_bwd");
+    if ((!o.din.null() && o.din.count != sh.rows() * sh.IC) || (!o.dw.null() && o.dw.count != sh.weight_elements()))
+      fail("conv1d_bwd: din is not [B·S, IC] or dw not [OC, IC, K]");
+    conv1d_backward(out<T>(o.din), inout<T>(o.dw), inout<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w), sh);
+  }
+  void execute(const exec::ops::batchnorm_fwd& o, exec::run_state& s) {
+    const std::size_t nc = std::size_t{o.N} * o.C;
+    if (o.out.count != nc || o.in.count != nc || o.gamma.count != o.C || o.beta.count != o.C)
+      fail("batchnorm_fwd: out and in are not [N, C] or gamma, beta not [C]");
+    const std::uint8_t* m = mask(o.mask, o.N, s, "batchnorm_fwd");
+    stats(o.C);
+    const T* in = cptr<T>(o.in);  // out may alias in
+    batchnorm_forward(out<T>(o.out), mean_.data(), rstd_.data(), in, cptr<T>(o.gamma), cptr<T>(o.beta), m, o.N, o.C);
+  }
+  void execute(const exec::ops::batchnorm_bwd& o, exec::run_state& s) {
+    const std::size_t nc = std::size_t{o.N} * o.C;
+    if ((!o.din.null() && o.din.count != nc) || o.dout.count != nc || o.in.count != nc || o.gamma.count != o.C ||
+        (!o.dgamma.null() && o.dgamma.count != o.C) || (!o.dbeta.null() && o.dbeta.count != o.C))
+      fail("batchnorm_bwd: din, dout and in are not [N, C] or gamma, dgamma, dbeta not [C]");
+    const std::uint8_t* m = mask(o.mask, o.N, s, "batchnorm_bwd");
+    stats(o.C);
+    const T* in = cptr<T>(o.in);
+    batchnorm_stats(mean_.data(), rstd_.data(), in, m, o.N, o.C);  // recomputed from the saved input, as the forward's
+    const T* dout = cptr<T>(o.dout);  // din may alias dout
+    batchnorm_backward(out<T>(o.din), inout<T>(o.dgamma), inout<T>(o.dbeta), dout, in, cptr<T>(o.gamma), mean_.data(),
+                       rstd_.data(), m, o.N, o.C);
+  }
+  void execute(const exec::ops::frames_in& o, exec::run_state& s) {
+    const std::size_t rows = std::size_t{o.B} * o.S, M = o.M;
+    if (o.out.count != rows * M || o.src.count != rows * M) fail("frames_in: out and src are not [B·S, M]");
+    const float* src = features(o.src, s);
+    T* dst = out<T>(o.out);
+    for (std::size_t b = 0; b < o.B; ++b)
+      for (std::size_t t = 0; t < o.S; ++t) {
+        T* row = dst + (b * o.S + t) * M;
+        if (t < o.shift) {
+          for (std::size_t c = 0; c < M; ++c) row[c] = from_float<T>(A(0));
+          continue;
+        }
+        const float* from = src + (b * o.S + t - o.shift) * M;
+        for (std::size_t c = 0; c < M; ++c) row[c] = from_float<T>(static_cast<A>(from[c]));
+      }
+  }
+  // The two losses run their loops here rather than through speech_loss.hpp's kernels: those
+  // normalise by the real count, the ops by a fixed divisor, and rescaling would round twice.
+  // Sums and gradients are speech_loss.hpp's formulas, in A, with the target read in fp32.
+  void execute(const exec::ops::mel_loss& o, exec::run_state& s) {
+    const std::size_t N = o.N, M = o.M, ld = o.ld;
+    if (ld < M) fail("mel_loss: row stride smaller than the row");
+    if (!(o.divisor > 0.0f) || o.grad_accum == 0) fail("mel_loss: divisor and grad_accum must be positive");
+    if (o.pred.count < (N == 0 ? 0 : (N - 1) * ld + M) || o.target.count != N * M || o.grad.count != N * M)
+      fail("mel_loss: pred is not [N, M] with stride ld, or target, grad not [N, M]");
+    const std::uint8_t* m = mask(o.mask, N, s, "mel_loss");
+    const float* target = features(o.target, s);
+    const T* pred = cptr<T>(o.pred);
+    T* grad = out<T>(o.grad);  // may alias pred: each row is read whole before it is written
+    const A divisor = static_cast<A>(o.divisor);
+    const A g = loss_scale() / static_cast<A>(o.grad_accum) / divisor;  // dloss / divisor
+    std::vector<A> row(M);
+    A sum = 0;
+    for (std::size_t n = 0; n < N; ++n) {
+      const bool real = !m || m[n] != 0;
+      for (std::size_t c = 0; c < M; ++c) row[c] = to_float(pred[n * ld + c]) - static_cast<A>(target[n * M + c]);
+      for (std::size_t c = 0; c < M; ++c) {
+        const A d = row[c];
+        A v = 0;
+        if (real) {
+          sum += o.l1 ? std::abs(d) : d * d;
+          v = o.l1 ? g * static_cast<A>((d > A(0)) - (d < A(0))) : g * A(2) * d;
+        }
+        grad[n * M + c] = from_float<T>(v);
+      }
+    }
+    scalar(o.acc) += sum / divisor;
+  }
+  void execute(const exec::ops::stop_loss& o, exec::run_state& s) {
+    const std::size_t N = o.N, ld = o.ld;
+    if (ld == 0) fail("stop_loss: row stride must be positive");
+    if (!(o.divisor > 0.0f) || o.grad_accum == 0) fail("stop_loss: divisor and grad_accum must be positive");
+    const std::size_t span = N == 0 ? 0 : (N - 1) * ld + 1;
+    if (o.logits.count < span || o.grad.count < span || o.targets.count != N)
+      fail("stop_loss: logits or grad hold fewer than N rows of stride ld, or targets are not [N]");
+    const float* y = features(o.targets, s);
+    const T* logits = cptr<T>(o.logits);
+    T* grad = out<T>(o.grad);  // may alias logits
+    const A divisor = static_cast<A>(o.divisor);
+    const A g = loss_scale() / static_cast<A>(o.grad_accum) / divisor;
+    A sum = 0;
+    for (std::size_t n = 0; n < N; ++n) {
+      const A x = to_float(logits[n * ld]), t = static_cast<A>(y[n]);
+      sum += std::max(x, A(0)) - x * t + std::log1p(std::exp(-std::abs(x)));  // BCE with logits, stable form
+      grad[n * ld] = from_float<T>(g * (A(1) / (A(1) + std::exp(-x)) - t));
+    }
+    scalar(o.acc) += sum / divisor;
+  }
+  void execute(const exec::ops::mask_rows& o, exec::run_state& s) {
+    if (o.x.count != std::size_t{o.N} * o.C) fail("mask_rows: x is not [N, C]");
+    const std::uint8_t* m = mask(o.mask, o.N, s, "mask_rows");
+    T* x = inout<T>(o.x);
+    if (!m) return;
+    for (std::size_t n = 0; n < o.N; ++n)
+      if (m[n] == 0)
+        for (std::size_t c = 0; c < o.C; ++c) x[n * o.C + c] = from_float<T>(A(0));
+  }
   void execute(const exec::ops::send& o, exec::run_state&) {
     if (o.buf.type != exec::elem::f32) fail("send: pipeline stages exchange fp32 tensors");
     pp().send(cptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
@@ -566,6 +744,45 @@ class step_backend {
   }
   static void same_count(const exec::operand& a, const exec::operand& b) {
     if (a.count != b.count) fail("operands of one elementwise op differ in size");
+  }
+  static void check_count(const exec::operand& o, std::size_t n, const char* why) {
+    if (o.count != n) fail(why);
+  }
+  /// The key block of flash attention (the kernels' default, as the attention ops use).
+  static constexpr std::size_t flash_block = 64;
+  using detail_io = cpu::detail::attention_io;
+  /// How masked attention finds q, k and v: fused, one qkv [B·S, (H + 2Hkv)·D] (self_attention_io
+  /// with the shape's key mask and causal flag), else q [B·Sq, H·D] and kv [B·Sk, 2·Hkv·D]
+  /// (cross_attention_io, never causal).
+  static detail_io attention_io_of(const exec::ops::xattn_shape& x, const exec::operand& q, const exec::operand& kv,
+                                   const std::uint8_t* key_mask, const char* op) {
+    const std::string name(op);
+    if (x.fused) {
+      const attention_shape sh{x.B, x.Sq, x.H, x.Hkv, x.D, x.causal};
+      check_attention_shape(sh);
+      if (x.Sq != x.Sk) fail(name + ": fused self-attention needs Sq == Sk");
+      if (q != kv) fail(name + ": fused q and kv must name one qkv operand");
+      if (q.count != sh.rows() * sh.qkv_width()) fail(name + ": qkv is not [B·S, (H + 2Hkv)·D]");
+      detail_io io = cpu::detail::self_attention_io(sh);
+      io.key_mask = key_mask;
+      return io;
+    }
+    if (x.causal) fail(name + ": cross-attention (not fused) is never causal");
+    const cross_attention_shape sh{x.B, x.Sq, x.Sk, x.H, x.Hkv, x.D};
+    if (x.Hkv == 0 || x.H % x.Hkv != 0 || x.D == 0) fail(name + ": H must be a positive multiple of Hkv, D positive");
+    if (q.count != sh.q_rows() * sh.q_width() || kv.count != sh.kv_rows() * sh.kv_width())
+      fail(name + ": q is not [B·Sq, H·D] or kv not [B·Sk, 2·Hkv·D]");
+    return cpu::detail::cross_attention_io(sh, key_mask);
+  }
+  static void check_attention_shape(const attention_shape& sh) {
+    if (sh.Hkv == 0 || sh.H % sh.Hkv != 0 || sh.D == 0) fail("masked attention: H must be a positive multiple of Hkv, D positive");
+  }
+  static void check_conv(const conv1d_shape& sh, const exec::operand& in, const exec::operand& out, const exec::operand& w,
+                         const exec::operand& bias, const char* op) {
+    if (sh.IC == 0 || sh.OC == 0 || sh.K == 0) fail(std::string(op) + ": IC, OC and K must be positive");
+    if (in.count != sh.rows() * sh.IC || out.count != sh.rows() * sh.OC || w.count != sh.weight_elements() ||
+        (!bias.null() && bias.count != sh.OC))
+      fail(std::string(op) + ": in is not [B·S, IC], out (dout) not [B·S, OC], w not [OC, IC, K] or bias not [OC]");
   }
 
   /// Calls f with a null pointer of the C++ type of `e` (f32 or the storage type).
@@ -772,9 +989,30 @@ class step_backend {
   /// This micro-batch's token or target ids.
   const std::int32_t* ids(const exec::operand& o, const exec::run_state& s) const {
     if (o.in != exec::where::tokens && o.in != exec::where::targets) fail("expected a token or target operand");
-    if (o.offset + o.count > tokens_per_micro_) fail("token operand outside the micro-batch");
-    const std::span<const std::int32_t> all = o.in == exec::where::tokens ? tokens_ : targets_;
-    return all.data() + s.micro * tokens_per_micro_ + o.offset;
+    const bool tok = o.in == exec::where::tokens;
+    const std::size_t per = tok ? tokens_per_micro_ : targets_per_micro_;
+    if (o.offset > per || o.count > per - o.offset)
+      fail(tok ? "token operand outside the micro-batch" : "target operand outside the micro-batch");
+    return (tok ? tokens_ : targets_).data() + s.micro * per + o.offset;
+  }
+  /// This micro-batch's fp32 features (where::features: element offset in the micro-batch's
+  /// features_per_micro).
+  const float* features(const exec::operand& o, const exec::run_state& s) const {
+    if (o.in != exec::where::features) fail("expected a features operand (where::features)");
+    if (o.type != exec::elem::f32) fail("a features operand is fp32");
+    if (o.offset > features_per_micro_ || o.count > features_per_micro_ - o.offset)
+      fail("features operand outside the micro-batch's features_per_micro");
+    return features_.data() + s.micro * features_per_micro_ + o.offset;
+  }
+  /// This micro-batch's u8 mask entries (where::masks; null for a null operand: every row real).
+  const std::uint8_t* mask(const exec::operand& o, std::size_t n, const exec::run_state& s, const char* op) const {
+    if (o.null()) return nullptr;
+    if (o.in != exec::where::masks) fail(std::string(op) + ": expected a mask operand (where::masks)");
+    if (o.type != exec::elem::u8) fail(std::string(op) + ": a mask operand is u8");
+    if (o.count != n) fail(std::string(op) + ": the mask has the wrong number of entries");
+    if (o.offset > masks_per_micro_ || o.count > masks_per_micro_ - o.offset)
+      fail("mask operand outside the micro-batch's masks_per_micro");
+    return masks_.data() + s.micro * masks_per_micro_ + o.offset;
   }
   float& scalar(std::uint64_t slot, std::uint64_t n = 1) {
     if (slot + n > scalars_.size()) fail("scalar slot out of range");
@@ -814,9 +1052,12 @@ class step_backend {
   std::vector<exec::param_unit> units_;
   std::vector<exec::persistent_tensor> checkpoint_;
   exec::hparams hp_;
-  std::size_t grad_accum_, micro_batch_, tokens_per_micro_, dp_size_, dp_rank_;
+  std::size_t grad_accum_, micro_batch_, tokens_per_micro_, targets_per_micro_, features_per_micro_, masks_per_micro_,
+      dp_size_, dp_rank_;
   bool loss_scaling_;
   std::span<const std::int32_t> tokens_, targets_;
+  std::span<const float> features_;
+  std::span<const std::uint8_t> masks_;
   std::vector<float> scalars_ = std::vector<float>(exec::scalars::count, 0.0f);
   std::vector<A> mean_, rstd_, token_losses_, row_max_, ce_parts_;  // O(tokens) scratch outside the plan
   dynamic_loss_scaler scaler_{};
