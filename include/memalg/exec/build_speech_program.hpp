@@ -424,11 +424,6 @@ class speech_lowering {
     else if (act) emit(ops::copy{out, s.y});
     return s;
   }
-  void pop_net(const net_saved& s) {
-    if (!s.m.null()) pop(s.m);
-    if (!s.y.null()) pop(s.y);
-    if (!s.x_bn.null()) pop(s.x_bn);
-  }
   /// Backward of a net entry: dout arrives on the transient side and is consumed in place; returns
   /// the input's gradient (handed down), or nothing when `want_din` is false.
   operand net_backward(net_kind kind, unit& u, const conv_view& v, const net_saved& s, const operand& in,
@@ -437,11 +432,21 @@ class speech_lowering {
     const std::size_t N = c_.micro_batch * rows_per_seq;
     const operand W = u.weight, G = u.grad;
     const operand msk = rows_per_seq == c_.frames ? frame_mask() : phoneme_mask();
-    if (p > 0) emit(ops::dropout_bwd{dout, dout, s.m, p});
-    if (act) emit(ops::activation_bwd{dout, dout, s.y, ak});
-    if (bn)
+    // Each of the entry's own tensors is released after its last reader, before the input's
+    // gradient is written (the plan's net-entry backward, plan/activations.hpp).
+    if (p > 0) {
+      emit(ops::dropout_bwd{dout, dout, s.m, p});
+      pop(s.m);
+    }
+    if (act) {
+      emit(ops::activation_bwd{dout, dout, s.y, ak});
+      pop(s.y);
+    }
+    if (bn) {
       emit(ops::batchnorm_bwd{dout, sub(G, v.gamma, OC), sub(G, v.beta, OC), dout, s.x_bn, sub(W, v.gamma, OC), msk, u32(N),
                               u32(OC)});
+      pop(s.x_bn);
+    }
     operand din = want_din ? transient("grad_input", N * IC, T_) : operand{};
     if (kind == net_kind::conv)
       emit(ops::conv1d_bwd{din, sub(G, v.w, OC * IC * c_.kernel), sub(G, v.b, OC), dout, in, sub(W, v.w, OC * IC * c_.kernel),
@@ -704,7 +709,6 @@ class speech_lowering {
       const std::size_t IC = i == 0 ? M : Q, OC = last ? M : Q;
       g = net_backward(net_kind::conv, units_[post0_ + i], post_[i], post_net[i], post_in[i], g, Fr, IC, OC, bn, !last, ak::tanh,
                        pn, true);
-      pop_net(post_net[i]);
       pop(post_in[i]);
     }
     emit(ops::residual_add{dmel, dmel, g});
@@ -738,13 +742,10 @@ class speech_lowering {
     }
     pop(x0);  // the first block's input
     g = net_backward(net_kind::linear, units_[pre1_ + 2], lv3, pre3, in3, g, Fr, P, C, false, false, ak::relu, 0, true);
-    pop_net(pre3);
     pop(in3);
     g = net_backward(net_kind::linear, units_[pre1_ + 1], lv2, pre2, in2, g, Fr, P, P, false, true, ak::relu, pn, true);
-    pop_net(pre2);
     pop(in2);
     net_backward(net_kind::linear, units_[pre1_], lv1, pre1, frames, g, Fr, M, P, false, true, ak::relu, pn, false);
-    pop_net(pre1);
     pop(frames);
 
     // ---- encoder backward: the encoder output's gradient moves into the output's place
@@ -772,7 +773,6 @@ class speech_lowering {
     for (std::size_t i = enc_conv_.size(); i-- > 0;) {
       g = net_backward(net_kind::conv, units_[1 + i], enc_conv_[i], enc_net[i], enc_in[i], g, Te, C, C, bn, true, ak::relu, pn,
                        true);
-      pop_net(enc_net[i]);
       pop(enc_in[i]);
     }
     emit(ops::embedding_bwd{emb.grad, operand{}, g, {0, NE, elem::i32, where::tokens}, u32(B), u32(Te), u32(C)});

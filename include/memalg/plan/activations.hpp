@@ -642,6 +642,16 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
       r.input_in_saved = true;
       r.input_serves_weight_grad = true;
       r.backward_temporary = a.rep(a.values_per_token(s.in)) + a.rep(a.values_per_token(s.out));
+      if (c.reference()) {
+        // memalg's runtime releases the entry's own tensors as its backward reads them for the
+        // last time (the dropout mask, the nonlinearity's output, the batch norm's input), before
+        // the product's backward writes the input's gradient: the entry's worst moment is its
+        // first (all its tensors and the arriving gradient) or its last (the input, the two
+        // gradients) — exec/build_speech_program.hpp, net_backward.
+        const bytes out = a.rep(a.values_per_token(s.out)), in = a.rep(a.values_per_token(s.in));
+        const bytes own = r.saved.total() - r.input;
+        r.backward_temporary = own < in ? out + in - own : out;
+      }
       break;
     }
     case layer_kind::attention: {
