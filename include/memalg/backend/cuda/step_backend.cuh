@@ -176,6 +176,7 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
   };
   each(p.step_begin);
   each(p.micro);
+  for (const exec::pipeline_section& sec : p.pipeline) each(sec.ops);  // a pipeline stage's (micro empty)
   each(p.step_end);
   return s;
 }
