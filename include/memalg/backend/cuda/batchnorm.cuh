@@ -176,14 +176,23 @@ struct bn_running_store {
 
 }  // namespace detail
 
+/// mean[C], rstd[C] (float) of in[N, C] over the real rows, as batchnorm_forward computes them
+/// (the same passes, the same bits): a backward that keeps only the input recomputes them.
+template <storage_type T>
+void batchnorm_stats(float* mean, float* rstd, const T* in, const std::uint8_t* mask, std::int64_t rows,
+                     std::int64_t cols, float eps = batchnorm_eps, cudaStream_t stream = nullptr) {
+  if (rows <= 0 || cols <= 0) return;
+  column_reduce<2>(rows, cols, detail::bn_sum_term<T>{in, mask, cols}, detail::bn_mean_store{mean}, stream);
+  column_reduce<2>(rows, cols, detail::bn_var_term<T>{in, mask, mean, cols}, detail::bn_rstd_store{rstd, eps}, stream);
+}
+
 /// out[N, C] (may alias in), mean[C], rstd[C] (float, saved); mask[N] may be null.
 template <storage_type T>
 void batchnorm_forward(T* out, float* mean, float* rstd, const T* in, const T* gamma, const T* beta,
                        const std::uint8_t* mask, std::int64_t rows, std::int64_t cols, float eps = batchnorm_eps,
                        cudaStream_t stream = nullptr) {
   if (rows <= 0 || cols <= 0) return;
-  column_reduce<2>(rows, cols, detail::bn_sum_term<T>{in, mask, cols}, detail::bn_mean_store{mean}, stream);
-  column_reduce<2>(rows, cols, detail::bn_var_term<T>{in, mask, mean, cols}, detail::bn_rstd_store{rstd, eps}, stream);
+  batchnorm_stats(mean, rstd, in, mask, rows, cols, eps, stream);
   const launch_1d l = grid_stride_launch(rows * cols);
   detail::bn_output_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(out, in, gamma, beta, mask, mean,
                                                                                  rstd, rows, cols);

@@ -311,10 +311,12 @@ void linear_forward(const gemm_context& ctx, T* out, const T* in, const T* weigh
   if (gelu) gelu_forward(out, pre, rows * out_features, stream);
 }
 
-/// din[rows,IC] = dout[rows,OC]·W[OC,IC].
+/// din[rows,IC] = dout[rows,OC]·W[OC,IC] + beta·din: beta 0 writes din, beta 1 adds to it (an input
+/// several products read).
 template <storage_type T>
 void linear_backward_input(const gemm_context& ctx, T* din, const T* dout, const T* weight, std::int64_t rows,
-                           std::int64_t in_features, std::int64_t out_features, cudaStream_t stream = nullptr) {
+                           std::int64_t in_features, std::int64_t out_features, cudaStream_t stream = nullptr,
+                           float beta = 0.0f) {
   if (rows <= 0 || in_features <= 0) return;
   constexpr cudaDataType_t type = dtype_traits<T>::cuda;
   // Column-major: dinᵀ[IC,N] = (W: [IC,OC])·(doutᵀ: [OC,N]).
@@ -333,6 +335,7 @@ void linear_backward_input(const gemm_context& ctx, T* din, const T* dout, const
   c.d = din;
   c.d_type = type;
   c.ldd = in_features;
+  c.beta = beta;
   detail::lt_matmul(ctx, c, stream, "linear_backward_input");
 }
 

@@ -15,8 +15,11 @@
 //   * scratch outside the plan, as the former fixed CUDA trainer held it and as the CPU backend keeps
 //     it in std::vector: per-row LayerNorm/RMSNorm statistics (recomputed from the saved input in
 //     backward), per-token losses, the naive attention backward's row dots, the gradient-norm
-//     partials, the embedding backward's sort keys and the step's token and target ids. Its size
-//     is step_backend_scratch_bytes(program): the largest of each over the program's ops;
+//     partials, the embedding backward's sort keys and the step's token and target ids, fp32
+//     features and u8 masks (each micro-batch's at micro × per-micro-batch count + the operand's
+//     offset), per-channel batch-norm statistics (recomputed from the saved input in backward, as
+//     the norms') and sums, and the fused masked attention's gathered q, k ‖ v and their gradients.
+//     Its size is step_backend_scratch_bytes(program): the largest of each over the program's ops;
 //   * the cuBLASLt handle and workspace (default_gemm_workspace_bytes: the workspace term of the
 //     plan's device reserve) and one compute stream.
 // memory_report() gives each allocation and the growth of the device's used memory it caused.
@@ -34,13 +37,22 @@
 // What the program may say that this backend refuses with a sentence (std::invalid_argument): at
 // construction fp16 storage and dynamic loss scaling (no loss scaler on the GPU) and optimizers
 // other than sgd, momentum, adam and adamw; as an op resolves its operands, an operand outside the
-// arena or of another element type than the kernel's. Dropout masks agree with the CPU's (one counter-based
+// arena or of another element type than the kernel's; causal masked attention (the
+// cross-attention kernels of cross_attention.cuh are never causal). Dropout masks agree with the CPU's (one counter-based
 // stream per global sequence, the same seeds), also for a sequence-parallel part of the rows. The
 // tensor-parallel program's vocabulary-parallel lookup and loss (row max, then Σexp and the target
 // logit, all-reduced over the op's group between the kernels) and position_add run with the CPU
 // backend's formulas; a pipeline stage (the 4-argument constructor) sends and receives its fp32
 // boundary tensors through the pipeline communicator on the compute stream. The gradient norm's non-finite flag is raised when
 // a segment's Σg² is not finite (a non-finite element, or squares overflowing fp32).
+//
+// The speech model's ops run on the kernels of conv1d.cuh, batchnorm.cuh, activation.cuh (ReLU and
+// tanh, backward from the forward's output) and cross_attention.cuh (key mask; the fused encoder
+// self-attention gathers the q and the k ‖ v columns of its qkv into scratch with strided 2-D
+// copies, and scatters dq and dk ‖ dv back into dqkv); the mel and stop losses, teacher-forced
+// frames and mask_rows are small kernels of their own here: the losses divide by the op's fixed
+// divisor (not the real count) and add to its scalar slot as the loss op does. linear_bwd's
+// add_din is the input-gradient GEMM with beta = 1.
 //
 // Comm: an exec::communicator over device pointers with set_stream(cudaStream_t) —
 // nccl_communicator (backend/cuda/nccl_communicator.cuh; in-place reduce-scatter and all-gather
@@ -67,7 +79,10 @@
 #include "memalg/backend/cuda/activation.cuh"
 #include "memalg/backend/cuda/arena.cuh"
 #include "memalg/backend/cuda/attention.cuh"
+#include "memalg/backend/cuda/batchnorm.cuh"
 #include "memalg/backend/cuda/check.cuh"
+#include "memalg/backend/cuda/conv1d.cuh"
+#include "memalg/backend/cuda/cross_attention.cuh"
 #include "memalg/backend/cuda/cross_entropy.cuh"
 #include "memalg/backend/cuda/device.cuh"
 #include "memalg/backend/cuda/dropout.cuh"
@@ -84,6 +99,7 @@
 #include "memalg/backend/cuda/reduce.cuh"
 #include "memalg/backend/cuda/rmsnorm.cuh"
 #include "memalg/backend/cuda/rotary.cuh"
+#include "memalg/backend/cuda/speech_loss.cuh"
 #include "memalg/backend/cuda/stream.cuh"
 #include "memalg/core/float16.hpp"
 #include "memalg/exec/checkpoint.hpp"
@@ -109,13 +125,22 @@ struct step_scratch_shape {
   std::size_t loss_rows = 0;   ///< per-token losses (float)
   std::size_t row_dots = 0;    ///< naive attention backward: B·H·S floats
   std::size_t sort_rows = 0;   ///< embedding backward: token rows to sort
-  std::size_t ids = 0;         ///< token ids of one step (and as many targets)
+  std::size_t ids = 0;         ///< token ids of one step
   std::size_t vp_rows = 0;     ///< vocabulary-parallel loss rows (row max, and two partials each)
+  std::size_t target_ids = 0;  ///< target ids of one step
+  std::size_t features = 0;    ///< fp32 features of one step (where::features)
+  std::size_t masks = 0;       ///< u8 mask entries of one step (where::masks)
+  std::size_t bn_channels = 0; ///< batch norm channels: the backward's sums (2C + 1 floats)
+  std::size_t fused_q = 0;     ///< fused masked attention: q of a qkv, gathered (storage elements)
+  std::size_t fused_kv = 0;    ///< and its k ‖ v (storage elements); as many again for dq, dkv
 };
 
 inline step_scratch_shape step_scratch_of(const exec::program& p) {
   step_scratch_shape s;
   s.ids = p.grad_accum * p.tokens_per_micro;
+  s.target_ids = p.grad_accum * p.targets_per_micro;
+  s.features = p.grad_accum * p.features_per_micro;
+  s.masks = p.grad_accum * p.masks_per_micro;
   const auto each = [&](const std::vector<exec::op>& ops) {
     for (const exec::op& o : ops)
       std::visit(
@@ -133,12 +158,25 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
               if (!x.sh.flash) s.row_dots = std::max<std::size_t>(s.row_dots, std::size_t{x.sh.B} * x.sh.H * x.sh.S);
             } else if constexpr (std::is_same_v<O, exec::ops::embedding_bwd>) {
               if (!x.dwte.null()) s.sort_rows = std::max<std::size_t>(s.sort_rows, std::size_t{x.B} * x.S);
+            } else if constexpr (std::is_same_v<O, exec::ops::batchnorm_fwd> || std::is_same_v<O, exec::ops::batchnorm_bwd>) {
+              s.stat_rows = std::max<std::size_t>(s.stat_rows, x.C);  // mean and rstd per channel
+              if constexpr (std::is_same_v<O, exec::ops::batchnorm_bwd>) s.bn_channels = std::max<std::size_t>(s.bn_channels, x.C);
+            } else if constexpr (std::is_same_v<O, exec::ops::masked_attention_fwd> ||
+                                 std::is_same_v<O, exec::ops::masked_attention_bwd>) {
+              const std::size_t rows = std::size_t{x.sh.B} * x.sh.Sq;
+              if (x.sh.fused) {
+                s.fused_q = std::max<std::size_t>(s.fused_q, rows * x.sh.H * x.sh.D);
+                s.fused_kv = std::max<std::size_t>(s.fused_kv, rows * 2 * x.sh.Hkv * x.sh.D);
+              }
+              if constexpr (std::is_same_v<O, exec::ops::masked_attention_bwd>)
+                if (!x.sh.flash) s.row_dots = std::max<std::size_t>(s.row_dots, std::size_t{x.sh.B} * x.sh.H * x.sh.Sq);
             }
           },
           o.body);
   };
   each(p.step_begin);
   each(p.micro);
+  for (const exec::pipeline_section& sec : p.pipeline) each(sec.ops);  // a pipeline stage's (micro empty)
   each(p.step_end);
   return s;
 }
@@ -148,17 +186,26 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
 inline constexpr std::uint64_t scalar_slots = exec::scalars::count + 2;
 
 /// Bytes of the backend's scratch outside the arena for a program (each buffer rounded to 256
-/// bytes): norm mean and rstd, per-token losses, row dots, the vocabulary-parallel loss's row maxima
-/// and partials, gradient-norm partials, the scalar file, the embedding sort keys, and the step's
-/// token and target ids. Host arithmetic only.
-inline std::size_t step_backend_scratch_bytes(const exec::program& p) {
+/// bytes): norm (and batch-norm) mean and rstd, per-token losses, row dots, the vocabulary-parallel
+/// loss's row maxima and partials, gradient-norm partials, the scalar file, the embedding sort keys,
+/// the step's token and target ids, fp32 features and u8 masks, the batch-norm backward's sums and
+/// the fused masked attention's gathered q, k ‖ v, dq and dk ‖ dv (storage_bytes each element).
+/// Host arithmetic only.
+inline std::size_t step_backend_scratch_bytes(const exec::program& p, std::size_t storage_bytes) {
   const step_scratch_shape s = step_scratch_of(p);
   return 2 * workspace_round(s.stat_rows * sizeof(float)) + workspace_round(s.loss_rows * sizeof(float)) +
          workspace_round(s.row_dots * sizeof(float)) + workspace_round(s.vp_rows * sizeof(float)) +
          workspace_round(2 * s.vp_rows * sizeof(float)) + workspace_round(grad_norm_scratch_floats * sizeof(float)) +
          workspace_round(scalar_slots * sizeof(float)) +
          workspace_round(embedding_backward_workspace_bytes(static_cast<std::int64_t>(s.sort_rows))) +
-         2 * workspace_round(s.ids * sizeof(std::int32_t));
+         workspace_round(s.ids * sizeof(std::int32_t)) + workspace_round(s.target_ids * sizeof(std::int32_t)) +
+         workspace_round(s.features * sizeof(float)) + workspace_round(s.masks) +
+         workspace_round(s.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(s.bn_channels)) : 0) +
+         2 * workspace_round(s.fused_q * storage_bytes) + 2 * workspace_round(s.fused_kv * storage_bytes);
+}
+/// The same for the program's own storage type (exec::program::storage).
+inline std::size_t step_backend_scratch_bytes(const exec::program& p) {
+  return step_backend_scratch_bytes(p, exec::elem_size(p.storage));
 }
 
 /// What the backend allocated outside and for its arena, and what each allocation added to the
@@ -222,6 +269,87 @@ __global__ void scalar_kernel(float* s, scalar_kind k, int dst, int src, float x
   }
 }
 
+/// exec::ops::frames_in: out[b, t, :] = src[b, t − shift, :] for t ≥ shift, 0 before (fp32 → T),
+/// over rows b·S + t of M elements.
+template <class T>
+__global__ void frames_in_kernel(T* out, const float* src, std::int64_t S, std::int64_t M, std::int64_t shift,
+                                 std::int64_t total) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const std::int64_t t = (e / M) % S;
+    out[e] = from_float<T>(t >= shift ? src[e - shift * M] : 0.0f);  // src[(b·S + t − shift)·M + m]
+  }
+}
+
+/// exec::ops::mask_rows: x[n, :] *= mask[n] (0 or 1).
+template <class T>
+__global__ void mask_rows_kernel(T* x, const std::uint8_t* mask, std::int64_t C, std::int64_t total) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride)
+    x[e] = from_float<T>(to_float(x[e]) * (mask[e / C] != 0 ? 1.0f : 0.0f));
+}
+
+/// exec::ops::mel_loss, forward: *slot = Σ_n m_n Σ_c ℓ(pred[n·ld + c] − target[n·M + c]) / divisor,
+/// ℓ = |·| or (·)² (backend/cpu/speech_loss.hpp's terms), one block, fixed-order block sum.
+template <class T>
+__global__ void __launch_bounds__(speech_loss_block)
+    mel_loss_sum_kernel(float* slot, bool l1, const T* pred, std::int64_t ld, const float* target,
+                        const std::uint8_t* mask, std::int64_t rows, std::int64_t M, float divisor) {
+  __shared__ float scratch[32];
+  float sum = 0.0f;
+  for (std::int64_t e = threadIdx.x; e < rows * M; e += blockDim.x) {
+    const std::int64_t n = e / M;
+    if (mask != nullptr && mask[n] == 0) continue;
+    const float d = to_float(pred[n * ld + (e - n * M)]) - target[e];
+    sum += l1 ? fabsf(d) : d * d;
+  }
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) *slot = sum / divisor;
+}
+
+/// exec::ops::mel_loss, backward: grad[n·M + c] = g·m_n·ℓ'(d), g = dloss / divisor (sign(0) = 0,
+/// as torch.sign); grad may be pred itself when ld == M (each element read before it is written).
+template <class T>
+__global__ void mel_loss_grad_kernel(T* grad, bool l1, const T* pred, std::int64_t ld, const float* target,
+                                     const std::uint8_t* mask, std::int64_t rows, std::int64_t M, float g) {
+  const std::int64_t total = rows * M;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const std::int64_t n = e / M;
+    const float d = to_float(pred[n * ld + (e - n * M)]) - target[e];
+    float v = 0.0f;
+    if (mask == nullptr || mask[n] != 0) v = l1 ? g * static_cast<float>((d > 0.0f) - (d < 0.0f)) : g * 2.0f * d;
+    grad[e] = from_float<T>(v);
+  }
+}
+
+/// exec::ops::stop_loss, forward: *slot = Σ_n [max(x, 0) − x·y + log(1 + e^−|x|)] / divisor over
+/// every row, x = logits[n·ld], y = targets[n] (BCEWithLogitsLoss's stable form).
+template <class T>
+__global__ void __launch_bounds__(speech_loss_block)
+    stop_loss_sum_kernel(float* slot, const T* logits, std::int64_t ld, const float* targets, std::int64_t rows,
+                         float divisor) {
+  __shared__ float scratch[32];
+  float sum = 0.0f;
+  for (std::int64_t n = threadIdx.x; n < rows; n += blockDim.x) {
+    const float x = to_float(logits[n * ld]);
+    sum += fmaxf(x, 0.0f) - x * targets[n] + log1pf(expf(-fabsf(x)));
+  }
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) *slot = sum / divisor;
+}
+
+/// exec::ops::stop_loss, backward: grad[n·ld] = g·(σ(x) − y), g = dloss / divisor (may be logits).
+template <class T>
+__global__ void stop_loss_grad_kernel(T* grad, const T* logits, std::int64_t ld, const float* targets,
+                                      std::int64_t rows, float g) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < rows; n += stride) {
+    const float x = to_float(logits[n * ld]);
+    grad[n * ld] = from_float<T>(g * (1.0f / (1.0f + expf(-x)) - targets[n]));
+  }
+}
+
 /// The host storage type of a CUDA storage type (the CPU backend's, same bits).
 template <class T>
 struct host_storage {
@@ -271,6 +399,9 @@ class step_backend {
         grad_accum_(p.grad_accum),
         micro_batch_(p.micro_batch),
         tokens_per_micro_(p.tokens_per_micro),
+        targets_per_micro_(p.targets_per_micro),
+        features_per_micro_(p.features_per_micro),
+        masks_per_micro_(p.masks_per_micro),
         dp_size_(p.dp),
         dp_rank_(p.dp_rank) {
     validate(p);
@@ -297,11 +428,17 @@ class step_backend {
 
   // ---- the interpreter's hooks ----------------------------------------------------------------
   void begin_step(const exec::program& p, exec::step_io io, exec::run_state& s) {
-    if (io.tokens.size() != p.grad_accum * p.tokens_per_micro || io.targets.size() != io.tokens.size())
-      fail("expected grad_accum × tokens_per_micro token and target ids");
-    if (io.tokens.size() > ids_) fail("more token ids than the program's step holds");
+    if (io.tokens.size() != p.grad_accum * p.tokens_per_micro || io.targets.size() != p.grad_accum * p.targets_per_micro)
+      fail("expected grad_accum × tokens_per_micro token ids and grad_accum × targets_per_micro target ids");
+    if (io.features.size() != p.grad_accum * p.features_per_micro || io.masks.size() != p.grad_accum * p.masks_per_micro)
+      fail("expected grad_accum × features_per_micro features and grad_accum × masks_per_micro mask entries");
+    if (io.tokens.size() > ids_ || io.targets.size() > target_ids_ || io.features.size() > features_count_ ||
+        io.masks.size() > masks_count_)
+      fail("more step inputs than the program's step holds (a program other than the backend's)");
     upload_async(tokens_, io.tokens.data(), io.tokens.size_bytes());
     upload_async(targets_, io.targets.data(), io.targets.size_bytes());
+    upload_async(features_, io.features.data(), io.features.size_bytes());
+    upload_async(masks_, io.masks.data(), io.masks.size_bytes());
     MEMALG_CUDA_CHECK(cudaMemsetAsync(scalars_, 0, scalar_slots * sizeof(float), stream()));
     s.loss_scale = 1.0f;
   }
@@ -366,8 +503,17 @@ class step_backend {
     linear_forward(gemm_, ptr<T>(o.out), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.bias), o.N, o.IC, o.OC, stream());
   }
   void operator()(const exec::ops::linear_bwd& o, exec::run_state&) {
-    linear_backward(gemm_, ptr<T>(o.din), ptr<T>(o.dw), ptr<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w),
+    if (!o.add_din) {
+      linear_backward(gemm_, ptr<T>(o.din), ptr<T>(o.dw), ptr<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in),
+                      cptr<T>(o.w), o.N, o.IC, o.OC, stream());
+      return;
+    }
+    // din += dout·W: the input-gradient GEMM with beta = 1 (an input several products read).
+    const T* dout = cptr<T>(o.dout);
+    linear_backward(gemm_, static_cast<T*>(nullptr), ptr<T>(o.dw), ptr<T>(o.dbias), dout, cptr<T>(o.in), cptr<T>(o.w),
                     o.N, o.IC, o.OC, stream());
+    if (!o.din.null())
+      linear_backward_input(gemm_, ptr<T>(o.din), dout, cptr<T>(o.w), o.N, o.IC, o.OC, stream(), 1.0f);
   }
   void operator()(const exec::ops::attention_fwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
@@ -405,7 +551,12 @@ class step_backend {
       return;
     }
     same_count(o.out, o.in);
-    gelu_forward(ptr<T>(o.out), cptr<T>(o.in), static_cast<std::int64_t>(o.out.count), stream());
+    const auto n = static_cast<std::int64_t>(o.out.count);
+    switch (o.k) {
+      case exec::ops::activation_kind::relu: relu_forward(ptr<T>(o.out), cptr<T>(o.in), n, stream()); break;
+      case exec::ops::activation_kind::tanh: tanh_forward(ptr<T>(o.out), cptr<T>(o.in), n, stream()); break;
+      default: gelu_forward(ptr<T>(o.out), cptr<T>(o.in), n, stream());
+    }
   }
   void operator()(const exec::ops::activation_bwd& o, exec::run_state&) {
     if (o.k == exec::ops::activation_kind::swiglu) {
@@ -423,7 +574,12 @@ class step_backend {
     }
     same_count(o.din, o.dout);
     same_count(o.din, o.in);
-    gelu_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), static_cast<std::int64_t>(o.din.count), stream());
+    const auto n = static_cast<std::int64_t>(o.din.count);
+    switch (o.k) {  // relu and tanh: `in` is the forward's output y; din may be dout (or y) itself
+      case exec::ops::activation_kind::relu: relu_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), n, stream()); break;
+      case exec::ops::activation_kind::tanh: tanh_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), n, stream()); break;
+      default: gelu_backward(ptr<T>(o.din), cptr<T>(o.dout), cptr<T>(o.in), n, stream());
+    }
   }
   void operator()(const exec::ops::dropout_fwd& o, exec::run_state& s) {
     const std::size_t n = std::size_t{o.rows} * o.row_len;
@@ -600,6 +756,185 @@ class step_backend {
     });
   }
 
+  // ---- the speech model's ops (exec/program.hpp, "the speech model") ---------------------------
+  void operator()(const exec::ops::conv1d_fwd& o, exec::run_state&) {
+    const conv1d_shape sh = conv_shape(o.B, o.S, o.IC, o.OC, o.K);
+    if (o.in.count != std::uint64_t(sh.rows() * sh.IC) || o.out.count != std::uint64_t(sh.rows() * sh.OC) ||
+        o.w.count != std::uint64_t(sh.weight_elements()) || (!o.bias.null() && o.bias.count != o.OC))
+      fail("conv1d_fwd: operands are not in[B·S, IC], out[B·S, OC], w[OC, IC, K] and bias[OC]");
+    conv1d_forward(ptr<T>(o.out), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.bias), sh, stream());
+  }
+  void operator()(const exec::ops::conv1d_bwd& o, exec::run_state&) {
+    const conv1d_shape sh = conv_shape(o.B, o.S, o.IC, o.OC, o.K);
+    if (o.in.count != std::uint64_t(sh.rows() * sh.IC) || o.dout.count != std::uint64_t(sh.rows() * sh.OC) ||
+        o.w.count != std::uint64_t(sh.weight_elements()) || (!o.din.null() && o.din.count != o.in.count) ||
+        (!o.dw.null() && o.dw.count != o.w.count) || (!o.dbias.null() && o.dbias.count != o.OC))
+      fail("conv1d_bwd: operands are not in, din[B·S, IC], dout[B·S, OC], w, dw[OC, IC, K] and dbias[OC]");
+    conv1d_backward(ptr<T>(o.din), ptr<T>(o.dw), ptr<T>(o.dbias), cptr<T>(o.dout), cptr<T>(o.in), cptr<T>(o.w), sh,
+                    stream());
+  }
+  void operator()(const exec::ops::batchnorm_fwd& o, exec::run_state& s) {
+    const std::uint64_t nc = std::uint64_t{o.N} * o.C;
+    if (o.in.count != nc || o.out.count != nc || o.gamma.count != o.C || o.beta.count != o.C)
+      fail("batchnorm_fwd: operands are not in, out[N, C], gamma[C] and beta[C]");
+    if (o.C > stat_rows_) fail("batchnorm_fwd: more channels than the scratch holds");
+    batchnorm_forward(ptr<T>(o.out), mean_, rstd_, cptr<T>(o.in), cptr<T>(o.gamma), cptr<T>(o.beta),
+                      mask_of(o.mask, s, o.N), o.N, o.C, batchnorm_eps, stream());
+  }
+  void operator()(const exec::ops::batchnorm_bwd& o, exec::run_state& s) {
+    const std::uint64_t nc = std::uint64_t{o.N} * o.C;
+    if (o.in.count != nc || o.dout.count != nc || o.din.count != nc || o.gamma.count != o.C ||
+        (!o.dgamma.null() && o.dgamma.count != o.C) || (!o.dbeta.null() && o.dbeta.count != o.C))
+      fail("batchnorm_bwd: operands are not in, din, dout[N, C] and gamma, dgamma, dbeta[C]");
+    if (o.C > stat_rows_ || o.C > bn_channels_) fail("batchnorm_bwd: more channels than the scratch holds");
+    // The statistics recomputed from the saved input, as batchnorm_forward computes them (same bits).
+    const T* in = cptr<T>(o.in);
+    const std::uint8_t* mask = mask_of(o.mask, s, o.N);
+    batchnorm_stats(mean_, rstd_, in, mask, o.N, o.C, batchnorm_eps, stream());
+    batchnorm_backward(ptr<T>(o.din), ptr<T>(o.dgamma), ptr<T>(o.dbeta), cptr<T>(o.dout), in, cptr<T>(o.gamma), mean_,
+                       rstd_, mask, o.N, o.C, bn_sums_, stream());
+  }
+  void operator()(const exec::ops::masked_attention_fwd& o, exec::run_state& s) {
+    const cross_attention_shape sh = cross_shape(o.sh, "masked_attention_fwd");
+    const std::uint8_t* key_mask = mask_of(o.key_mask, s, std::uint64_t(sh.B * sh.Sk));
+    if (o.out.count != std::uint64_t(sh.B * sh.Sq * sh.q_width())) fail("masked_attention_fwd: out is not [B·Sq, H·D]");
+    const T* q = nullptr;
+    const T* kv = nullptr;
+    if (o.sh.fused) {
+      if (!(o.q == o.kv)) fail("masked_attention_fwd: a fused self-attention names one qkv as q and kv");
+      gather_qkv(o.q, sh);
+      q = fused_q_;
+      kv = fused_kv_;
+    } else {
+      if (o.q.count != std::uint64_t(sh.B * sh.Sq * sh.q_width()) || o.kv.count != std::uint64_t(sh.B * sh.Sk * sh.kv_width()))
+        fail("masked_attention_fwd: q is not [B·Sq, H·D] or kv not [B·Sk, 2·Hkv·D]");
+      q = cptr<T>(o.q);
+      kv = cptr<T>(o.kv);
+    }
+    if (o.sh.flash) {
+      if (o.probs_or_lse.count != std::uint64_t(sh.stat_elements())) fail("masked_attention_fwd: lse is not [B·H·Sq]");
+      cross_attention_flash_forward(ptr<T>(o.out), ptr<A>(o.probs_or_lse), q, kv, key_mask, sh, stream());
+    } else {
+      if (o.probs_or_lse.count != std::uint64_t(sh.att_elements()))
+        fail("masked_attention_fwd: probabilities are not [B·H·Sq·Sk]");
+      cross_attention_naive_forward(ptr<T>(o.out), ptr<T>(o.probs_or_lse), q, kv, key_mask, sh, stream());
+    }
+  }
+  void operator()(const exec::ops::masked_attention_bwd& o, exec::run_state& s) {
+    const cross_attention_shape sh = cross_shape(o.sh, "masked_attention_bwd");
+    const std::uint8_t* key_mask = mask_of(o.key_mask, s, std::uint64_t(sh.B * sh.Sk));
+    const std::uint64_t nq = std::uint64_t(sh.B * sh.Sq * sh.q_width());
+    if (o.dout.count != nq) fail("masked_attention_bwd: dout is not [B·Sq, H·D]");
+    const T *q = nullptr, *kv = nullptr;
+    T *dq = nullptr, *dkv = nullptr;
+    if (o.sh.fused) {
+      if (!(o.q == o.kv) || !(o.dq == o.dkv) || o.dq.count != o.q.count)
+        fail("masked_attention_bwd: a fused self-attention names one qkv as q and kv and one dqkv as dq and dkv");
+      gather_qkv(o.q, sh);
+      q = fused_q_;
+      kv = fused_kv_;
+      dq = fused_dq_;
+      dkv = fused_dkv_;
+    } else {
+      const std::uint64_t nkv = std::uint64_t(sh.B * sh.Sk * sh.kv_width());
+      if (o.q.count != nq || o.dq.count != nq || o.kv.count != nkv || o.dkv.count != nkv)
+        fail("masked_attention_bwd: q, dq are not [B·Sq, H·D] or kv, dkv not [B·Sk, 2·Hkv·D]");
+      q = cptr<T>(o.q);
+      kv = cptr<T>(o.kv);
+      dq = ptr<T>(o.dq);
+      dkv = ptr<T>(o.dkv);
+      if (dq == nullptr || dkv == nullptr) fail("masked_attention_bwd: dq and dkv are both written");
+    }
+    if (o.sh.flash) {
+      if (o.probs_or_lse.count != std::uint64_t(sh.stat_elements()) || o.out.count != nq)
+        fail("masked_attention_bwd: flash reads the forward's out [B·Sq, H·D] and lse [B·H·Sq]");
+      cross_attention_flash_backward(dq, dkv, cptr<T>(o.dout), q, kv, cptr<T>(o.out), cptr<A>(o.probs_or_lse), key_mask,
+                                     sh, stream());
+    } else {
+      if (o.probs_or_lse.count != std::uint64_t(sh.att_elements()))
+        fail("masked_attention_bwd: probabilities are not [B·H·Sq·Sk]");
+      if (static_cast<std::size_t>(sh.stat_elements()) > row_dots_count_)
+        fail("masked_attention_bwd: more rows than the scratch holds");
+      cross_attention_naive_backward(dq, dkv, cptr<T>(o.dout), q, kv, cptr<T>(o.probs_or_lse), key_mask, sh, row_dots_,
+                                     stream());
+    }
+    if (o.sh.fused) scatter_dqkv(o.dq, sh);
+  }
+  void operator()(const exec::ops::frames_in& o, exec::run_state& s) {
+    const std::uint64_t n = std::uint64_t{o.B} * o.S * o.M;
+    if (o.out.count != n || o.src.count != n) fail("frames_in: out and src are not [B·S, M]");
+    T* out = ptr<T>(o.out);
+    const float* src = feature_of(o.src, s);
+    const launch_1d l = grid_stride_launch(static_cast<std::int64_t>(n));
+    if (l.grid == 0) return;
+    detail::step::frames_in_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(
+        out, src, o.S, o.M, o.shift, static_cast<std::int64_t>(n));
+    MEMALG_CUDA_CHECK_LAUNCH("frames_in_kernel");
+  }
+  void operator()(const exec::ops::mask_rows& o, exec::run_state& s) {
+    const std::uint64_t n = std::uint64_t{o.N} * o.C;
+    if (o.x.count != n) fail("mask_rows: x is not [N, C]");
+    if (o.mask.null()) fail("mask_rows: the mask is required");
+    T* x = ptr<T>(o.x);
+    const std::uint8_t* mask = mask_of(o.mask, s, o.N);
+    const launch_1d l = grid_stride_launch(static_cast<std::int64_t>(n));
+    if (l.grid == 0) return;
+    detail::step::mask_rows_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(
+        x, mask, o.C, static_cast<std::int64_t>(n));
+    MEMALG_CUDA_CHECK_LAUNCH("mask_rows_kernel");
+  }
+  void operator()(const exec::ops::mel_loss& o, exec::run_state& s) {
+    scalar_index(o.acc);
+    if (o.ld < o.M || o.M == 0 || o.divisor <= 0.0f || o.grad_accum == 0)
+      fail("mel_loss: needs ld ≥ M > 0, a positive divisor and grad_accum");
+    const std::uint64_t nm = std::uint64_t{o.N} * o.M;
+    if ((o.N != 0 && o.pred.count < std::uint64_t{o.N - 1} * o.ld + o.M) || o.target.count != nm || o.grad.count != nm)
+      fail("mel_loss: pred is not [N, M] with row stride ld, or target, grad not [N, M]");
+    const T* pred = cptr<T>(o.pred);
+    T* grad = ptr<T>(o.grad);
+    const bool same = o.grad.offset == o.pred.offset;
+    if (!same && o.grad.offset < o.pred.offset + o.pred.bytes() && o.pred.offset < o.grad.offset + o.grad.bytes())
+      fail("mel_loss: grad overlaps pred other than as pred itself");
+    if (same && o.ld != o.M) fail("mel_loss: grad may be pred itself only when ld == M");
+    const float* target = feature_of(o.target, s);
+    const std::uint8_t* mask = mask_of(o.mask, s, o.N);
+    // Σ m·ℓ / divisor (the fixed divisor, not the real count: every micro-batch the same weight),
+    // added to acc as the loss op adds its mean; the gradient scaled by dloss / divisor.
+    detail::step::mel_loss_sum_kernel<<<1, speech_loss_block, 0, stream()>>>(scalars_ + micro_loss_slot, o.l1, pred, o.ld,
+                                                                           target, mask, o.N, o.M, o.divisor);
+    MEMALG_CUDA_CHECK_LAUNCH("mel_loss_sum_kernel");
+    scalar(detail::step::scalar_kind::add, static_cast<int>(o.acc), micro_loss_slot);
+    const float dloss = 1.0f / static_cast<float>(o.grad_accum);  // no loss scale on this backend
+    const launch_1d l = grid_stride_launch(static_cast<std::int64_t>(nm));
+    if (l.grid == 0) return;
+    detail::step::mel_loss_grad_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(
+        grad, o.l1, pred, o.ld, target, mask, o.N, o.M, dloss / o.divisor);
+    MEMALG_CUDA_CHECK_LAUNCH("mel_loss_grad_kernel");
+  }
+  void operator()(const exec::ops::stop_loss& o, exec::run_state& s) {
+    scalar_index(o.acc);
+    if (o.ld == 0 || o.divisor <= 0.0f || o.grad_accum == 0) fail("stop_loss: needs ld > 0, a positive divisor and grad_accum");
+    const std::uint64_t span = o.N != 0 ? std::uint64_t{o.N - 1} * o.ld + 1 : 0;
+    if (o.logits.count < span || o.grad.count < span || o.targets.count != o.N)
+      fail("stop_loss: logits, grad do not hold N entries of stride ld, or targets are not [N]");
+    const T* logits = cptr<T>(o.logits);
+    T* grad = ptr<T>(o.grad);
+    if (o.grad.offset != o.logits.offset && o.grad.offset < o.logits.offset + o.logits.bytes() &&
+        o.logits.offset < o.grad.offset + o.grad.bytes())
+      fail("stop_loss: grad overlaps logits other than as logits itself");
+    const float* targets = feature_of(o.targets, s);
+    detail::step::stop_loss_sum_kernel<<<1, speech_loss_block, 0, stream()>>>(scalars_ + micro_loss_slot, logits, o.ld,
+                                                                            targets, o.N, o.divisor);
+    MEMALG_CUDA_CHECK_LAUNCH("stop_loss_sum_kernel");
+    scalar(detail::step::scalar_kind::add, static_cast<int>(o.acc), micro_loss_slot);
+    const float dloss = 1.0f / static_cast<float>(o.grad_accum);  // no loss scale on this backend
+    const launch_1d l = grid_stride_launch(o.N);
+    if (l.grid == 0) return;
+    detail::step::stop_loss_grad_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(
+        grad, logits, o.ld, targets, o.N, dloss / o.divisor);
+    MEMALG_CUDA_CHECK_LAUNCH("stop_loss_grad_kernel");
+  }
+
   // ---- state, for tests and checkpoints -------------------------------------------------------
   std::size_t capacity() const { return capacity_; }
   float last_grad_norm() const { return last_grad_norm_; }
@@ -701,7 +1036,7 @@ class step_backend {
     if (device_count_or_zero() == 0) throw std::runtime_error("cuda::step_backend: no CUDA device present");
     MEMALG_CUDA_CHECK(cudaFree(nullptr));  // the context exists before anything is measured
     report_.gemm_workspace = gemm_workspace_bytes();
-    report_.scratch = step_backend_scratch_bytes(p);
+    report_.scratch = step_backend_scratch_bytes(p, sizeof(T));
     report_.arena = capacity_;
     require_free_memory(report_.gemm_workspace + report_.scratch + report_.arena);
     const auto used = [] { return memory_snapshot_of().used_bytes(); };
@@ -746,7 +1081,16 @@ class step_backend {
     sort_keys_ = sort_bytes_ != 0 ? scratch_.data() + at : nullptr;
     at += workspace_round(sort_bytes_);
     take(tokens_, sh.ids);
-    take(targets_, sh.ids);
+    take(targets_, sh.target_ids);
+    take(features_, sh.features);
+    take(masks_, sh.masks);
+    const std::size_t bn_bytes =
+        sh.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(sh.bn_channels)) : 0;
+    take(bn_sums_, bn_bytes / sizeof(float));
+    take(fused_q_, sh.fused_q);
+    take(fused_dq_, sh.fused_q);
+    take(fused_kv_, sh.fused_kv);
+    take(fused_dkv_, sh.fused_kv);
     if (at != report_.scratch) throw std::logic_error("cuda::step_backend: scratch layout disagrees with step_backend_scratch_bytes");
     stat_rows_ = sh.stat_rows;
     sort_rows_ = sh.sort_rows;
@@ -754,6 +1098,12 @@ class step_backend {
     row_dots_count_ = sh.row_dots;
     vp_rows_ = sh.vp_rows;
     ids_ = sh.ids;
+    target_ids_ = sh.target_ids;
+    features_count_ = sh.features;
+    masks_count_ = sh.masks;
+    bn_channels_ = sh.bn_channels;
+    fused_q_count_ = sh.fused_q;
+    fused_kv_count_ = sh.fused_kv;
   }
 
   /// The program's initialisation (program::units), computed on the host with the CPU backend's
@@ -855,9 +1205,66 @@ class step_backend {
   /// This micro-batch's token or target ids, on the device.
   const std::int32_t* ids(const exec::operand& o, const exec::run_state& s) const {
     if (o.in != exec::where::tokens && o.in != exec::where::targets) fail("expected a token or target operand");
-    if (o.offset + o.count > tokens_per_micro_) fail("token operand outside the micro-batch");
-    const std::int32_t* all = o.in == exec::where::tokens ? tokens_ : targets_;
-    return all + s.micro * tokens_per_micro_ + o.offset;
+    const bool tok = o.in == exec::where::tokens;
+    const std::size_t per = tok ? tokens_per_micro_ : targets_per_micro_;
+    if (o.offset + o.count > per) fail(tok ? "token operand outside the micro-batch" : "target operand outside the micro-batch");
+    return (tok ? tokens_ : targets_) + s.micro * per + o.offset;
+  }
+  /// This micro-batch's fp32 features (where::features), on the device.
+  const float* feature_of(const exec::operand& o, const exec::run_state& s) const {
+    if (o.in != exec::where::features || o.type != exec::elem::f32) fail("expected an fp32 feature operand");
+    if (o.offset > features_per_micro_ || o.count > features_per_micro_ - o.offset)
+      fail("feature operand outside the micro-batch");
+    return features_ + s.micro * features_per_micro_ + o.offset;
+  }
+  /// This micro-batch's u8 mask of `n` entries (where::masks), on the device; null for a null operand.
+  const std::uint8_t* mask_of(const exec::operand& o, const exec::run_state& s, std::uint64_t n) const {
+    if (o.null()) return nullptr;
+    if (o.in != exec::where::masks || o.type != exec::elem::u8) fail("expected a u8 mask operand");
+    if (o.count != n) fail("a mask operand's length is not its op's rows");
+    if (o.offset > masks_per_micro_ || o.count > masks_per_micro_ - o.offset) fail("mask operand outside the micro-batch");
+    return masks_ + s.micro * masks_per_micro_ + o.offset;
+  }
+
+  static conv1d_shape conv_shape(std::uint32_t B, std::uint32_t S, std::uint32_t IC, std::uint32_t OC, std::uint32_t K) {
+    const conv1d_shape sh{B, S, IC, OC, K};
+    if (!sh.valid()) fail("conv1d: IC, OC and K must be positive");
+    return sh;
+  }
+  /// The cross-attention kernels' shape of an op; they are never causal, so a causal op is refused.
+  static cross_attention_shape cross_shape(const exec::ops::xattn_shape& x, const char* what) {
+    if (x.causal)
+      fail(std::string(what) + ": causal masked attention is not implemented on CUDA (the cross-attention kernels are "
+                               "never causal)");
+    if (x.fused && x.Sq != x.Sk) fail(std::string(what) + ": a fused self-attention has Sq == Sk");
+    const cross_attention_shape sh{x.B, x.Sq, x.Sk, x.H, x.Hkv, x.D};
+    if (!sh.valid()) fail(std::string(what) + ": invalid shape (need positive sizes, H % Hkv == 0)");
+    return sh;
+  }
+  /// Fused self-attention: the q columns and the k ‖ v columns of each row of qkv [B·S, (H + 2Hkv)·D]
+  /// into the contiguous q [B·S, H·D] and kv [B·S, 2Hkv·D] the cross-attention kernels read.
+  void gather_qkv(const exec::operand& qkv, const cross_attention_shape& sh) {
+    const std::size_t rows = static_cast<std::size_t>(sh.B * sh.Sq), qw = static_cast<std::size_t>(sh.q_width()),
+                      kvw = static_cast<std::size_t>(sh.kv_width());
+    if (qkv.count != rows * (qw + kvw)) fail("masked attention: the fused qkv is not [B·S, (H + 2Hkv)·D]");
+    if (rows * qw > fused_q_count_ || rows * kvw > fused_kv_count_) fail("masked attention: more rows than the scratch holds");
+    const T* x = cptr<T>(qkv);
+    const std::size_t pitch = (qw + kvw) * sizeof(T);
+    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(fused_q_, qw * sizeof(T), x, pitch, qw * sizeof(T), rows, cudaMemcpyDeviceToDevice,
+                                        stream()));
+    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(fused_kv_, kvw * sizeof(T), x + qw, pitch, kvw * sizeof(T), rows,
+                                        cudaMemcpyDeviceToDevice, stream()));
+  }
+  /// The inverse for the gradients: dq and dk ‖ dv into the columns of dqkv (written).
+  void scatter_dqkv(const exec::operand& dqkv, const cross_attention_shape& sh) {
+    const std::size_t rows = static_cast<std::size_t>(sh.B * sh.Sq), qw = static_cast<std::size_t>(sh.q_width()),
+                      kvw = static_cast<std::size_t>(sh.kv_width());
+    T* x = ptr<T>(dqkv);
+    const std::size_t pitch = (qw + kvw) * sizeof(T);
+    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(x, pitch, fused_dq_, qw * sizeof(T), qw * sizeof(T), rows, cudaMemcpyDeviceToDevice,
+                                        stream()));
+    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(x + qw, pitch, fused_dkv_, kvw * sizeof(T), kvw * sizeof(T), rows,
+                                        cudaMemcpyDeviceToDevice, stream()));
   }
 
   void upload_async(void* dst, const void* src, std::size_t bytes) {
@@ -880,7 +1287,8 @@ class step_backend {
   std::vector<exec::param_unit> units_;
   std::vector<exec::persistent_tensor> checkpoint_;
   exec::hparams hp_;
-  std::size_t grad_accum_, micro_batch_, tokens_per_micro_, dp_size_, dp_rank_;
+  std::size_t grad_accum_, micro_batch_, tokens_per_micro_, targets_per_micro_, features_per_micro_, masks_per_micro_,
+      dp_size_, dp_rank_;
   step_backend_memory report_{};
   // device resources, released in reverse order
   stream_pair compute_;
@@ -891,6 +1299,11 @@ class step_backend {
   float *mean_ = nullptr, *rstd_ = nullptr, *token_losses_ = nullptr, *row_dots_ = nullptr, *norm_scratch_ = nullptr,
         *scalars_ = nullptr, *row_max_ = nullptr, *ce_parts_ = nullptr;
   std::int32_t *tokens_ = nullptr, *targets_ = nullptr;
+  float *features_ = nullptr, *bn_sums_ = nullptr;
+  std::uint8_t* masks_ = nullptr;
+  T *fused_q_ = nullptr, *fused_kv_ = nullptr, *fused_dq_ = nullptr, *fused_dkv_ = nullptr;
+  std::size_t target_ids_ = 0, features_count_ = 0, masks_count_ = 0, bn_channels_ = 0, fused_q_count_ = 0,
+              fused_kv_count_ = 0;
   void* sort_keys_ = nullptr;
   std::size_t sort_bytes_ = 0, stat_rows_ = 0, loss_rows_ = 0, row_dots_count_ = 0, ids_ = 0, vp_rows_ = 0, sort_rows_ = 0;
   std::vector<std::vector<std::byte>> host_state_;
