@@ -13,8 +13,9 @@
 // is the same plan refused at compile time). Each rank's stream of utterances runs through its
 // shard epoch after epoch, each epoch in its own order (data/shards.hpp), so a step of 4 × 16
 // accumulated utterances reads the same utterances as one of 64. The test split is never opened:
-// `--train-on test` is refused with the reason. After training, the validation loss of every rank's
-// validation shard is averaged over the ranks; `--validate-every N` reports it along the way too.
+// `--train-on test` is refused with the reason. Before and after training, the validation split is
+// evaluated once over, its micro-batches dealt to the ranks in turn and their losses averaged;
+// `--validate-every N` evaluates it along the way too.
 #include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/backend/cpu/speech_run.hpp>
 #include <memalg/data/shards.hpp>
@@ -180,7 +181,10 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
     const m::exec::speech_config& c = run::config;
     const std::uint64_t rank = static_cast<std::uint64_t>(dp.rank()), ranks = static_cast<std::uint64_t>(dp.size());
     utterance_stream train_data(o.data, d::split::train, rank, ranks, o.seed);
-    utterance_stream valid_data(o.data, d::split::validation, rank, ranks, o.seed);
+    // The validation split is not sharded: every rank reads it whole and evaluates its own
+    // positions of one shared order (rank r the r-th micro-batches), so a split smaller than the
+    // ranks still gives every rank a full micro-batch.
+    utterance_stream valid_data(o.data, d::split::validation, 0, 1, o.seed);
     const d::speech_manifest& manifest = train_data.reader().manifest();
     if (manifest.mel_bins() != c.mel_bins)
       throw std::runtime_error(o.data + ": " + std::to_string(manifest.mel_bins()) + " mel bins, the model " +
@@ -200,13 +204,12 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
     ec.net_dropout = 0;
     const m::exec::program eval = m::exec::build_speech_program(ec, run::arena, {rank, 0, 0}, run::storage_elem);
     const std::uint64_t per_step = c.micro_batch * c.grad_accum;
-    const std::uint64_t valid_steps =
-        (valid_data.reader().shard().size() + per_step - 1) / per_step;  // the same on every rank (shards differ by ≤ 1)
+    const std::uint64_t valid_steps = (valid_data.reader().split_size() + per_step * ranks - 1) / (per_step * ranks);
     const auto validate = [&] {
       double sum = 0;
       for (std::uint64_t v = 0; v < valid_steps; ++v) {
         step_inputs in;
-        fill(in, valid_data.take(v * per_step, per_step), c, c.grad_accum, pad_mel);
+        fill(in, valid_data.take((v * ranks + rank) * per_step, per_step), c, c.grad_accum, pad_mel);
         m::exec::run_state st{};
         sum += m::exec::run(eval, trainer.backend(), in.io(), st).loss;
       }
@@ -215,7 +218,7 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
 
     step_inputs in;
     float first = 0, last = 0;
-    std::vector<double> valid_curve;
+    std::vector<double> valid_curve, losses;
     const double valid_first = validate();
     const auto t0 = std::chrono::steady_clock::now();
     std::uint64_t utterances = 0;
@@ -223,6 +226,7 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
       fill(in, train_data.take(s * per_step, per_step), c, c.grad_accum, pad_mel);
       const float loss = trainer.train_step(in.io());
       utterances += per_step * ranks;
+      losses.push_back(loss);
       if (s == 0) first = loss;
       last = loss;
       if (o.validate_every != 0 && (s + 1) % o.validate_every == 0) valid_curve.push_back(validate());
@@ -247,10 +251,18 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
     const long rss = peak_rss_kib();
     if (world.rank() == 0) {
       if (o.json) {
-        std::string curve;
-        for (double v : valid_curve) curve += (curve.empty() ? "" : ", ") + std::to_string(v);
+        const auto list = [](const std::vector<double>& v) {
+          std::string out;
+          char buf[32];
+          for (double x : v) {
+            std::snprintf(buf, sizeof buf, "%.9g", x);
+            out += (out.empty() ? "" : ", ") + std::string(buf);
+          }
+          return out;
+        };
+        const std::string curve = list(valid_curve), trajectory = list(losses);
         std::printf("{\"plan\": \"%s\", \"steps\": %llu, \"loss_first\": %.6f, \"loss_last\": %.6f, "
-                    "\"validation_loss_first\": %.6f, \"validation_loss\": %.6f, \"validation_curve\": [%s], "
+                    "\"losses\": [%s], \"validation_loss_first\": %.6f, \"validation_loss\": %.6f, \"validation_curve\": [%s], "
                     "\"utterances_per_s\": %.1f, \"train_utterances\": %zu, "
                     "\"hparams\": {\"lr\": %g, \"weight_decay\": %g, \"beta1\": %g, \"beta2\": %g, \"eps\": %g, "
                     "\"momentum\": %g, \"clip\": %g}, "
@@ -258,7 +270,7 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
                     "\"layout_high_water\": %zu, \"predicted_peak\": %zu, \"activations_at_peak\": %llu, "
                     "\"peak_rss_kib\": %ld}}\n",
                     Named::name.data(), static_cast<unsigned long long>(o.steps), static_cast<double>(first),
-                    static_cast<double>(last), valid_first, valid_last, curve.c_str(),
+                    static_cast<double>(last), trajectory.c_str(), valid_first, valid_last, curve.c_str(),
                     static_cast<double>(utterances) / seconds, train_data.reader().split_size(),
                     static_cast<double>(hp.lr), static_cast<double>(hp.weight_decay), static_cast<double>(hp.beta1),
                     static_cast<double>(hp.beta2), static_cast<double>(hp.eps), static_cast<double>(hp.momentum),

@@ -54,42 +54,55 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-/// A bare fp32 program and its CPU backend: operands are placed one after another in a stack
-/// region of 1 MiB (64-byte aligned), inputs written, the op run inside one step.
-struct rig {
+/// A bare program and its CPU backend of storage type T: operands are placed one after another
+/// in a stack region of 1 MiB (64-byte aligned), inputs written, the op run inside one step.
+template <class T>
+struct rig_t {
+  static constexpr ex::elem storage = cpu::elem_of<T>();
   comm dp, tp;
   ex::program p;
-  std::unique_ptr<cpu::step_backend<float, comm>> b;
+  std::unique_ptr<cpu::step_backend<T, comm>> b;
   ex::run_state s;
   std::vector<float> features;
   std::vector<std::uint8_t> masks;
   std::size_t used = 0, top = 0;  ///< next free offset; end of the last operand in 16-byte granules
 
-  explicit rig(std::size_t features_per_micro = 0, std::size_t masks_per_micro = 0, std::size_t grad_accum = 1,
-               bool loss_scaling = false) {
-    p.storage = p.accum = ex::elem::f32;
+  explicit rig_t(std::size_t features_per_micro = 0, std::size_t masks_per_micro = 0, std::size_t grad_accum = 1,
+                 bool loss_scaling = false) {
+    p.storage = storage;
+    p.accum = ex::elem::f32;
     p.sizes = {0, std::size_t{1} << 20};
     p.grad_accum = grad_accum;
     p.features_per_micro = features_per_micro;
     p.masks_per_micro = masks_per_micro;
     p.loss_scaling = loss_scaling;
-    b = std::make_unique<cpu::step_backend<float, comm>>(p, dp, tp);
+    b = std::make_unique<cpu::step_backend<T, comm>>(p, dp, tp);
   }
-  ex::operand alloc(std::size_t n, ex::elem e = ex::elem::f32) {
+  ex::operand alloc(std::size_t n, ex::elem e = storage) {
     const ex::operand o{used, n, e, ex::where::arena};
     top = (used + n * ex::elem_size(e) + 15) / 16 * 16;
     used += (n * ex::elem_size(e) + 63) / 64 * 64;
     return o;
   }
+  /// The values rounded to T, placed in the arena.
   ex::operand put(const std::vector<float>& v) {
     const ex::operand o = alloc(v.size());
-    b->write(o, std::as_bytes(std::span(v)));
+    std::vector<T> t(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) t[i] = m::from_float<T>(v[i]);
+    b->write(o, std::as_bytes(std::span(t)));
     return o;
   }
+  /// A storage-type (or f32) operand read back as floats.
   std::vector<float> get(const ex::operand& o) {
     const std::vector<std::byte> raw = b->read(o);
     std::vector<float> v(o.count);
-    std::memcpy(v.data(), raw.data(), raw.size());
+    if (o.type == ex::elem::f32) {
+      std::memcpy(v.data(), raw.data(), raw.size());
+      return v;
+    }
+    std::vector<T> t(o.count);
+    std::memcpy(t.data(), raw.data(), raw.size());
+    for (std::size_t i = 0; i < t.size(); ++i) v[i] = static_cast<float>(m::to_float(t[i]));
     return v;
   }
   void begin(std::uint64_t micro = 0) {
@@ -106,6 +119,14 @@ struct rig {
     return b->end_step(p, s).loss;
   }
 };
+using rig = rig_t<float>;
+
+/// v rounded to T and back.
+template <class T>
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = static_cast<float>(m::to_float(m::from_float<T>(x)));
+  return v;
+}
 
 ex::operand feat(std::uint64_t offset, std::uint64_t count) { return {offset, count, ex::elem::f32, ex::where::features}; }
 ex::operand msk(std::uint64_t offset, std::uint64_t count) { return {offset, count, ex::elem::u8, ex::where::masks}; }
@@ -556,5 +577,33 @@ TEST_CASE("stop_loss: BCE with logits over every frame, strided logits, a fixed 
     for (std::size_t c = 1; c < ld; ++c) CHECK(got[n * ld + c] == logits0[n * ld + c]);  // other columns untouched
   }
   CHECK(loss == doctest::Approx(want / divisor).epsilon(1e-6));
+  CHECK(r.b->measured_high_water() == r.top);
+}
+
+TEST_CASE_TEMPLATE("16-bit storage: frames_in rounds the fp32 features, the losses read them in fp32", T, m::bf16, m::fp16) {
+  const std::uint32_t N = 6, M = 4;
+  rig_t<T> r(N * M, N, 1);
+  r.features = values(N * M, 31);
+  r.masks = {1, 0, 1, 1, 1, 0};
+  const ex::operand frames = r.alloc(N * M);
+  const std::vector<float> pred0 = rounded<T>(values(N * M, 32));
+  const ex::operand pred = r.put(pred0);
+  r.begin();
+  r(ops::frames_in{frames, feat(0, N * M), 2, 3, M, 1});
+  r(ops::mel_loss{pred, feat(0, N * M), msk(0, N), pred, N, M, M, 1, false, 48.0f});
+  const float loss = r.end();
+  const std::vector<float> got = r.get(frames), want = rounded<T>(r.features), grad = r.get(pred);
+  double sum = 0;
+  for (std::size_t b = 0; b < 2; ++b)
+    for (std::size_t t = 0; t < 3; ++t)
+      for (std::size_t c = 0; c < M; ++c)
+        CHECK(got[(b * 3 + t) * M + c] == (t == 0 ? 0.0f : want[(b * 3 + t - 1) * M + c]));
+  for (std::size_t n = 0; n < N; ++n)
+    for (std::size_t c = 0; c < M; ++c) {
+      const double d = double(pred0[n * M + c]) - r.features[n * M + c];  // the target unrounded
+      if (r.masks[n]) sum += d * d;
+      CHECK(grad[n * M + c] == doctest::Approx(r.masks[n] ? 2 * d / 48.0 : 0.0).epsilon(1e-2).scale(1e-3));
+    }
+  CHECK(loss == doctest::Approx(sum / 48.0).epsilon(1e-6));
   CHECK(r.b->measured_high_water() == r.top);
 }

@@ -503,8 +503,9 @@ class step_backend {
     const detail_io io = attention_io_of(x, o.q, o.kv, mask(o.key_mask, std::size_t{x.B} * x.Sk, s, "masked_attention_fwd"),
                                          "masked_attention_fwd");
     check_count(o.out, std::size_t{x.B} * x.Sq * x.H * x.D, "masked_attention_fwd: out is not [B·Sq, H·D]");
-    check_count(o.probs_or_lse, std::size_t{x.B} * x.H * x.Sq * (x.flash ? 1 : x.Sk),
-                "masked_attention_fwd: probs_or_lse is not [B·H·Sq·Sk] (naive) or [B·H·Sq] (flash)");
+    if (!o.probs_or_lse.null())  // null: no backward follows
+      check_count(o.probs_or_lse, std::size_t{x.B} * x.H * x.Sq * (x.flash ? 1 : x.Sk),
+                  "masked_attention_fwd: probs_or_lse is not [B·H·Sq·Sk] (naive) or [B·H·Sq] (flash)");
     const T* q = cptr<T>(o.q);
     const T* kv = x.fused ? q : cptr<T>(o.kv);
     if (x.flash) cpu::detail::attention_flash_forward_io(out<T>(o.out), out<A>(o.probs_or_lse), q, kv, io, flash_block);
