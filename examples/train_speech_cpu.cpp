@@ -106,8 +106,11 @@ speech_options parse(int argc, char** argv) {
 /// One rank's utterances: its shard's epochs one after another, each in its own order.
 class utterance_stream {
  public:
-  utterance_stream(const std::string& dir, d::split s, std::uint64_t rank, std::uint64_t ranks, std::uint64_t seed)
-      : reader_(dir, s, rank, ranks, seed) {
+  /// Reads at most `frames` mel frames and `phonemes` + 1 ids of each utterance: what a batch of
+  /// the plan's shape holds (and whether the ids were truncated), so that no buffer grows with the data.
+  utterance_stream(const std::string& dir, d::split s, std::uint64_t rank, std::uint64_t ranks, std::uint64_t seed,
+                   std::uint64_t frames, std::uint64_t phonemes)
+      : reader_(dir, s, rank, ranks, seed), frames_(frames), phonemes_(phonemes + 1) {
     if (reader_.shard().empty()) throw std::runtime_error(dir + ": rank " + std::to_string(rank) + "'s shard is empty");
   }
   d::sharded_reader& reader() { return reader_; }
@@ -121,7 +124,7 @@ class utterance_stream {
         order_ = reader_.order(e);
         epoch_ = e;
       }
-      out.push_back(reader_.read(order_[j % size]));
+      out.push_back(reader_.read(order_[j % size], frames_, phonemes_));
     }
     return out;
   }
@@ -130,6 +133,7 @@ class utterance_stream {
   d::sharded_reader reader_;
   std::vector<std::size_t> order_;
   std::uint64_t epoch_ = ~0ULL;
+  std::uint64_t frames_, phonemes_;
 };
 
 /// The step's inputs (exec/build_speech_program.hpp, speech_inputs) from micro-batches of `us`.
@@ -180,11 +184,11 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
     using run = m::exec::speech_run<plan, Comm>;
     const m::exec::speech_config& c = run::config;
     const std::uint64_t rank = static_cast<std::uint64_t>(dp.rank()), ranks = static_cast<std::uint64_t>(dp.size());
-    utterance_stream train_data(o.data, d::split::train, rank, ranks, o.seed);
+    utterance_stream train_data(o.data, d::split::train, rank, ranks, o.seed, c.frames, c.text_tokens);
     // The validation split is not sharded: every rank reads it whole and evaluates its own
     // positions of one shared order (rank r the r-th micro-batches), so a split smaller than the
     // ranks still gives every rank a full micro-batch.
-    utterance_stream valid_data(o.data, d::split::validation, 0, 1, o.seed);
+    utterance_stream valid_data(o.data, d::split::validation, 0, 1, o.seed, c.frames, c.text_tokens);
     const d::speech_manifest& manifest = train_data.reader().manifest();
     if (manifest.mel_bins() != c.mel_bins)
       throw std::runtime_error(o.data + ": " + std::to_string(manifest.mel_bins()) + " mel bins, the model " +
@@ -267,7 +271,8 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
                     "\"hparams\": {\"lr\": %g, \"weight_decay\": %g, \"beta1\": %g, \"beta2\": %g, \"eps\": %g, "
                     "\"momentum\": %g, \"clip\": %g}, "
                     "\"memory\": {\"predicted_arena\": %zu, \"measured_arena\": %zu, \"arena_capacity\": %zu, "
-                    "\"layout_high_water\": %zu, \"predicted_peak\": %zu, \"activations_at_peak\": %llu, "
+                    "\"layout_high_water\": %zu, \"predicted_peak\": %zu, \"measured_peak\": %zu, \"predicted_activations\": %llu, "
+                    "\"activations_at_peak\": %llu, "
                     "\"peak_rss_kib\": %ld}}\n",
                     Named::name.data(), static_cast<unsigned long long>(o.steps), static_cast<double>(first),
                     static_cast<double>(last), trajectory.c_str(), valid_first, valid_last, curve.c_str(),
@@ -275,7 +280,9 @@ int train(const speech_options& o, Comm& world, Comm& dp, Comm& tp) {
                     static_cast<double>(hp.lr), static_cast<double>(hp.weight_decay), static_cast<double>(hp.beta1),
                     static_cast<double>(hp.beta2), static_cast<double>(hp.eps), static_cast<double>(hp.momentum),
                     static_cast<double>(hp.max_grad_norm), predicted_arena, measured_arena, mem.capacity(), mem.high_water(),
-                    predicted_peak, static_cast<unsigned long long>(mem.peak_by_category().activations.value), rss);
+                    predicted_peak, measured_arena + static_cast<std::size_t>(plan::result.per_rank.reserve.value),
+                    static_cast<unsigned long long>(plan::result.per_rank.activations.value),
+                    static_cast<unsigned long long>(mem.peak_by_category().activations.value), rss);
       } else {
         std::printf("\nplan %s: %s\n", Named::name.data(), Named::description.data());
         std::printf("loss %.4f -> %.4f over %llu steps; validation loss %.4f -> %.4f; %.1f utterances/s (lr %g)\n",

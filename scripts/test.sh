@@ -24,6 +24,7 @@ san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=
 # (No fuzz targets: their short runs are the first pass's, built with clang's own sanitizers.)
 cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEMALG_WITH_CUDA=OFF \
   -DMEMALG_BUILD_BENCH=OFF -DMEMALG_COMPILE_CHECKS=OFF -DMEMALG_BUILD_FUZZ=OFF \
+  -DMEMALG_SPEECH_DATA_DIR="$(cd "$build" && pwd)/data/speech" \
   -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >/dev/null
 cmake --build "$asan" -j "$jobs"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -34,6 +35,10 @@ ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$asan" --output-on-failure -j "$jo
 # (pipeline, program_tp, program_vs_one_rank) run in the first pass only: under the sanitizers they
 # take minutes, and the same program builder and backend code runs sanitized here through the
 # named multi-rank plans (mpi.train_gpt_cpu.pp2, pp2-dp2, tp2-sp, tp2-sp-dropout, llama-bf16-dp2).
+# Of the speech runs, seed-b16-shard4 and the refused seed-b64 run sanitized (the same program
+# builder, backend and data path as the others, which the first pass runs); the dataset is the
+# first pass's.
 ASAN_OPTIONS=detect_leaks=0 ctest --test-dir "$asan" --output-on-failure -j "$jobs" -L '^(example|mpi)$' \
-  -E '^mpi\.(pipeline|program_tp|program_vs_one_rank)\.' || status=1
+  -E '^mpi\.(pipeline|program_tp|program_vs_one_rank)\.|^mpi\.train_speech_cpu\.(seed-bf16|seed-b16-accum4|accum_equals_b64|lr_x10|data_x10)$' \
+  || status=1
 exit $status

@@ -123,9 +123,12 @@ inline speech_batch make_batch(const std::vector<utterance>& us, const batch_sha
   b.truncated.assign(B, 0);
   for (std::size_t i = 0; i < us.size(); ++i) {
     const utterance& u = us[i];
-    if (u.mel.size() != std::uint64_t(u.frames) * M)
-      throw std::invalid_argument("make_batch: an utterance has " + std::to_string(u.frames ? u.mel.size() / u.frames : 0) +
-                                  " mel bins, the shape " + std::to_string(M));
+    // The mel frames read: all of them, or (split_file::read with max_frames) at least the shape's.
+    const std::uint64_t have = M ? u.mel.size() / M : 0;
+    if (u.mel.size() % M != 0 || have > u.frames || (have < u.frames && have < F))
+      throw std::invalid_argument("make_batch: an utterance holds " + std::to_string(u.mel.size()) +
+                                  " mel values, not whole frames of the shape's " + std::to_string(M) + " bins (" +
+                                  std::to_string(u.frames) + " frames)");
     const std::uint64_t p = std::min<std::uint64_t>(u.phonemes.size(), T), f = std::min<std::uint64_t>(u.frames, F);
     b.truncated[i] = u.phonemes.size() > T || u.frames > F;
     std::copy_n(u.phonemes.begin(), p, b.phonemes.begin() + i * T);
@@ -170,11 +173,12 @@ class sharded_reader {
   std::vector<std::size_t> order(std::uint64_t e) const { return epoch_order(shard_, seed_, e, rank_); }
   /// Micro-batches per epoch, the same on every rank: ⌊smallest shard / micro_batch⌋.
   std::uint64_t batches_per_epoch(std::uint64_t micro_batch) const { return micro_batch ? smallest_ / micro_batch : 0; }
-  /// Reads utterance i of the split; only this rank's own utterances may be read.
-  utterance read(std::size_t i) {
+  /// Reads utterance i of the split (at most max_frames frames and max_phonemes ids: split_file::read);
+  /// only this rank's own utterances may be read.
+  utterance read(std::size_t i, std::uint64_t max_frames = ~0ULL, std::uint64_t max_phonemes = ~0ULL) {
     if (!std::binary_search(shard_.begin(), shard_.end(), i))
       throw std::out_of_range("sharded_reader: utterance " + std::to_string(i) + " belongs to another rank's shard");
-    return file_.read(i);
+    return file_.read(i, max_frames, max_phonemes);
   }
   /// Micro-batch `index` of epoch `e`, padded or truncated to `shape`; mel padding is log(floor),
   /// the log-mel value of silence.

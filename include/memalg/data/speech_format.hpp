@@ -22,6 +22,7 @@
 #endif
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -193,8 +194,10 @@ class split_file {
   std::uint64_t bytes() const noexcept { return size_; }
   const std::vector<utterance_entry>& entries() const noexcept { return entries_; }
 
-  /// Reads record i.
-  utterance read(std::size_t i) {
+  /// Reads record i: its first `max_phonemes` phoneme ids and first `max_frames` mel frames at
+  /// most (a trainer reads what its batch shape holds, so that no buffer grows with the data);
+  /// `frames` and `samples` keep the stored counts.
+  utterance read(std::size_t i, std::uint64_t max_frames = ~0ULL, std::uint64_t max_phonemes = ~0ULL) {
     if (i >= entries_.size()) throw std::out_of_range(path_.string() + ": no utterance " + std::to_string(i));
     const utterance_entry& e = entries_[i];
     utterance u;
@@ -202,12 +205,13 @@ class split_file {
     u.frames = e.frames;
     u.samples = e.samples;
     u.text.resize(e.text_bytes);
-    u.phonemes.resize(e.phonemes);
-    u.mel.resize(std::uint64_t(e.frames) * mel_bins_);
+    u.phonemes.resize(std::min<std::uint64_t>(e.phonemes, max_phonemes));
+    u.mel.resize(std::min<std::uint64_t>(e.frames, max_frames) * mel_bins_);
     in_.clear();
     in_.seekg(static_cast<std::streamoff>(e.offset));
     in_.read(u.text.data(), static_cast<std::streamsize>(u.text.size()));
     in_.read(reinterpret_cast<char*>(u.phonemes.data()), static_cast<std::streamsize>(2 * u.phonemes.size()));
+    in_.seekg(static_cast<std::streamoff>(e.offset + e.text_bytes + 2ULL * e.phonemes));
     in_.read(reinterpret_cast<char*>(u.mel.data()), static_cast<std::streamsize>(4 * u.mel.size()));
     if (!in_) fail("record " + std::to_string(i) + " cut short");
     return u;
