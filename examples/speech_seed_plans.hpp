@@ -69,6 +69,9 @@ using b16_shard4 = plan<model, 16, m::precision::fp32, cpu_device>;
 using b16_accum4 = plan<model, 16, m::precision::fp32, cpu_device, m::train::grad_accum<4>>;
 /// Mixed precision: bf16 weights, gradients and activations, fp32 master weights and Adam states.
 using bf16 = plan<model, 16, m::precision::mixed_bf16, cpu_device>;
+/// 64 per GPU on the large device, with batch norm and dropout: what accumulation approximates
+/// (batch statistics over 64, not 16; other dropout masks).
+using b64_large = plan<model, 64, m::precision::fp32, cpu_device_large>;
 /// The comparison pair, without batch statistics and dropout.
 using exact_b64 = plan<model_exact, 64, m::precision::fp32, cpu_device_large>;
 using exact_b16_accum4 = plan<model_exact, 16, m::precision::fp32, cpu_device, m::train::grad_accum<4>>;
