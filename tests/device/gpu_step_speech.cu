@@ -246,8 +246,12 @@ void check_masked_attention(bool fused, bool flash, std::uint32_t seed) {
              pl = flash ? r.arena(stats, exec::elem::f32) : r.arena(stats);
   const ops::masked_attention_fwd fwd{out, pl, q, kv, rig<T>::mask(0, B * Sk), sh};
   const ops::masked_attention_bwd bwd{dq, dkv, dout, q, kv, out, pl, rig<T>::mask(0, B * Sk), sh};
+  // The same forward without probabilities or lse (no backward follows: an evaluation pass).
+  const auto out_eval = r.arena(nq);
+  const ops::masked_attention_fwd fwd_eval{out_eval, exec::operand{}, q, kv, rig<T>::mask(0, B * Sk), sh};
   r.add(fwd);
   r.add(bwd);
+  r.add(fwd_eval);
   const exec::program& p = r.done();
   cu::local_device_communicator dpc, tpc;
   backend_t<T> b(p, dpc, tpc);
@@ -273,6 +277,7 @@ void check_masked_attention(bool fused, bool flash, std::uint32_t seed) {
   put(b, dout, hdout);
   b(fwd, s);
   b(bwd, s);
+  b(fwd_eval, s);
 
   const auto r_q = to_double(hq), r_kv = to_double(hkv), r_dout = to_double(hdout);
   std::vector<double> r_out(nq), r_att(std::size_t{B} * H * Sq * Sk), r_lse(std::size_t{B} * H * Sq), r_dq(nq), r_dkv(nkv);
@@ -280,6 +285,7 @@ void check_masked_attention(bool fused, bool flash, std::uint32_t seed) {
   cpu::cross_attention_naive_backward(r_dq.data(), r_dkv.data(), r_dout.data(), r_q.data(), r_kv.data(), r_att.data(),
                                       mask.data(), rsh);
   check_close<T>("attention out", get<T>(b, out), r_out);
+  check_close<T>("attention out, no probabilities or lse kept", get<T>(b, out_eval), r_out);
   if (flash) {
     std::vector<double> r_out_flash(nq);
     cpu::cross_attention_flash_forward(r_out_flash.data(), r_lse.data(), r_q.data(), r_kv.data(), mask.data(), rsh);

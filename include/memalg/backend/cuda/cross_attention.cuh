@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(flash_threads)
     const int d = lane + t * warp_size;
     if (d < hd) out[sh.out_index(b, qpos, h, d)] = from_float<T>(o[t] * inv);
   }
-  if (lane == 0) lse[sh.stat_index(b, h, qpos)] = l > 0.0f ? m + logf(l) : -INFINITY;
+  if (lane == 0 && lse != nullptr) lse[sh.stat_index(b, h, qpos)] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 // dQ: block (q tile, h, b); warp w owns query row w; lane j owns key j of the key tile.
@@ -496,7 +496,7 @@ void cross_attention_naive_backward(T* dq, T* dkv, const T* dout, const T* q, co
   MEMALG_CUDA_CHECK_LAUNCH("cross_naive_backward_kv_kernel");
 }
 
-/// out[B·Sq, H·D] and lse[B, H, Sq] (float) from q, kv and the key mask.
+/// out[B·Sq, H·D] and lse[B, H, Sq] (float; may be null: no backward follows) from q, kv and the key mask.
 template <storage_type T>
 void cross_attention_flash_forward(T* out, float* lse, const T* q, const T* kv, const std::uint8_t* key_mask,
                                    const cross_attention_shape& sh, cudaStream_t stream = nullptr) {

@@ -811,11 +811,13 @@ class step_backend {
       q = cptr<T>(o.q);
       kv = cptr<T>(o.kv);
     }
+    // A null probs_or_lse: no backward follows (an evaluation pass); the kernels then write only out.
+    const bool keep = !o.probs_or_lse.null();
     if (o.sh.flash) {
-      if (o.probs_or_lse.count != std::uint64_t(sh.stat_elements())) fail("masked_attention_fwd: lse is not [B·H·Sq]");
+      if (keep && o.probs_or_lse.count != std::uint64_t(sh.stat_elements())) fail("masked_attention_fwd: lse is not [B·H·Sq]");
       cross_attention_flash_forward(ptr<T>(o.out), ptr<A>(o.probs_or_lse), q, kv, key_mask, sh, stream());
     } else {
-      if (o.probs_or_lse.count != std::uint64_t(sh.att_elements()))
+      if (keep && o.probs_or_lse.count != std::uint64_t(sh.att_elements()))
         fail("masked_attention_fwd: probabilities are not [B·H·Sq·Sk]");
       cross_attention_naive_forward(ptr<T>(o.out), ptr<T>(o.probs_or_lse), q, kv, key_mask, sh, stream());
     }
