@@ -22,6 +22,7 @@
 #include "memalg/core/dtype.hpp"
 #include "memalg/exec/build_speech_program.hpp"
 #include "memalg/model/layer.hpp"
+#include "memalg/parallel/mesh.hpp"
 #include "memalg/train/recipe.hpp"
 
 namespace memalg::exec {
