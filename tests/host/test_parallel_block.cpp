@@ -80,7 +80,7 @@ void check_parallel() {
   CHECK(got.activations == plan.activations);
   CHECK(got.temporaries == plan.temporaries);
   // The meter of live operands reaches the plan too, but where the layout's peak holds dead
-  // tensors: with dropout both branches' masks, read as each branch's backward begins, and under
+  // tensors: with dropout a mask, each branch's read as that branch's backward begins, and under
   // selective recomputation the rebuilt attention output, which the attention backward does not
   // read (flash reads the saved one, naive none), when the attention side of the backward is the
   // larger (test_measured_arena.cpp, holds_dead_activations).
