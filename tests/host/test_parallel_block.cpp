@@ -4,7 +4,8 @@
 // The arena's high-water mark and its categories equal the plan's peak (fp32 and mixed-bf16,
 // dropout, recomputation none / selective / full, accumulation), the loss falls, the block's unit
 // is the planner's parameter count (one norm when shared), and the backend's gradients of every
-// tensor of both blocks match central differences of the loss.
+// tensor of both blocks match central differences of the loss; on meshes (tp2, dp2 ZeRO-3, dp2 × tp2
+// ZeRO-2, two 1F1B pipeline stages) every rank's layout reaches its plan.
 #include <doctest/doctest.h>
 
 #include "runtime_plans.hpp"
@@ -12,6 +13,7 @@
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/exec/build_program.hpp>
+#include <memalg/exec/null_backend.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -238,4 +240,60 @@ TEST_CASE("a shared norm needs the parallel residual") {
   gpt2.parallel_residual = true;
   CHECK(m::exec::find_runtime_issue(gpt2, t, mesh) == runtime_issue::architecture);
   CHECK(m::exec::llama_style(gpt2));
+}
+
+namespace {
+// Falcon's shared norm with two key/value heads, so that two tensor-parallel ranks split them.
+struct falcon_kv2 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = small_falcon(m::dtypes::fp32, 0);
+    c.kv_heads = 2;
+    return c;
+  }();
+};
+template <class Config, class Mesh, class... Options>
+using mesh_plan = m::plan<m::exec::runtime_gpt<Config>,
+                          m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels,
+                                           m::train::batch<2, 16>, Options...>,
+                          Mesh, budget>;
+
+/// Every rank's (and stage's) program laid out in its plan's arena reaches the plan's peak in every
+/// category, and a stack 16 bytes short throws while building.
+template <class Plan>
+void check_ranks() {
+  using run = m::exec::gpt_run<Plan, m::exec::null_communicator>;
+  constexpr m::mesh_desc mesh = Plan::mesh;
+  for (std::size_t s = 0; s < mesh.pp; ++s) {
+    CAPTURE(s);
+    const m::plan_result want = m::evaluate_stage(Plan::model, Plan::training, mesh, Plan::device, s);
+    const m::exec::arena_sizes arena = mesh.pp > 1 ? run::stage_arena(s) : run::arena;
+    for (std::size_t d = 0; d < mesh.dp; ++d)
+      for (std::size_t t = 0; t < mesh.tp; ++t) {
+        CAPTURE(d);
+        CAPTURE(t);
+        const m::exec::program prog = m::exec::build_program(run::config, arena, {d, t, s});
+        CHECK(prog.persistent_bytes == want.most_loaded.at[0].model_states().value);
+        CHECK(prog.high_water == (want.per_rank.total() - want.per_rank.reserve).value);
+        for (std::size_t c = 0; c + 1 < m::category_count; ++c) {  // every category but the reserve
+          CAPTURE(m::category_name(m::category(c)));
+          CHECK(prog.peak_by_category[m::category(c)] == want.per_rank[m::category(c)]);
+        }
+        m::exec::arena_sizes short_stack = arena;
+        short_stack.stack -= 16;
+        CHECK_THROWS_AS(m::exec::build_program(run::config, short_stack, {d, t, s}), m::exec::arena_error);
+      }
+  }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("a parallel block's program reaches the plan on every rank of a mesh", Plan,
+                   mesh_plan<neox, m::parallel::mesh<m::parallel::tensor<2>>>,
+                   mesh_plan<neox_drop, m::parallel::mesh<m::parallel::tensor<2>>, m::train::recompute::selective>,
+                   mesh_plan<falcon_kv2, m::parallel::mesh<m::parallel::tensor<2>>, m::train::recompute::full>,
+                   mesh_plan<falcon, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>>>>,
+                   mesh_plan<neox, m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>,
+                   mesh_plan<neox, m::parallel::mesh<m::parallel::pipeline<2>>, m::train::grad_accum<4>>,
+                   mesh_plan<neox_drop, m::parallel::mesh<m::parallel::pipeline<2>>, m::train::grad_accum<4>,
+                             m::train::recompute::selective>) {
+  check_ranks<Plan>();
 }
