@@ -93,6 +93,40 @@ struct qwen2_fp32 {
   }();
 };
 
+/// The same size, GPT-NeoX-shaped: parallel residual (y = x + attn(ln1(x)) + mlp(ln2(x))),
+/// LayerNorm with biases, GeLU MLP, rotary positions over a quarter of each head (Pythia's
+/// rotary_pct 0.25), an untied output layer, flash attention (modeling_gpt_neox.py).
+struct neox_fp32 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = gpt_bytes(m::dtypes::fp32, true);
+    c.name = "neox-bytes";
+    c.positions = 0;
+    c.rotary = true;
+    c.rotary_dim = 4;
+    c.parallel_residual = true;
+    c.tied = false;
+    return c;
+  }();
+};
+
+/// The same size, Falcon-7B-shaped: parallel residual through one shared LayerNorm
+/// (y = x + attn(ln(x)) + mlp(ln(x))), multi-query attention (one key/value head), rotary
+/// positions, no projection biases, tied output, flash attention (modeling_falcon.py with
+/// parallel_attn and not new_decoder_architecture).
+struct falcon_fp32 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = gpt_bytes(m::dtypes::fp32, true);
+    c.name = "falcon-bytes";
+    c.positions = 0;
+    c.rotary = true;
+    c.kv_heads = 1;
+    c.parallel_residual = true;
+    c.shared_norm = true;
+    c.bias = false;
+    return c;
+  }();
+};
+
 template <class Config, class Recipe, class Mesh>
 using cpu_plan = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, cpu_budget>;
 template <class Precision, class Optimizer, class... Options>
@@ -122,6 +156,13 @@ MEMALG_NAMED_PLAN(llama_bf16_plan, "llama-bf16",
 MEMALG_NAMED_PLAN(qwen2_fp32_plan, "qwen2-fp32",
                   "fp32 AdamW, Qwen2-shaped (as llama-fp32 with q/k/v biases and a tied output), 1 rank",
                   cpu_plan<qwen2_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
+MEMALG_NAMED_PLAN(neox_fp32_plan, "neox-fp32",
+                  "fp32 AdamW, GPT-NeoX-shaped (parallel residual, LayerNorm with biases, GeLU, partial rotary, untied output), 1 rank",
+                  cpu_plan<neox_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
+MEMALG_NAMED_PLAN(falcon_fp32_plan, "falcon-fp32",
+                  "fp32 AdamW, Falcon-shaped (parallel residual through one shared LayerNorm, multi-query attention, rotary, "
+                  "no biases, tied output), 1 rank",
+                  cpu_plan<falcon_fp32, recipe<m::precision::fp32, m::optim::adamw<>>, single>);
 MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
                   cpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>>,
                            m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
@@ -159,7 +200,8 @@ MEMALG_NAMED_PLAN(pp2_dp2, "pp2-dp2", "fp32 AdamW, untied output, 2 data-paralle
 #undef MEMALG_NAMED_PLAN
 #undef MEMALG_NAMED_PLAN_LR
 
-using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan, dp2_zero1,
+using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_recompute, llama_fp32_plan, llama_bf16_plan, qwen2_fp32_plan,
+                         neox_fp32_plan, falcon_fp32_plan, dp2_zero1,
                          dp4_zero3, tp2, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, llama_bf16_dp2, pp2, pp2_dp2>;
 
 // ---- command line ---------------------------------------------------------------------------

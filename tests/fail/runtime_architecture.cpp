@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
-// expect: gpt_run: the CPU runtime trains GPT-2-style models \(LayerNorm, GeLU MLP, biases, tied embeddings, learned positions\) and Llama-style variants \(RMSNorm, SwiGLU, no or q/k/v-only biases, tied or untied output, rotary positions over all or an even part of each head\), without mixture of experts, parallel residual or a shared norm
-// RMSNorm with parallel residuals (GPT-NeoX's block): neither GPT-2's block nor a Llama-style one.
+// expect: gpt_run: the CPU runtime trains GPT-2-style models \(LayerNorm, GeLU MLP, biases, tied embeddings, learned positions\) and Llama-style variants \(RMSNorm, SwiGLU, no or q/k/v-only biases, tied or untied output, rotary positions over all or an even part of each head, parallel residual, a norm shared by a parallel block\), without mixture of experts
+// A shared norm in a sequential block (one norm before attention and again before the MLP): Falcon
+// shares its norm only between parallel branches, and the runtime's block has no such variant.
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
 
@@ -11,7 +12,7 @@ struct cfg {
   static constexpr m::lm_config value = [] {
     m::lm_config c = fail_runtime::gpt();
     c.rms_norm = true;
-    c.parallel_residual = true;
+    c.shared_norm = true;
     return c;
   }();
 };

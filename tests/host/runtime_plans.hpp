@@ -82,6 +82,31 @@ constexpr m::lm_config small_llama(m::dtype logits) {
 }
 struct llama32 { static constexpr m::lm_config value = small_llama(m::dtypes::fp32); };
 struct llama_bf16 { static constexpr m::lm_config value = small_llama(m::dtypes::bf16); };
+/// A GPT-NeoX-shaped model of the same size: parallel residual, LayerNorm with biases, GeLU,
+/// rotary positions over half of each head (rotary_pct 0.5), an untied output layer, flash
+/// attention (with dropout 0.1 where `dropout`).
+constexpr m::lm_config small_neox(m::dtype logits, std::uint64_t dropout) {
+  m::lm_config c = small(logits, true, dropout, 2);
+  c.positions = 0;
+  c.rotary = true;
+  c.rotary_dim = 4;
+  c.parallel_residual = true;
+  c.tied = false;
+  return c;
+}
+/// A Falcon-7B-shaped one: parallel residual through one shared LayerNorm, multi-query attention
+/// (one key/value head), rotary positions, no projection biases, tied output.
+constexpr m::lm_config small_falcon(m::dtype logits, std::uint64_t dropout) {
+  m::lm_config c = small_neox(logits, dropout);
+  c.rotary_dim = 0;
+  c.shared_norm = true;
+  c.kv_heads = 1;
+  c.bias = false;
+  c.tied = true;
+  return c;
+}
+struct neox32 { static constexpr m::lm_config value = small_neox(m::dtypes::fp32, 0); };
+struct falcon_bf16 { static constexpr m::lm_config value = small_falcon(m::dtypes::bf16, 0); };
 
 template <class Config, class Precision, class Recompute, class Mesh>
 using memory_plan = m::plan<m::exec::runtime_gpt<Config>,
@@ -102,15 +127,18 @@ using dp2_zero3 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<3, 0>
 using tp2 = m::parallel::mesh<m::parallel::tensor<2>>;
 using dp2_tp2 = m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>, m::parallel::tensor<2>>;
 
-/// Architecture (GPT-2-style, Llama-style) × precision (fp32, mixed bf16, amp fp16 where the
-/// runtime implements it) × recomputation (none, selective, full) on one rank: 15 plans, whose
+/// Architecture (GPT-2-style, Llama-style, GPT-NeoX- and Falcon-style parallel blocks) × precision
+/// (fp32, mixed bf16, amp fp16 where the runtime implements it) × recomputation (none, selective,
+/// full) on one rank: 21 plans, whose
 /// measured arena comes from a CPU execution (tests/host/test_measured_arena.cpp).
 using memory_matrix_single =
     concat<over_recomputation<naive32, m::precision::fp32, single_rank>,
            over_recomputation<naive_bf16, m::precision::mixed_bf16, single_rank>,
            over_recomputation<flash_fp16, m::precision::amp_fp16, single_rank>,
            over_recomputation<llama32, m::precision::fp32, single_rank>,
-           over_recomputation<llama_bf16, m::precision::mixed_bf16, single_rank>>;
+           over_recomputation<llama_bf16, m::precision::mixed_bf16, single_rank>,
+           over_recomputation<neox32, m::precision::fp32, single_rank>,
+           over_recomputation<falcon_bf16, m::precision::mixed_bf16, single_rank>>;
 /// GPT-2-style fp32 (the runtime's multi-rank precision) × recomputation × mesh (dp2 ZeRO-1/2/3,
 /// tp2, dp2×tp2): 15 plans, laid out per rank on the host and measured under MPI
 /// (tests/mpi/test_measured_arena.cpp).

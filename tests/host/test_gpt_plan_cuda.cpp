@@ -54,6 +54,30 @@ TEST_CASE("the CUDA runtime implements fp32 and mixed-bf16, on one rank or many"
   CHECK_FALSE(ex::describe_cuda(ex::cuda_runtime_issue::precision).empty());
 }
 
+TEST_CASE("the CUDA runtime takes the step program's parallel-residual blocks (the same ops as the sequential block's)") {
+  m::lm_config neox = gpt2(50304);
+  neox.positions = 0;
+  neox.rotary = true;
+  neox.rotary_dim = 16;
+  neox.parallel_residual = true;
+  CHECK(issue<m::precision::fp32>(neox) == ex::cuda_runtime_issue::none);
+  CHECK(issue<m::precision::mixed_bf16>(neox) == ex::cuda_runtime_issue::none);
+  m::lm_config falcon = neox;
+  falcon.shared_norm = true;
+  falcon.kv_heads = 1;
+  falcon.bias = false;
+  CHECK(issue<m::precision::mixed_bf16>(falcon) == ex::cuda_runtime_issue::none);
+  falcon.parallel_residual = false;  // a shared norm only between parallel branches
+  CHECK(issue<m::precision::mixed_bf16>(falcon) == ex::cuda_runtime_issue::architecture);
+  m::mesh_desc sp{};
+  sp.tp = 2;
+  sp.world = 2;
+  sp.sequence_parallel = true;
+  using recipe = m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::batch<4, 64>, m::train::reference_kernels>;
+  neox.logits = m::dtypes::fp32;
+  CHECK(ex::find_cuda_runtime_issue(neox, recipe::value, sp) == ex::cuda_runtime_issue::sequence_parallel);
+}
+
 TEST_CASE("the CUDA runtime takes the step program's tensor-parallel layouts: vocabulary-parallel, sequence-parallel") {
   const m::lm_config c = gpt2(50304);
   m::mesh_desc tp{};

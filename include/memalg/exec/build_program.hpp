@@ -14,7 +14,14 @@
 // RMSNorm, a SwiGLU MLP (fc1 writes [gate ‖ up]; its backward runs in place over d(out), so the
 // MLP backward holds 2·inner as the plan says), rotary positions when positions == 0 (in place on
 // qkv and on its gradient: no tensor added), grouped-query attention (qkv [N, (H + 2Hkv)·D]), no
-// biases, and an untied output layer (a last unit `lm_head`).
+// biases, and an untied output layer (a last unit `lm_head`). A parallel block (GPT-NeoX, GPT-J,
+// Falcon: y = x + attn(ln1(x)) + mlp(ln2(x)), or with a shared norm y = x + attn(ln(x)) + mlp(ln(x))
+// as Falcon-7B) saves no sum after attention: its forward holds the attention branch's x + attn in
+// a transient while the MLP runs and writes FC2 straight into the output; its backward runs the
+// out-projection's backward first (the attention branch's last read of the output gradient, its
+// input gradient kept through the MLP branch), so both norms' input gradients add into the
+// residual gradient as in the sequential block, and with a shared norm the two branches'
+// gradients of its output are summed before its one backward.
 //
 // Pipeline parallelism (cfg.pp > 1, rank.pp the stage): the stage owns the blocks the planner
 // gives it (plan/model_states.hpp, instances_on_stage: earlier stages take the remainder), the
@@ -176,6 +183,8 @@ class gpt_lowering {
   void validate() const {
     const auto fail = [](const std::string& why) { throw program_error("build_program: " + why); };
     if (c_.heads == 0 || c_.tp == 0 || c_.dp == 0) fail("heads, dp and tp must be at least 1");
+    if (c_.shared_norm && !c_.parallel_residual)
+      fail("a shared norm feeds the two branches of a parallel block: set parallel_residual too");
     if (c_.head_dim == 0 && c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
     if (kv_heads() == 0 || c_.heads % kv_heads() != 0) fail("the key/value heads must divide the heads");
     if (c_.heads % c_.tp != 0 || kv_heads() % c_.tp != 0)
@@ -234,6 +243,9 @@ class gpt_lowering {
   std::size_t fc1_rows() const { return c_.gated ? 2 * local_ffn() : local_ffn(); }
   bool rotary() const { return c_.positions == 0; }
   bool norm_bias() const { return !c_.rms_norm && c_.bias; }
+  /// A block's norms: a shared LayerNorm keeps its shift without `bias` (Falcon-7B's nn.LayerNorm;
+  /// model/transformer.hpp, transformer_block_params).
+  bool block_norm_bias() const { return !c_.rms_norm && (c_.bias || c_.shared_norm); }
   std::size_t norm_elements() const { return norm_bias() ? 2 * c_.hidden : c_.hidden; }
   attn_shape shape() const {
     return {u32(c_.micro_batch), u32(c_.sequence), u32(local_heads()), u32(local_kv_heads()), u32(head_dim()), true,
@@ -301,7 +313,8 @@ class gpt_lowering {
     element_ranges no_decay, replicated;
   };
   void build_units() {
-    blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), norm_bias(), c_.bias, c_.gated, c_.qkv_bias);
+    blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), block_norm_bias(), c_.bias, c_.gated,
+                            c_.qkv_bias, c_.shared_norm);
     first_block_ = c_.positions != 0 ? 2 : 1;
     lnf_ = first_block_ + c_.layers;
     // This stage's blocks [block_lo_, block_hi_): the planner's split, earlier stages taking the remainder.
@@ -401,7 +414,7 @@ class gpt_lowering {
       } else {
         const gpt_block_view& b = blk_;
         d.init.push_back(ones(b.ln1_w, C));
-        d.init.push_back(ones(b.ln2_w, C));
+        if (!c_.shared_norm) d.init.push_back(ones(b.ln2_w, C));
         // this rank's q, k, v rows of the logical [Wf + 2·Wkvf, C] matrix ([3C, C] for GPT-2)
         d.init.push_back(normal(b.qkv_w, W, C, gi * 8 + 1, r * W, 0, C, std_w));
         d.init.push_back(normal(b.qkv_w + W * C, Wkv, C, gi * 8 + 1, Wf + r * Wkv, 0, C, std_w));
@@ -533,7 +546,7 @@ class gpt_lowering {
     const bool drop = c_.dropout > 0;
     const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
     const std::size_t Q = local_qkv(), F1 = fc1_rows();
-    const bool rms = c_.rms_norm, nb = norm_bias(), bias = c_.bias;
+    const bool rms = c_.rms_norm, nb = block_norm_bias(), bias = c_.bias;
     const std::size_t R = rows();  // residual-stream rows (N / tp under sequence parallelism)
     const std::uint32_t nr = u32(R);
     block_saved s{};
@@ -562,6 +575,45 @@ class gpt_lowering {
     if (!lse_tmp.null()) pop(lse_tmp);
     if (!att_tmp.null()) pop(att_tmp);
     if (drop) s.mask1 = push("dropout_mask", R * C, elem::u8, kind);
+    if (c_.parallel_residual) {
+      // x + attn(ln1(x)) waits in a transient while the MLP branch, which reads x too, runs: no
+      // sum after attention is saved (the plan's parallel block, plan/activations.hpp).
+      operand branch = transient("attention_branch", R * C, T_, category::temporaries);
+      {
+        const operand part = partial_rows(branch, "sp_partial");
+        emit(ops::linear_fwd{part, s.atty, w_at(W, b.proj_w, C * Wd), operand{}, n, wd, cc});
+        finish_rows(part, branch);
+        if (bias) emit(ops::bias_add{branch, w_at(W, b.proj_b, C), nr, cc});
+        if (drop) dropout_rows(branch, s.mask1, 2 * l);
+        emit(ops::residual_add{branch, branch, x_in});
+      }
+      if (!c_.shared_norm) {
+        s.ln2_out = push("ln2_out", R * C, T_, kind);
+        emit(ops::norm_fwd{s.ln2_out, x_in, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms});
+      }
+      const operand mlp_in = c_.shared_norm ? s.ln1_out : s.ln2_out;
+      s.fc1_out = push("fc1_out", N * F1, T_, kind);
+      {
+        const operand in = gathered_rows(mlp_in, "sp_gathered");
+        emit(ops::linear_fwd{s.fc1_out, in, w_at(W, b.fc1_w, F1 * C), b_at(W, b.fc1_b, F1, bias), n, cc, u32(F1)});
+        release_rows(in, mlp_in);
+      }
+      s.gelu_out = push("gelu_out", N * F, T_, kind);
+      emit(ops::activation_fwd{s.gelu_out, s.fc1_out,
+                               c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu, n, f});
+      if (drop) s.mask2 = push("dropout_mask", R * C, elem::u8, kind);
+      s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
+      {  // FC2 straight into the output, then the attention branch added
+        const operand part = partial_rows(s.x_out, "sp_partial");
+        emit(ops::linear_fwd{part, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
+        finish_rows(part, s.x_out);
+        if (bias) emit(ops::bias_add{s.x_out, w_at(W, b.fc2_b, C), nr, cc});
+        if (drop) dropout_rows(s.x_out, s.mask2, 2 * l + 1);
+        emit(ops::residual_add{s.x_out, s.x_out, branch});
+      }
+      pop(branch);
+      return s;
+    }
     s.x_mid = push("residual", R * C, T_, kind);
     {
       operand proj = transient("proj_out", R * C, T_, category::temporaries);
@@ -602,8 +654,8 @@ class gpt_lowering {
     if (!s.mask2.null()) pop(s.mask2);
     pop(s.gelu_out);
     pop(s.fc1_out);
-    pop(s.ln2_out);
-    pop(s.x_mid);
+    if (!s.ln2_out.null()) pop(s.ln2_out);  // (a shared norm has none)
+    if (!s.x_mid.null()) pop(s.x_mid);      // (a parallel block saves no sum after attention)
     if (!s.mask1.null()) pop(s.mask1);
     pop(s.atty);
     if (!s.lse.null()) pop(s.lse);
@@ -618,9 +670,13 @@ class gpt_lowering {
     const bool drop = c_.dropout > 0;
     const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
     const std::size_t Q = local_qkv(), F1 = fc1_rows();
-    const bool rms = c_.rms_norm, nb = norm_bias(), bias = c_.bias;
+    const bool rms = c_.rms_norm, nb = block_norm_bias(), bias = c_.bias;
     const std::size_t R = rows();
     const std::uint32_t nr = u32(R);
+    if (c_.parallel_residual) {
+      parallel_block_backward(s, x_in, W, G, dres, slot);
+      return;
+    }
     {  // MLP branch
       operand dfc2 = dres;
       if (drop) {
@@ -685,6 +741,96 @@ class gpt_lowering {
       emit(ops::residual_add{dres, dres, dnorm});
       pop(dnorm);
     }
+  }
+
+  /// A parallel block's backward: d(out) reaches both branches unchanged (each through its own
+  /// dropout mask). The out-projection's backward runs first, so the MLP branch's norm can add its
+  /// input gradient into dres; its output's gradient d(attention_out) waits through the MLP branch.
+  /// With a shared norm the MLP's gradient of the norm's output waits in the slot while the QKV
+  /// backward writes the attention's into grad_norm_in; their sum goes through the one norm backward.
+  void parallel_block_backward(const block_saved& s, const operand& x_in, const operand& W, const operand& G,
+                               const operand& dres, const operand& slot) {
+    const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
+    const gpt_block_view& b = blk_;
+    const bool drop = c_.dropout > 0, shared = c_.shared_norm;
+    const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
+    const std::size_t Q = local_qkv(), F1 = fc1_rows();
+    const bool rms = c_.rms_norm, nb = block_norm_bias(), bias = c_.bias;
+    const std::size_t R = rows();
+    const std::uint32_t nr = u32(R);
+    operand datty = transient("grad_attention_out", N * Wd, T_, category::temporaries);
+    {  // attention branch, out-projection
+      operand dproj = dres;
+      if (drop) {
+        emit(ops::dropout_bwd{slot, dres, s.mask1, c_.dropout});
+        dproj = slot;
+      }
+      const operand g = gathered_rows(dproj, "sp_gathered");
+      emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), b_at(G, b.proj_b, C, bias), g, s.atty,
+                           w_at(W, b.proj_w, C * Wd), n, wd, cc});
+      release_rows(g, dproj);
+    }
+    const operand mlp_in = shared ? s.ln1_out : s.ln2_out;
+    {  // MLP branch: the slot ends holding the gradient of its norm's output
+      operand dfc2 = dres;
+      if (drop) {
+        emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
+        dfc2 = slot;
+      }
+      operand dgelu = transient("grad_mlp_inner", N * F1, T_, category::temporaries);
+      const operand dact = sub(dgelu, 0, N * F);
+      {
+        const operand g = gathered_rows(dfc2, "sp_gathered");
+        emit(ops::linear_bwd{dact, w_at(G, b.fc2_w, C * F), b_at(G, b.fc2_b, C, bias), g, s.gelu_out,
+                             w_at(W, b.fc2_w, C * F), n, f, cc});
+        release_rows(g, dfc2);
+      }
+      if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, ops::activation_kind::swiglu, n, f});
+      else emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
+      column_parallel_bwd(slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, bias), dgelu, mlp_in,
+                          w_at(W, b.fc1_w, F1 * C), cc, u32(F1));
+      pop(dgelu);
+      if (!shared) {
+        operand dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
+        emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), b_at(G, b.ln2_b, C, nb), slot, x_in, w_at(W, b.ln2_w, C), nr, cc,
+                           rms});
+        emit(ops::residual_add{dres, dres, dnorm});
+        pop(dnorm);
+      }
+    }
+    // attention branch, the core and QKV: their input gradient into the slot, or (shared norm)
+    // into grad_norm_in beside the MLP's in the slot
+    operand dnorm = shared ? transient("grad_norm_in", R * C, T_, category::temporaries) : operand{};
+    {
+      operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
+      const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
+      const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
+      operand core = c_.flash ? s.lse : s.att;
+      operand out_tmp{};
+      if (!keeps_core()) {  // selective: rebuild the core
+        core = c_.flash ? transient("attention_lse", lse_n, A_, category::temporaries)
+                        : transient("attention_probs", scores, T_, category::temporaries);
+        out_tmp = transient("attention_out_recomputed", N * Wd, T_, category::temporaries);
+        emit(ops::attention_fwd{out_tmp, core, s.qkv, shape()});
+      }
+      emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, shape()});
+      if (!out_tmp.null()) pop(out_tmp);
+      if (!keeps_core()) pop(core);
+      rope(dqkv, true);
+      column_parallel_bwd(shared ? dnorm : slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv,
+                          s.ln1_out, w_at(W, b.qkv_w, Q * C), cc, u32(Q));
+      pop(dqkv);
+    }
+    if (shared) {
+      emit(ops::residual_add{slot, slot, dnorm});  // d(ln_out) = the MLP's + the attention's
+    } else {
+      pop(datty);
+      dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
+    }
+    emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), b_at(G, b.ln1_b, C, nb), slot, x_in, w_at(W, b.ln1_w, C), nr, cc, rms});
+    emit(ops::residual_add{dres, dres, dnorm});
+    pop(dnorm);
+    if (shared) pop(datty);
   }
 
   // ---- one micro-batch ------------------------------------------------------------------------

@@ -48,6 +48,9 @@ struct gpt_config {
   float rope_theta = 10000.0f;  ///< positions == 0: rotary positions (RoPE base θ)
   std::size_t rotary_dim = 0;   ///< rotated dimensions per head (0: the whole head; GPT-NeoX's rotary_pct)
   std::size_t loss_chunk = 0;   ///< logits rows projected and turned into their gradient at a time (0: all)
+  bool parallel_residual = false;  ///< y = x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J, Falcon)
+  bool shared_norm = false;        ///< parallel with one norm: y = x + attn(ln(x)) + mlp(ln(x)) (Falcon-7B;
+                                   ///< a LayerNorm keeps its shift without `bias`, as nn.LayerNorm)
 };
 
 /// Arena sizes the plan predicts (persistent model states; saved + transient peak).

@@ -27,9 +27,11 @@ struct gpt_block_view {
 /// The general block: query width Wq and key/value width Wkv per rank (qkv is [Wq + 2·Wkv, C],
 /// proj [C, Wq]); norm_bias: LayerNorm biases (none for RMSNorm); bias: projection biases; gated:
 /// fc1 writes [gate ‖ up] (2F rows); qkv_bias: the qkv projection's bias even without `bias`
-/// (Qwen2). Absent tensors take no elements (their offsets coincide).
+/// (Qwen2); shared_norm: one norm feeds attention and MLP (Falcon-7B), so the block has no ln2.
+/// Absent tensors take no elements (their offsets coincide).
 constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::size_t Wkv, std::size_t F,
-                                          bool norm_bias, bool bias, bool gated, bool qkv_bias = false) {
+                                          bool norm_bias, bool bias, bool gated, bool qkv_bias = false,
+                                          bool shared_norm = false) {
   gpt_block_view v{};
   std::size_t o = 0;
   const auto take = [&](std::size_t n) {
@@ -44,8 +46,8 @@ constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::si
   v.qkv_b = take(bias || qkv_bias ? Wq + 2 * Wkv : 0);
   v.proj_w = take(C * Wq);
   v.proj_b = take(bias ? C : 0);
-  v.ln2_w = take(C);
-  v.ln2_b = take(norm_bias ? C : 0);
+  v.ln2_w = take(shared_norm ? 0 : C);
+  v.ln2_b = take(norm_bias && !shared_norm ? C : 0);
   v.fc1_w = take(F1 * C);
   v.fc1_b = take(bias ? F1 : 0);
   v.fc2_w = take(C * F);

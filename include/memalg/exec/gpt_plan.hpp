@@ -84,7 +84,9 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
     default: return runtime_issue::optimizer;
   }
   if (!t.fused_optimizer) return runtime_issue::unfused;
-  if (c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || c.experts != 0) return runtime_issue::architecture;
+  if (c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || c.experts != 0 || c.parallel_residual ||
+      c.shared_norm)
+    return runtime_issue::architecture;
   if ((c.kv_heads != 0 && c.kv_heads != c.heads) || (c.head_dim != 0 && c.head_dim * c.heads != c.hidden))
     return runtime_issue::heads;
   const dtype logits = c.logits.is_none() ? dtypes::fp32 : c.logits;
@@ -98,10 +100,11 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
 }
 
 /// Whether a configuration leaves GPT-2's block (the step program's variants: RMSNorm, SwiGLU, no
-/// biases, untied output, rotary positions, grouped-query attention, another head width).
+/// biases, untied output, rotary positions, grouped-query attention, another head width, parallel
+/// residual and a shared norm).
 constexpr bool llama_style(const lm_config& c) {
   return c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || (c.kv_heads != 0 && c.kv_heads != c.heads) ||
-         (c.head_dim != 0 && c.head_dim * c.heads != c.hidden);
+         (c.head_dim != 0 && c.head_dim * c.heads != c.hidden) || c.parallel_residual || c.shared_norm;
 }
 
 /// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
@@ -110,8 +113,9 @@ constexpr bool llama_style(const lm_config& c) {
 /// Llama-style ones (llama_style): the same rule on the GPT-2 block of their shape (fp32,
 /// mixed-bf16 or amp-fp16, on any data- and tensor-parallel mesh it allows), flash attention when
 /// the key/value heads are fewer than the heads, rotary positions over an even number of each head's dimensions
-/// (positions == 0; rotary_dim 0 for all, else even and at most the head width), no mixture of
-/// experts, parallel residual or shared norm. Under tensor parallelism the vocabulary divides by tp
+/// (positions == 0; rotary_dim 0 for all, else even and at most the head width), parallel residual
+/// (GPT-NeoX, GPT-J, Falcon) and a shared norm (Falcon-7B: parallel residual only), no mixture of
+/// experts. Under tensor parallelism the vocabulary divides by tp
 /// (the vocabulary-parallel embedding), and sequence parallelism (the step program's: GPT-2-style
 /// fp32 plans) takes no selective recomputation.
 constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const training_desc& t, const mesh_desc& m);
@@ -165,9 +169,11 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   g.positions = g.positions != 0 ? g.positions : 1;
   g.kv_heads = 0;
   g.head_dim = 0;
+  g.parallel_residual = false;
+  g.shared_norm = false;
   const runtime_issue rest = find_runtime_issue(g, t, m);
   if (rest != runtime_issue::none) return rest;
-  if (c.experts != 0 || c.parallel_residual || c.shared_norm) return runtime_issue::architecture;
+  if (c.experts != 0 || (c.shared_norm && !c.parallel_residual)) return runtime_issue::architecture;
   const std::uint64_t D = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (c.positions == 0 && (D % 2 != 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > D)) return runtime_issue::architecture;
   const std::uint64_t kv = c.kv_heads != 0 ? c.kv_heads : c.heads;
@@ -239,6 +245,8 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.rotary_dim = c.positions == 0 && c.rotary_dim != 0 ? c.rotary_dim : 0;
   g.loss_chunk = c.loss_chunk;
   g.tied = c.tied;
+  g.parallel_residual = c.parallel_residual;
+  g.shared_norm = c.shared_norm;
   g.recompute_every = t.recompute_every != 0 ? t.recompute_every : 1;
   g.dp = m.dp;
   g.tp = m.tp;

@@ -25,16 +25,22 @@
 namespace memalg {
 
 /// Parameters of one block with `s`'s shape (hidden, heads, kv_heads, head_dim, ffn, flags,
-/// experts, top_k): two norms (three with cross-attention), the attention projections (twice with
-/// cross-attention), and the MLP or the experts.
+/// experts, top_k): two norms (three with cross-attention; one shared by attention and MLP with
+/// shared_norm, a LayerNorm then keeping its shift whatever `bias` says: Falcon-7B's
+/// input_layernorm is an nn.LayerNorm while its projections have no biases), the attention
+/// projections (twice with cross-attention), and the MLP or the experts.
 constexpr param_tally transformer_block_params(const layer_shape& s) {
   const bool rms = (s.flags & layer_flags::rms_norm) != 0;
   const bool bias = (s.flags & layer_flags::bias) != 0;
   const bool cross = (s.flags & layer_flags::cross_attention) != 0;
   param_tally p{};
   const param_tally norm = norm_params(s.hidden, rms, bias);
-  p += norm;
-  p += norm;
+  if ((s.flags & layer_flags::shared_norm) != 0) {
+    p += norm_params(s.hidden, rms, true);
+  } else {
+    p += norm;
+    p += norm;
+  }
   p += attention_params(s);
   if (cross) {
     p += norm;

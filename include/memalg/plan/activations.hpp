@@ -721,6 +721,28 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         const bytes core = self.saved.core;
         r.backward_temporary = max_b(max_b(bwd + core, m.backward_temporary), hidden_input) + gradients - core;
       }
+      if (c.reference() && (s.flags & layer_flags::parallel_residual) != 0 && (s.flags & layer_flags::moe) == 0 && !cross) {
+        // memalg's parallel block (exec/build_program.hpp): y = x + attn(ln1(x)) + mlp(ln2(x)),
+        // or one shared norm. Saved: the input alone of the residual stream (no sum after
+        // attention), and with a shared norm one norm output (the QKV input serves FC1 too). Forward
+        // holds x + attn in a transient through the MLP branch (the sequential block's sub-layer
+        // output, hidden_input). Backward runs the out-projection's first and holds its input
+        // gradient d(attention_out) through the MLP branch and the MLP norm's backward; with a
+        // shared norm the attention's gradient of the norm output waits beside the slot's through
+        // the core's and QKV's backward. Selective recomputation rebuilds the core inside the
+        // attention backward only (the stage adds it to the whole entry: taken out again where
+        // the MLP side is larger).
+        const bool shared = (s.flags & layer_flags::shared_norm) != 0;
+        const std::uint64_t q_width = detail::checked_mul(s.heads, s.head_dim);
+        const bytes datty = a.split(a.values_per_token(q_width));
+        r.parts.norms.input_grad = hidden_input;
+        if (shared) r.parts.mlp.weight_grad -= hidden_input;
+        r.saved = r.parts.total();
+        const bytes core = c.recompute == recompute_kind::selective ? self.saved.core : bytes{};
+        const bytes attention_side = bwd + core + (shared ? hidden_input : bytes{});
+        const bytes mlp_side = datty + max_b(m.backward_temporary, hidden_input);
+        r.backward_temporary = max_b(attention_side, mlp_side) + gradients - core;
+      }
       r.comm = max_b(comm, m.comm);
       r.input = hidden_input;
       r.input_in_saved = true;
