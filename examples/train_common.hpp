@@ -96,6 +96,28 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The binaries' main: `body()` returns the exit status; bad command-line input (usage_error)
+/// ends with status 2 and any other error with status 1, each as one line `<binary>: error: ...`.
+template <class Body>
+int guarded_main(const char* binary, Body&& body) {
+  try {
+    return body();
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", binary, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", binary, e.what());
+    return 1;
+  }
+}
+
+/// A named plan runs on exactly its mesh's ranks.
+inline void require_world(const std::string& plan, std::uint64_t world, std::uint64_t job) {
+  if (job != world)
+    throw usage_error("plan " + plan + " needs " + std::to_string(world) + " ranks (mpirun -np " + std::to_string(world) +
+                      "), this job has " + std::to_string(job));
+}
+
 inline std::uint64_t parse_positive(std::string_view flag, const char* text) {
   const std::string s = text ? text : "";
   if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos || s == "0" ||

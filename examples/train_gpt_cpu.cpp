@@ -321,9 +321,7 @@ int dispatch(const options& o, Comm& world, Split&& split) {
   int result = -1;
   const bool found = for_plan<plans>(o.plan, [&]<class Named>(Named*) {
     constexpr m::mesh_desc mesh = Named::plan::mesh;
-    if (static_cast<std::uint64_t>(world.size()) != mesh.world)
-      throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
-                        std::to_string(mesh.world) + "), this job has " + std::to_string(world.size()));
+    require_world(o.plan, mesh.world, static_cast<std::uint64_t>(world.size()));
     // Megatron's rank order: tensor-parallel fastest, then data-parallel, then the pipeline stage.
     const int T = static_cast<int>(mesh.tp), D = static_cast<int>(mesh.dp);
     const int tp_rank = world.rank() % T, dp_rank = (world.rank() / T) % D, pp_rank = world.rank() / (T * D);
@@ -340,7 +338,7 @@ int main(int argc, char** argv) {
 #if MEMALG_HAVE_MPI
   m::backend::cpu::mpi_environment mpi(&argc, &argv);
 #endif
-  try {
+  return guarded_main("train_gpt_cpu", [&] {
     const options o = parse(argc, argv);
     if (o.list) {
       list_plans<plans>();
@@ -361,11 +359,5 @@ int main(int argc, char** argv) {
                         m::backend::cpu::local_communicator{}};
     });
 #endif
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "train_gpt_cpu: error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt_cpu: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -304,9 +304,7 @@ int dispatch(const speech_options& o, Comm& world, Split&& split) {
   int result = -1;
   const bool found = for_plan<plans>(o.plan, [&]<class Named>(Named*) {
     constexpr m::mesh_desc mesh = Named::plan::mesh;
-    if (static_cast<std::uint64_t>(world.size()) != mesh.world)
-      throw usage_error("plan " + o.plan + " needs " + std::to_string(mesh.world) + " ranks (mpirun -np " +
-                        std::to_string(mesh.world) + "), this job has " + std::to_string(world.size()));
+    require_world(o.plan, mesh.world, static_cast<std::uint64_t>(world.size()));
     auto [dp, tp] = split();
     result = train<Named>(o, world, dp, tp);
   });
@@ -320,7 +318,7 @@ int main(int argc, char** argv) {
 #if MEMALG_HAVE_MPI
   m::backend::cpu::mpi_environment mpi(&argc, &argv);
 #endif
-  try {
+  return guarded_main("train_speech_cpu", [&] {
     const speech_options o = parse(argc, argv);
     if (o.list) {
       list_plans<plans>();
@@ -335,11 +333,5 @@ int main(int argc, char** argv) {
       return std::tuple{m::backend::cpu::local_communicator{}, m::backend::cpu::local_communicator{}};
     });
 #endif
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "train_speech_cpu: error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_speech_cpu: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -213,13 +213,7 @@ class gpt_lowering {
       fail("dropout needs flash attention: the reference naive attention has no attention-probability dropout");
     if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
     if (c_.recompute == recompute_kind::every_k && c_.recompute_every == 0) fail("recompute every:K needs K >= 1");
-    switch (c_.optimizer) {
-      case optimizer_kind::sgd:
-      case optimizer_kind::momentum:
-      case optimizer_kind::adam:
-      case optimizer_kind::adamw: break;
-      default: fail("the runtime implements sgd, momentum, adam and adamw");
-    }
+    if (!runtime_optimizer(c_.optimizer)) fail("the runtime implements sgd, momentum, adam and adamw");
   }
   std::size_t tokens() const { return c_.micro_batch * c_.sequence; }
   /// Vocabulary-parallel embedding and loss (Megatron's layout): this rank's vocab_rows() rows

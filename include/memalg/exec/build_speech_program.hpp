@@ -76,18 +76,6 @@ struct speech_config {
   bool evaluate = false;
 };
 
-/// `c` with the hyper-parameters `h`.
-constexpr speech_config with_hparams(speech_config c, const optimizer_hparams& h) {
-  c.lr = h.lr;
-  c.weight_decay = h.weight_decay;
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.eps = h.eps;
-  c.momentum = h.momentum;
-  c.max_grad_norm = h.max_grad_norm;
-  return c;
-}
-
 /// Where a micro-batch's inputs sit in step_io (per micro-batch, in this order):
 ///   tokens    phoneme ids [B·text_tokens]
 ///   features  target mel frames [B·frames·mel_bins], then stop targets [B·frames]
@@ -153,13 +141,7 @@ class speech_lowering {
     if (c_.kernel == 0) fail("the convolutions need a kernel of at least 1");
     if (c_.encoder_layers == 0 || c_.decoder_layers == 0) fail("the encoder and the decoder need a block each");
     if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
-    switch (c_.optimizer) {
-      case optimizer_kind::sgd:
-      case optimizer_kind::momentum:
-      case optimizer_kind::adam:
-      case optimizer_kind::adamw: break;
-      default: fail("the runtime implements sgd, momentum, adam and adamw");
-    }
+    if (!runtime_optimizer(c_.optimizer)) fail("the runtime implements sgd, momentum, adam and adamw");
   }
   std::size_t Nd() const { return c_.micro_batch * c_.frames; }       // decoder rows
   std::size_t Ne() const { return c_.micro_batch * c_.text_tokens; }  // encoder rows

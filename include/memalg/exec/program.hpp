@@ -284,8 +284,11 @@ struct optimizer_hparams {
   float max_grad_norm = 1.0f;  ///< clip the global gradient norm to this (≥ 0; 0: no clipping)
 };
 
-/// `c` with the hyper-parameters `h` (what build_program copies into program::hp).
-constexpr gpt_config with_hparams(gpt_config c, const optimizer_hparams& h) {
+/// `c` (a gpt_config, a speech_config: a runtime configuration) with the hyper-parameters `h`
+/// (what the builders copy into program::hp).
+template <class Config>
+  requires requires(Config c) { c.lr = c.weight_decay = c.beta1 = c.beta2 = c.eps = c.momentum = c.max_grad_norm = 0.0f; }
+constexpr Config with_hparams(Config c, const optimizer_hparams& h) {
   c.lr = h.lr;
   c.weight_decay = h.weight_decay;
   c.beta1 = h.beta1;
@@ -294,6 +297,12 @@ constexpr gpt_config with_hparams(gpt_config c, const optimizer_hparams& h) {
   c.momentum = h.momentum;
   c.max_grad_norm = h.max_grad_norm;
   return c;
+}
+
+/// The optimizers the runtime implements (its builders refuse the others).
+constexpr bool runtime_optimizer(optimizer_kind k) {
+  return k == optimizer_kind::sgd || k == optimizer_kind::momentum || k == optimizer_kind::adam ||
+         k == optimizer_kind::adamw;
 }
 
 /// The program's copy of the run's hyper-parameters (build_program fills it from gpt_config):

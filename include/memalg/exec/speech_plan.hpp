@@ -157,13 +157,7 @@ constexpr std::string_view speech_plan_issue() {
   if (!(t.optimizer.state_dtype.is_none() || t.optimizer.state_dtype == dtypes::fp32) ||
       !(p.optimizer_states == dtypes::fp32) || t.optimizer.quant_block != 0)
     return "the speech runtime keeps fp32 optimizer states";
-  switch (t.optimizer.kind) {
-    case optimizer_kind::sgd:
-    case optimizer_kind::momentum:
-    case optimizer_kind::adam:
-    case optimizer_kind::adamw: break;
-    default: return "the speech runtime implements sgd, momentum, adam and adamw";
-  }
+  if (!runtime_optimizer(t.optimizer.kind)) return "the speech runtime implements sgd, momentum, adam and adamw";
   return {};
 }
 
