@@ -104,18 +104,22 @@ void check_ranks() {
 TEST_CASE_TEMPLATE_DEFINE("one rank: the measured arena is the plan's", Plan, measured_single) { check_single<Plan>(); }
 TEST_CASE_TEMPLATE_APPLY(measured_single, memory_matrix_single);
 // The runtime's own matrix (dropout, accumulation, every-K recomputation, SGD and momentum): the
-// meter never exceeds the plan. It falls short where a tensor stays on the saved stack after its
-// last reader at the layout's peak: with dropout and flash attention (no recomputation), a block's
-// MLP dropout mask is read by the dropout backward and popped only after the next op, the MLP's
-// second linear's backward.
-TEST_CASE_TEMPLATE_DEFINE("the runtime's matrix: the measured arena never exceeds the plan", Plan, measured_bound) {
+// meter reaches the plan (with dropout too: a block's MLP dropout mask goes once the dropout
+// backward has read it), and stays below it only where the layout holds dead activations at its
+// peak (holds_dead_activations).
+TEST_CASE_TEMPLATE_DEFINE("the runtime's matrix: the measured arena is the plan's", Plan, measured_bound) {
   using run = m::exec::gpt_run<Plan, comm>;
   comm dp, tp;
   typename run::trainer t(run::config, run::arena, dp, tp);
   const std::size_t n = run::config.grad_accum * run::config.micro_batch * run::config.sequence;
   t.train_step(ids(n, 0), ids(n, 1));
-  CHECK(t.backend().measured_high_water() <= predicted_arena<Plan>());
-  CHECK(t.backend().measured_high_water() > t.memory().persistent_used());
+  CAPTURE(t.backend().measured_peak_op());
+  if constexpr (holds_dead_activations<Plan>) {
+    CHECK(t.backend().measured_high_water() < predicted_arena<Plan>());
+    CHECK(t.backend().measured_high_water() > t.memory().persistent_used());
+  } else {
+    CHECK(t.backend().measured_high_water() == predicted_arena<Plan>());
+  }
   CHECK(t.backend().unplaced_ops() == 0);
 }
 TEST_CASE_TEMPLATE_APPLY(measured_bound, runtime_matrix);

@@ -657,7 +657,15 @@ class gpt_lowering {
     pop(s.qkv);
     pop(s.ln1_out);
   }
-  void block_backward(const block_saved& s, const operand& x_in, const operand& W, const operand& G, const operand& dres,
+  /// The MLP's residual-dropout mask, once its one reader (the backward's dropout) has run: the
+  /// block's output is popped before its backward, so the mask is the saved side's top and goes
+  /// at once instead of waiting for pop_block_saved (the plan's backward_released,
+  /// plan/activations.hpp). In a pipeline stage's stash slot it stays (pop releases nothing there).
+  void release_mlp_mask(block_saved& s) {
+    pop(s.mask2);
+    s.mask2 = {};
+  }
+  void block_backward(block_saved& s, const operand& x_in, const operand& W, const operand& G, const operand& dres,
                       const operand& slot) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const gpt_block_view& b = blk_;
@@ -675,6 +683,7 @@ class gpt_lowering {
       operand dfc2 = dres;
       if (drop) {
         emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
+        release_mlp_mask(s);
         dfc2 = slot;
       }
       // SwiGLU: d(out) [N, F] is the first half of d(gate ‖ up) [N, 2F], which the backward
@@ -742,7 +751,7 @@ class gpt_lowering {
   /// input gradient into dres; its output's gradient d(attention_out) waits through the MLP branch.
   /// With a shared norm the MLP's gradient of the norm's output waits in the slot while the QKV
   /// backward writes the attention's into grad_norm_in; their sum goes through the one norm backward.
-  void parallel_block_backward(const block_saved& s, const operand& x_in, const operand& W, const operand& G,
+  void parallel_block_backward(block_saved& s, const operand& x_in, const operand& W, const operand& G,
                                const operand& dres, const operand& slot) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const gpt_block_view& b = blk_;
@@ -769,6 +778,7 @@ class gpt_lowering {
       operand dfc2 = dres;
       if (drop) {
         emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
+        release_mlp_mask(s);
         dfc2 = slot;
       }
       operand dgelu = transient("grad_mlp_inner", N * F1, T_, category::temporaries);

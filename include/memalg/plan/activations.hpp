@@ -154,6 +154,7 @@ struct layer_activations {
   bytes comm{};                ///< communication buffers while it runs: SP all-gather, CP key/value ring, EP all-to-all
   bytes held_until_loss{};     ///< a teacher's logits, kept until the distillation loss
   bytes loss_temporary{};      ///< pytorch output layer: the loss's backward, before any gradient exists
+  bytes backward_released{};   ///< memalg's runtime: saved bytes its backward frees before its transients
 };
 
 namespace detail {
@@ -287,6 +288,7 @@ struct raw_activations {
   bytes logits{};  ///< output layer: the logits of a whole micro-batch (a teacher keeps them)
   bytes loss_temporary{};  ///< pytorch output layer: the loss's backward before any gradient exists
   bool handled = true;     ///< pytorch_activations: false when the kind follows the paper accounting
+  bytes backward_released{};  ///< memalg's runtime: saved bytes the backward frees before its transients
 };
 
 /// The `pytorch` stack: the tensors PyTorch's autograd saves for Hugging Face's modelling code,
@@ -743,6 +745,11 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         const bytes mlp_side = datty + max_b(m.backward_temporary, hidden_input);
         r.backward_temporary = max_b(attention_side, mlp_side) + gradients - core;
       }
+      // memalg's runtime releases the MLP's residual-dropout mask as soon as the backward's first
+      // op (the dropout) has read it, before any of the block's transients: the block's output
+      // went before its backward, so the mask is the top of the saved tensors
+      // (exec/build_program.hpp, release_mlp_mask). The stage takes it out of the block's backward.
+      if (c.reference() && (s.flags & layer_flags::moe) == 0 && !cross) r.backward_released = residual_mask(a, s);
       r.comm = max_b(comm, m.comm);
       r.input = hidden_input;
       r.input_in_saved = true;
@@ -828,6 +835,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.backward = true;
   a.backward_temporary = r.backward_temporary;
   a.loss_temporary = r.loss_temporary;
+  a.backward_released = r.backward_released;
   return a;
 }
 
@@ -1215,7 +1223,18 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         done += own;
         if (tied && tied_model) done += tied_grads;
       } else {
-        backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+        // memalg's runtime frees some saved bytes as its backward begins (a block's MLP dropout
+        // mask, see raw_layer_activations); the whole backward after that holds the rest. Rebuilt
+        // by recomputation they are the backward's temporaries; in a pipeline's stash or offloaded
+        // they stay where they are.
+        bytes saved = on_device(prior + cumulative);
+        if (!stash && !offload && a.backward_released > bytes{}) {
+          const bool rebuilt_layer = l.place == placement::repeated &&
+                                     (rk == recompute_kind::full || rk == recompute_kind::every_k);
+          if (rebuilt_layer) temporary -= a.backward_released;
+          else saved -= a.backward_released;
+        }
+        backward.offer(saved, temporary, a.comm + boundary, gradients);
       }
     }
     cumulative -= kept[j];

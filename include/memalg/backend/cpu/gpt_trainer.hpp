@@ -419,7 +419,7 @@ class gpt_trainer {
   /// [N, C] gradient buffer (the gradient of a norm's output). With those two alive for the whole
   /// backward, a block adds its inner gradients only: the MLP's [N, F/t], or the attention
   /// output's and Q/K/V's, or one [N, C] for a norm's input gradient.
-  void block_backward(std::size_t l, const block_saved& s, const T* x_in, const T* W, T* G, T* dres, T* slot) {
+  void block_backward(std::size_t l, block_saved& s, const T* x_in, const T* W, T* G, T* dres, T* slot) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const block_view& b = blk_;
     const bool drop = c_.dropout > 0;
@@ -429,6 +429,8 @@ class gpt_trainer {
       const T* dfc2 = dres;
       if (drop) {  // the slot holds the dropout's input gradient until fc1 overwrites it
         backend::cpu::dropout_backward(slot, dres, s.mask2.data, N * C, c_.dropout);
+        arena_.pop(s.mask2);  // its one reader: the saved side's top (x_out went before the backward)
+        s.mask2 = {};
         dfc2 = slot;
       }
       auto dgelu = arena_.transient<T>("grad_mlp_inner", N * F, category::temporaries);
