@@ -2,8 +2,6 @@
 # Runs a training binary (COMMAND, a ;-list) with --json and checks its summary: the loss fell,
 # the arena allocated and the program's layout equal the plan's arena, and the arena's measured
 # high-water mark of live bytes equals it too (and the measured peak the plan's peak).
-#   -DLIVE_BELOW=ON               instead: the live bytes stay below the plan (a plan whose layout
-#                                 holds tensors no op reads again at its peak, docs/runtime.md)
 #   -DCOMPARE=<a second command>  also run it: its memory figures must be the first's exactly and
 #                                 its last loss must differ (a flag that changes the trajectory,
 #                                 not the memory)
@@ -49,11 +47,7 @@ endif()
 if(NOT predicted_arena STREQUAL arena_capacity OR NOT predicted_arena STREQUAL layout_high_water)
   message(FATAL_ERROR "the arena allocated or laid out differs from the plan: ${a_json}")
 endif()
-if(LIVE_BELOW)
-  if(NOT measured_arena LESS predicted_arena OR NOT measured_peak LESS predicted_peak)
-    message(FATAL_ERROR "expected the live bytes below the plan (LIVE_BELOW): ${a_json}")
-  endif()
-elseif(NOT predicted_arena STREQUAL measured_arena OR NOT predicted_peak STREQUAL measured_peak)
+if(NOT predicted_arena STREQUAL measured_arena OR NOT predicted_peak STREQUAL measured_peak)
   message(FATAL_ERROR "the measured memory differs from the plan: ${a_json}")
 endif()
 if(DEFINED COMPARE)

@@ -929,6 +929,10 @@ class gpt_lowering {
         pop(logits);
       } else {  // vocabulary- or sequence-parallel output (unchunked: build_program refuses a chunked one)
         const operand in = gathered_rows(lnf_out, "sp_gathered");
+        // Under SP the gathered rows are the output layer's input from here on (its weight and
+        // input gradients read them): the final norm's output, the saved side's top, goes at once
+        // (the plan's forward_released and backward_released, plan/activations.hpp).
+        if (sp()) pop(lnf_out);
         const std::uint32_t vl = u32(vocab_rows());
         operand logits = transient("logits", N * vocab_rows(), T_, category::temporaries);
         emit(ops::linear_fwd{logits, in, we.data, operand{}, n, cc, vl});
@@ -962,7 +966,7 @@ class gpt_lowering {
       release(wn);
       reduce_after_last_backward(lnf);
     }
-    pop(lnf_out);
+    if (!sp()) pop(lnf_out);
 
     // Blocks, last to first.
     for (std::size_t seg_end = L; seg_end > 0;) {

@@ -155,6 +155,7 @@ struct layer_activations {
   bytes held_until_loss{};     ///< a teacher's logits, kept until the distillation loss
   bytes loss_temporary{};      ///< pytorch output layer: the loss's backward, before any gradient exists
   bytes backward_released{};   ///< memalg's runtime: saved bytes its backward frees before its transients
+  bytes forward_released{};    ///< memalg's runtime: its own saved bytes it frees before its forward's transients
 };
 
 namespace detail {
@@ -289,6 +290,7 @@ struct raw_activations {
   bytes loss_temporary{};  ///< pytorch output layer: the loss's backward before any gradient exists
   bool handled = true;     ///< pytorch_activations: false when the kind follows the paper accounting
   bytes backward_released{};  ///< memalg's runtime: saved bytes the backward frees before its transients
+  bytes forward_released{};   ///< memalg's runtime: its own saved bytes freed before its forward's transients
 };
 
 /// The `pytorch` stack: the tensors PyTorch's autograd saves for Hugging Face's modelling code,
@@ -786,6 +788,11 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         r.backward_temporary = r.forward_temporary + hidden_input;
       }
       if (c.sp) r.comm = a.values_per_token(s.hidden);
+      // memalg's runtime under sequence parallelism: the all-gathered rows are the projection's
+      // input for its forward and both its gradients, so its saved input (this rank's rows of the
+      // final norm's output) goes once gathered, before the logits exist
+      // (exec/build_program.hpp, micro_batch).
+      if (c.reference() && c.sp) r.forward_released = r.backward_released = hidden_input;
       break;
     }
     case layer_kind::custom:
@@ -836,6 +843,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.backward_temporary = r.backward_temporary;
   a.loss_temporary = r.loss_temporary;
   a.backward_released = r.backward_released;
+  a.forward_released = r.forward_released;
   return a;
 }
 
@@ -1179,7 +1187,9 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     bytes temporary = a.forward_temporary + teacher_logits;
     if (units) temporary += detail::entry_unit_transients(model, l, t, m).forward;
     if (rk == recompute_kind::selective) temporary += a.recompute_core;  // computed, then dropped
-    forward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, forward_grads);
+    bytes saved = on_device(prior + cumulative);
+    if (!stash && !offload) saved -= a.forward_released;  // (memalg's runtime, see raw_layer_activations)
+    forward.offer(saved, temporary, a.comm + boundary, forward_grads);
   }
   bytes done{};  // pytorch: gradients of the entries whose backward has run
   for (std::size_t j = model.size; j-- > 0;) {
