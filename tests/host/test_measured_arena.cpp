@@ -5,9 +5,9 @@
 // fp32 / mixed bf16 / amp fp16, recomputation none / selective / full): the CPU step backend
 // executes two steps and its live-bytes meter (backend/cpu/step_backend.hpp), which sees only the
 // operands the executed ops read and write, must reach exactly the plan's per-rank peak; so must
-// the program's layout. (Not under selective recomputation of GPT-2's block, where the layout
-// holds dead activations at its peak and the meter must stay below the plan: see
-// holds_dead_activations; nor, where it may, of a parallel block.) Several ranks
+// the program's layout (under selective recomputation too: a sequential block's backward releases
+// the MLP's tensors before its attention branch; not, where it may hold a dead tensor, a parallel
+// block under selective recomputation: may_hold_dead_activations). Several ranks
 // (memory_matrix_multi: dp2 ZeRO-1/2/3, tp2, dp2×tp2): every rank's program is built and run on
 // the null backend in this process and its layout must reach the plan; the measured figure of
 // those comes from real MPI jobs (tests/mpi/test_measured_arena.cpp).
@@ -41,17 +41,6 @@ constexpr std::size_t predicted_arena() {
   return static_cast<std::size_t>((Plan::result.per_rank.total() - Plan::result.per_rank.reserve).value);
 }
 
-/// Where the plan holds more than the ops keep live: GPT-2's block under selective recomputation.
-/// Its layout's peak is a block's attention recomputation in the backward, where the runtime (the
-/// step program and gpt_trainer alike, and so the plan) still holds the block's residual, ln2,
-/// fc1 and GeLU outputs at the top of the saved stack although the MLP and ln2 backward, a few
-/// ops before, were their last readers: they are popped only after the attention backward. The
-/// meter sees them dead there, and its peak is elsewhere, lower. (The Llama-shaped plans under
-/// selective recomputation peak elsewhere and match.)
-template <class Plan>
-constexpr bool holds_dead_activations =
-    Plan::training.recompute == m::recompute_kind::selective &&
-    !m::exec::llama_style(m::exec::gpt_run<Plan, comm>::model_config);
 /// Where the plan's peak may hold a dead tensor: a parallel-residual block (GPT-NeoX, Falcon) under
 /// selective recomputation, whose layout peaks in the attention backward when that side is the
 /// larger, with the rebuilt attention output dead there (the backward reads the saved one); the
@@ -71,10 +60,7 @@ void check_single() {
   CAPTURE(t.backend().measured_peak_op());
   CHECK(t.backend().unplaced_ops() == 0);
   CHECK(t.backend().measured_high_water() <= predicted_arena<Plan>());
-  if constexpr (holds_dead_activations<Plan>) {
-    CHECK(t.backend().measured_high_water() < predicted_arena<Plan>());
-    CHECK(t.backend().measured_high_water() > t.memory().persistent_used());
-  } else if constexpr (may_hold_dead_activations<Plan>) {
+  if constexpr (may_hold_dead_activations<Plan>) {
     CHECK(t.backend().measured_high_water() > t.memory().persistent_used());
   } else {
     CHECK(t.backend().measured_high_water() == predicted_arena<Plan>());
@@ -105,8 +91,8 @@ TEST_CASE_TEMPLATE_DEFINE("one rank: the measured arena is the plan's", Plan, me
 TEST_CASE_TEMPLATE_APPLY(measured_single, memory_matrix_single);
 // The runtime's own matrix (dropout, accumulation, every-K recomputation, SGD and momentum): the
 // meter reaches the plan (with dropout too: a block's MLP dropout mask goes once the dropout
-// backward has read it), and stays below it only where the layout holds dead activations at its
-// peak (holds_dead_activations).
+// backward has read it; under selective recomputation too: the MLP's tensors go before the
+// attention backward rebuilds the core).
 TEST_CASE_TEMPLATE_DEFINE("the runtime's matrix: the measured arena is the plan's", Plan, measured_bound) {
   using run = m::exec::gpt_run<Plan, comm>;
   comm dp, tp;
@@ -114,12 +100,7 @@ TEST_CASE_TEMPLATE_DEFINE("the runtime's matrix: the measured arena is the plan'
   const std::size_t n = run::config.grad_accum * run::config.micro_batch * run::config.sequence;
   t.train_step(ids(n, 0), ids(n, 1));
   CAPTURE(t.backend().measured_peak_op());
-  if constexpr (holds_dead_activations<Plan>) {
-    CHECK(t.backend().measured_high_water() < predicted_arena<Plan>());
-    CHECK(t.backend().measured_high_water() > t.memory().persistent_used());
-  } else {
-    CHECK(t.backend().measured_high_water() == predicted_arena<Plan>());
-  }
+  CHECK(t.backend().measured_high_water() == predicted_arena<Plan>());
   CHECK(t.backend().unplaced_ops() == 0);
 }
 TEST_CASE_TEMPLATE_APPLY(measured_bound, runtime_matrix);

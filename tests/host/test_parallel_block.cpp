@@ -85,7 +85,7 @@ void check_parallel() {
   // once its backward has read it), but where the layout's peak holds dead tensors: under
   // selective recomputation the rebuilt attention output, which the attention backward does not
   // read (flash reads the saved one, naive none), when the attention side of the backward is the
-  // larger (test_measured_arena.cpp, holds_dead_activations).
+  // larger (test_measured_arena.cpp, may_hold_dead_activations).
   CHECK(trainer.backend().unplaced_ops() == 0);
   const std::size_t predicted = static_cast<std::size_t>((plan.total() - plan.reserve).value);
   if (run::config.recompute == m::recompute_kind::selective) {

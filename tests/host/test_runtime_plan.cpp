@@ -73,9 +73,12 @@ TEST_CASE("recomputation changes the memory, not the numbers") {
   CHECK(l0 == l3);
   CHECK(m1 < m0);
   CHECK(m2 < m0);
-  // With flash attention selective recomputation saves nothing (it drops only the log-sum-exp and
-  // must rewrite the attention output to rebuild it); with naive attention it drops the scores.
-  CHECK(m3 > m0);
+  // With flash attention selective recomputation drops only the log-sum-exp, and rebuilding it
+  // rewrites the attention output; but a block's backward rebuilds it only after releasing its MLP
+  // tensors (exec/build_program.hpp, block_backward), so the peak falls a little; with naive
+  // attention it drops the scores.
+  CHECK(m3 < m0);
+  CHECK(m3 > m1);
   using naive_none = plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
   using naive_sel = plan_for<naive32, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>;
   CHECK(naive_sel::peak < naive_none::peak);

@@ -646,8 +646,8 @@ class gpt_lowering {
   }
   void pop_block_saved(const block_saved& s) {
     if (!s.mask2.null()) pop(s.mask2);
-    pop(s.gelu_out);
-    pop(s.fc1_out);
+    if (!s.gelu_out.null()) pop(s.gelu_out);  // (a sequential block's backward releases the MLP's)
+    if (!s.fc1_out.null()) pop(s.fc1_out);
     if (!s.ln2_out.null()) pop(s.ln2_out);  // (a shared norm has none)
     if (!s.x_mid.null()) pop(s.x_mid);      // (a parallel block saves no sum after attention)
     if (!s.mask1.null()) pop(s.mask1);
@@ -705,6 +705,13 @@ class gpt_lowering {
       emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), b_at(G, b.ln2_b, C, nb), slot, s.x_mid, w_at(W, b.ln2_w, C), nr, cc, rms});
       emit(ops::residual_add{dres, dres, dnorm});
       pop(dnorm);
+      // The MLP's tensors and the sum after attention are read for the last time: the saved
+      // side's top (the mask went before), released before the attention backward (the plan's
+      // backward_tail, plan/activations.hpp). In a stash slot they stay.
+      for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {
+        pop(*t);
+        *t = {};
+      }
     }
     {  // attention branch
       operand dproj = dres;

@@ -156,6 +156,8 @@ struct layer_activations {
   bytes loss_temporary{};      ///< pytorch output layer: the loss's backward, before any gradient exists
   bytes backward_released{};   ///< memalg's runtime: saved bytes its backward frees before its transients
   bytes forward_released{};    ///< memalg's runtime: its own saved bytes it frees before its forward's transients
+  bytes backward_tail{};       ///< memalg's runtime: a second phase of its backward (none when 0), its transients
+  bytes tail_released{};       ///< memalg's runtime: saved bytes freed before that second phase
 };
 
 namespace detail {
@@ -291,6 +293,8 @@ struct raw_activations {
   bool handled = true;     ///< pytorch_activations: false when the kind follows the paper accounting
   bytes backward_released{};  ///< memalg's runtime: saved bytes the backward frees before its transients
   bytes forward_released{};   ///< memalg's runtime: its own saved bytes freed before its forward's transients
+  bytes backward_tail{};      ///< memalg's runtime: the transients of a second phase of the backward
+  bytes tail_released{};      ///< memalg's runtime: saved bytes freed before that phase
 };
 
 /// The `pytorch` stack: the tensors PyTorch's autograd saves for Hugging Face's modelling code,
@@ -746,6 +750,17 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         const bytes attention_side = bwd + core + (shared ? hidden_input : bytes{});
         const bytes mlp_side = datty + max_b(m.backward_temporary, hidden_input);
         r.backward_temporary = max_b(attention_side, mlp_side) + gradients - core;
+      } else if (c.reference() && (s.flags & layer_flags::moe) == 0 && !cross) {
+        // memalg's sequential block (exec/build_program.hpp, block_backward) runs its backward in
+        // two phases: the MLP branch and ln2 (the MLP's inner gradient, then ln2's input gradient),
+        // then the attention branch and ln1 (the attention output's and Q/K/V's gradients, with
+        // the core rebuilt under selective recomputation, then ln1's input gradient). Between
+        // them it releases what only the first read: the MLP's saved tensors and the sum after
+        // attention (ln2's input). The stage adds a rebuilt core to the second phase only.
+        const bytes core = c.recompute == recompute_kind::selective ? self.saved.core : bytes{};
+        r.backward_temporary = max_b(m.backward_temporary, hidden_input) + gradients;
+        r.backward_tail = max_b(bwd + core, hidden_input) - core + gradients;
+        r.tail_released = m.saved.total() - residual_mask(a, s) + hidden_input;
       }
       // memalg's runtime releases the MLP's residual-dropout mask as soon as the backward's first
       // op (the dropout) has read it, before any of the block's transients: the block's output
@@ -844,6 +859,10 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.loss_temporary = r.loss_temporary;
   a.backward_released = r.backward_released;
   a.forward_released = r.forward_released;
+  a.backward_tail = r.backward_tail;
+  a.tail_released = r.tail_released;
+  // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
+  if (!trains && a.tail_released > bytes{}) a.tail_released -= r.parts.mlp.weight_grad;
   return a;
 }
 
@@ -1237,14 +1256,23 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // mask, see raw_layer_activations); the whole backward after that holds the rest. Rebuilt
         // by recomputation they are the backward's temporaries; in a pipeline's stash or offloaded
         // they stay where they are.
-        bytes saved = on_device(prior + cumulative);
-        if (!stash && !offload && a.backward_released > bytes{}) {
-          const bool rebuilt_layer = l.place == placement::repeated &&
-                                     (rk == recompute_kind::full || rk == recompute_kind::every_k);
-          if (rebuilt_layer) temporary -= a.backward_released;
-          else saved -= a.backward_released;
+        // A backward in two phases (backward_tail) frees more before its second, which alone
+        // holds a core rebuilt by selective recomputation.
+        const bytes saved = on_device(prior + cumulative);
+        const bool release = !stash && !offload;
+        const bool rebuilt_layer = l.place == placement::repeated &&
+                                   (rk == recompute_kind::full || rk == recompute_kind::every_k);
+        const auto moment = [&](bytes temps, bytes freed) {
+          if (!release) freed = bytes{};
+          if (rebuilt_layer) backward.offer(saved, temps - freed, a.comm + boundary, gradients);
+          else backward.offer(saved - freed, temps, a.comm + boundary, gradients);
+        };
+        if (a.backward_tail > bytes{}) {
+          moment(rk == recompute_kind::selective ? temporary - rebuilt[j] : temporary, a.backward_released);
+          moment(temporary - a.backward_temporary + a.backward_tail, a.backward_released + a.tail_released);
+        } else {
+          moment(temporary, a.backward_released);
         }
-        backward.offer(saved, temporary, a.comm + boundary, gradients);
       }
     }
     cumulative -= kept[j];

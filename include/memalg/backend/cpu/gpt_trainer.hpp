@@ -403,10 +403,10 @@ class gpt_trainer {
   /// Pops a block's saved set except x_out (the next block's input, popped by its owner).
   void pop_block_saved(const block_saved& s) {
     if (s.mask2.data) arena_.pop(s.mask2);
-    arena_.pop(s.gelu_out);
-    arena_.pop(s.fc1_out);
-    arena_.pop(s.ln2_out);
-    arena_.pop(s.x_mid);
+    if (s.gelu_out.data) arena_.pop(s.gelu_out);  // (the backward releases the MLP's: block_backward)
+    if (s.fc1_out.data) arena_.pop(s.fc1_out);
+    if (s.ln2_out.data) arena_.pop(s.ln2_out);
+    if (s.x_mid.data) arena_.pop(s.x_mid);
     if (s.mask1.data) arena_.pop(s.mask1);
     arena_.pop(s.atty);
     if (s.lse.data) arena_.pop(s.lse);
@@ -443,6 +443,12 @@ class gpt_trainer {
       layernorm_bwd(dnorm.data, G + b.ln2_w, G + b.ln2_b, slot, s.x_mid.data, W + b.ln2_w);
       add_into(dres, dnorm.data, N * C);
       arena_.pop(dnorm);
+      // Read for the last time, the saved side's top: released before the attention branch.
+      arena_.pop(s.gelu_out);
+      arena_.pop(s.fc1_out);
+      arena_.pop(s.ln2_out);
+      arena_.pop(s.x_mid);
+      s.gelu_out = s.fc1_out = s.ln2_out = s.x_mid = {};
     }
     // Attention branch: dres → (dropout) → out-projection → attention → QKV → LN1.
     {
