@@ -808,6 +808,14 @@ class gpt_lowering {
         emit(ops::residual_add{dres, dres, dnorm});
         pop(dnorm);
       }
+      // The MLP's tensors and the attention's dropout mask (read by the out-projection's backward)
+      // are read for the last time: the saved side's top down to the attention output, released
+      // before the core's backward (the plan's backward_tail). In a stash slot they stay.
+      for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.mask1})
+        if (!t->null()) {
+          pop(*t);
+          *t = {};
+        }
     }
     // attention branch, the core and QKV: their input gradient into the slot, or (shared norm)
     // into grad_norm_in beside the MLP's in the slot

@@ -738,8 +738,7 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         // gradient d(attention_out) through the MLP branch and the MLP norm's backward; with a
         // shared norm the attention's gradient of the norm output waits beside the slot's through
         // the core's and QKV's backward. Selective recomputation rebuilds the core inside the
-        // attention backward only (the stage adds it to the whole entry: taken out again where
-        // the MLP side is larger).
+        // attention backward only.
         const bool shared = (s.flags & layer_flags::shared_norm) != 0;
         const std::uint64_t q_width = detail::checked_mul(s.heads, s.head_dim);
         const bytes datty = a.split(a.values_per_token(q_width));
@@ -749,7 +748,12 @@ constexpr raw_activations raw_layer_activations(const layer_desc& l, const activ
         const bytes core = c.recompute == recompute_kind::selective ? self.saved.core : bytes{};
         const bytes attention_side = bwd + core + (shared ? hidden_input : bytes{});
         const bytes mlp_side = datty + max_b(m.backward_temporary, hidden_input);
-        r.backward_temporary = max_b(attention_side, mlp_side) + gradients - core;
+        // In two phases: the MLP side, then the attention side (the stage adds a rebuilt core to
+        // the second only), which runs after the MLP's tensors and the attention's dropout mask,
+        // read for the last time, are released (the MLP's mask went first: the two are alike).
+        r.backward_temporary = mlp_side + gradients;
+        r.backward_tail = attention_side - core + gradients;
+        r.tail_released = r.parts.mlp.total();
       } else if (c.reference() && (s.flags & layer_flags::moe) == 0 && !cross) {
         // memalg's sequential block (exec/build_program.hpp, block_backward) runs its backward in
         // two phases: the MLP branch and ln2 (the MLP's inner gradient, then ln2's input gradient),
