@@ -665,6 +665,27 @@ class gpt_lowering {
     pop(s.mask2);
     s.mask2 = {};
   }
+  /// The attention core's backward into dqkv, from the gradient of its output: under selective
+  /// recomputation the core is rebuilt first (the kernel rewrites the output too, into a transient;
+  /// flash backward reads the saved output, not the recomputed one; naive needs none), then the
+  /// rotary positions are undone on dqkv.
+  void attention_core_bwd(const operand& dqkv, const operand& datty, const block_saved& s) {
+    const std::size_t N = tokens(), Wd = local_width();
+    const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
+    const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
+    operand core = c_.flash ? s.lse : s.att;
+    operand out_tmp{};
+    if (!keeps_core()) {
+      core = c_.flash ? transient("attention_lse", lse_n, A_, category::temporaries)
+                      : transient("attention_probs", scores, T_, category::temporaries);
+      out_tmp = transient("attention_out_recomputed", N * Wd, T_, category::temporaries);
+      emit(ops::attention_fwd{out_tmp, core, s.qkv, shape()});
+    }
+    emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, shape()});
+    if (!out_tmp.null()) pop(out_tmp);
+    if (!keeps_core()) pop(core);
+    rope(dqkv, true);
+  }
   void block_backward(block_saved& s, const operand& x_in, const operand& W, const operand& G, const operand& dres,
                       const operand& slot) {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
@@ -727,21 +748,7 @@ class gpt_lowering {
         release_rows(g, dproj);
       }
       operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
-      const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
-      const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
-      operand core = c_.flash ? s.lse : s.att;
-      operand out_tmp{};
-      if (!keeps_core()) {  // selective: rebuild the core (the kernel rewrites the output too)
-        core = c_.flash ? transient("attention_lse", lse_n, A_, category::temporaries)
-                        : transient("attention_probs", scores, T_, category::temporaries);
-        out_tmp = transient("attention_out_recomputed", N * Wd, T_, category::temporaries);
-        emit(ops::attention_fwd{out_tmp, core, s.qkv, shape()});
-      }
-      // Flash backward reads the saved output (not the recomputed one); naive needs none.
-      emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, shape()});
-      if (!out_tmp.null()) pop(out_tmp);
-      if (!keeps_core()) pop(core);
-      rope(dqkv, true);
+      attention_core_bwd(dqkv, datty, s);
       column_parallel_bwd(slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv, s.ln1_out,
                           w_at(W, b.qkv_w, Q * C), cc, u32(Q));
       pop(dqkv);
@@ -822,20 +829,7 @@ class gpt_lowering {
     operand dnorm = shared ? transient("grad_norm_in", R * C, T_, category::temporaries) : operand{};
     {
       operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
-      const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
-      const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
-      operand core = c_.flash ? s.lse : s.att;
-      operand out_tmp{};
-      if (!keeps_core()) {  // selective: rebuild the core
-        core = c_.flash ? transient("attention_lse", lse_n, A_, category::temporaries)
-                        : transient("attention_probs", scores, T_, category::temporaries);
-        out_tmp = transient("attention_out_recomputed", N * Wd, T_, category::temporaries);
-        emit(ops::attention_fwd{out_tmp, core, s.qkv, shape()});
-      }
-      emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, shape()});
-      if (!out_tmp.null()) pop(out_tmp);
-      if (!keeps_core()) pop(core);
-      rope(dqkv, true);
+      attention_core_bwd(dqkv, datty, s);
       column_parallel_bwd(shared ? dnorm : slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv,
                           s.ln1_out, w_at(W, b.qkv_w, Q * C), cc, u32(Q));
       pop(dqkv);

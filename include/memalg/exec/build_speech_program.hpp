@@ -306,9 +306,9 @@ class speech_lowering {
     for (std::size_t l = 0; l < c_.encoder_layers; ++l) enc_blk_ = block_unit("encoder.block" + std::to_string(l), false);
     enc_norm_ = norm_unit("encoder.final_norm");
     pre1_ = units_.size();
-    pre1_b_ = linear_unit("decoder.prenet.fc1", M, P);
-    pre2_b_ = linear_unit("decoder.prenet.fc2", P, P);
-    proj_b_ = linear_unit("decoder.prenet.proj", P, C);
+    linear_unit("decoder.prenet.fc1", M, P);
+    linear_unit("decoder.prenet.fc2", P, P);
+    linear_unit("decoder.prenet.proj", P, C);
     dec_block0_ = units_.size();
     for (std::size_t l = 0; l < c_.decoder_layers; ++l) dec_blk_ = block_unit("decoder.block" + std::to_string(l), true);
     dec_norm_ = norm_unit("decoder.final_norm");
@@ -357,7 +357,6 @@ class speech_lowering {
   }
 
   // ---- dropout ----------------------------------------------------------------------------------------
-  std::uint32_t site_ = 0;
   /// mask and out over B sequences of rows_per_seq × width elements.
   void dropout(const operand& out, const operand& m, const operand& in, std::size_t rows_per_seq, std::size_t width,
                float p, std::uint32_t site) {
@@ -810,7 +809,7 @@ class speech_lowering {
   std::vector<unit> units_;
   std::vector<conv_view> enc_conv_, post_;
   block_view enc_blk_{}, dec_blk_{};
-  std::size_t enc_block0_ = 0, enc_norm_ = 0, pre1_ = 0, pre1_b_ = 0, pre2_b_ = 0, proj_b_ = 0, dec_block0_ = 0, dec_norm_ = 0;
+  std::size_t enc_block0_ = 0, enc_norm_ = 0, pre1_ = 0, dec_block0_ = 0, dec_norm_ = 0;
   std::size_t out_ = 0, out_b_ = 0, post0_ = 0;
 };
 
