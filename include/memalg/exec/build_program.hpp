@@ -571,7 +571,7 @@ class gpt_lowering {
     if (drop) s.mask1 = push("dropout_mask", R * C, elem::u8, kind);
     if (c_.parallel_residual) {
       // x + attn(ln1(x)) waits in a transient while the MLP branch, which reads x too, runs: no
-      // sum after attention is saved (the plan's parallel block, plan/activations.hpp).
+      // sum after attention is saved (the plan's parallel block, plan/stacks/memalg.hpp).
       operand branch = transient("attention_branch", R * C, T_, category::temporaries);
       {
         const operand part = partial_rows(branch, "sp_partial");
@@ -660,7 +660,7 @@ class gpt_lowering {
   /// The MLP's residual-dropout mask, once its one reader (the backward's dropout) has run: the
   /// block's output is popped before its backward, so the mask is the saved side's top and goes
   /// at once instead of waiting for pop_block_saved (the plan's backward_released,
-  /// plan/activations.hpp). In a pipeline stage's stash slot it stays (pop releases nothing there).
+  /// plan/stacks/memalg.hpp). In a pipeline stage's stash slot it stays (pop releases nothing there).
   void release_mlp_mask(block_saved& s) {
     pop(s.mask2);
     s.mask2 = {};
@@ -728,7 +728,7 @@ class gpt_lowering {
       pop(dnorm);
       // The MLP's tensors and the sum after attention are read for the last time: the saved
       // side's top (the mask went before), released before the attention backward (the plan's
-      // backward_tail, plan/activations.hpp). In a stash slot they stay.
+      // backward_tail, plan/stacks/memalg.hpp). In a stash slot they stay.
       for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {
         pop(*t);
         *t = {};
@@ -940,7 +940,7 @@ class gpt_lowering {
         const operand in = gathered_rows(lnf_out, "sp_gathered");
         // Under SP the gathered rows are the output layer's input from here on (its weight and
         // input gradients read them): the final norm's output, the saved side's top, goes at once
-        // (the plan's forward_released and backward_released, plan/activations.hpp).
+        // (the plan's forward_released and backward_released, plan/stacks/memalg.hpp).
         if (sp()) pop(lnf_out);
         const std::uint32_t vl = u32(vocab_rows());
         operand logits = transient("logits", N * vocab_rows(), T_, category::temporaries);

@@ -5,7 +5,7 @@
 // decoder, Transformer TTS with Tacotron 2's convolutional pre- and post-nets) as the same
 // `program` the GPT runtime runs (exec/program.hpp), built on the host through an arena_layout of
 // the plan's capacities: every operand has its offset before a kernel runs, and a push past the
-// plan throws here. The layout follows the `memalg` stack's accounting (plan/activations.hpp), each
+// plan throws here. The layout follows the `memalg` stack's accounting (plan/stacks/memalg.hpp), each
 // entry keeping its input:
 //
 //   encoder   embedding → 3 × [conv1d → batch norm → ReLU → dropout] → blocks (bidirectional
@@ -414,7 +414,7 @@ class speech_lowering {
     const operand W = u.weight, G = u.grad;
     const operand msk = rows_per_seq == c_.frames ? frame_mask() : phoneme_mask();
     // Each of the entry's own tensors is released after its last reader, before the input's
-    // gradient is written (the plan's net-entry backward, plan/activations.hpp).
+    // gradient is written (the plan's net-entry backward, plan/stacks/memalg.hpp).
     if (p > 0) {
       emit(ops::dropout_bwd{dout, dout, s.m, p});
       pop(s.m);

@@ -31,6 +31,8 @@
 #include "memalg/device/device.hpp"
 #include "memalg/plan/activations.hpp"
 #include "memalg/plan/model_states.hpp"
+#include "memalg/plan/stacks/megatron.hpp"
+#include "memalg/plan/stacks/pytorch.hpp"
 
 namespace memalg {
 
@@ -90,70 +92,6 @@ constexpr step_transients stage_step_transients(const model_desc& model, const t
 }
 }  // namespace detail
 
-namespace detail {
-/// FSDP2 (fully_shard on every repeated entry and on the root): the root's parameters (every
-/// entry that is not repeated) stay gathered from its forward to its backward; a unit is gathered
-/// while it runs, with `zero3_prefetch` more ahead of it (measured: bench/torch, *-fsdp2).
-constexpr bytes fsdp_gathered(const model_desc& model, const training_desc& t, const mesh_desc& m,
-                              std::uint64_t stage) {
-  bytes root{}, unit{};
-  for (const layer_desc& l : model) {
-    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
-    if (n == 0 || l.kind == layer_kind::parameters) continue;
-    const dtype wdt = l.weight_storage.is_none() ? t.precision.weights : l.weight_storage;
-    const bytes w = storage_bytes(wdt, elements_per_rank(l, m).total());
-    if (l.place == placement::repeated) unit = max(unit, w);
-    else root += w * n;
-  }
-  return root + unit * (1 + m.zero3_prefetch);
-}
-
-/// The largest single parameter tensor of an entry (the for-loop optimizer's temporaries): the
-/// embedding or output matrix, a block's largest projection (a mixture of experts stores each
-/// projection of all experts as one tensor, as transformers' grouped experts do).
-constexpr std::uint64_t largest_tensor(const layer_desc& l) {
-  const layer_shape& s = l.shape;
-  switch (l.kind) {
-    case layer_kind::transformer_block: {
-      const std::uint64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-      const std::uint64_t attention = s.hidden * ((s.flags & layer_flags::fused_qkv) != 0 ? q + 2 * kv : q);
-      std::uint64_t mlp = s.hidden * s.ffn;
-      if ((s.flags & layer_flags::moe) != 0) mlp *= s.experts * ((s.flags & layer_flags::gated) != 0 ? 2 : 1);
-      const std::uint64_t big = attention > mlp ? attention : mlp;
-      return big < l.params ? big : l.params;
-    }
-    default: return l.params;
-  }
-}
-
-/// The pytorch stack's optimizer-step temporaries (torch.optim, docs/algebra.md): foreach Adam /
-/// AdamW keep `torch._foreach_sqrt(exp_avg_sqs)`, one state-sized tensor per parameter, for the
-/// whole step; the for-loop keeps `exp_avg_sq.sqrt()` and its quotient for one parameter at a
-/// time; SGD and momentum update in place; fused kernels need nothing.
-constexpr bytes torch_optimizer_temporaries(const model_desc& model, const training_desc& t, const mesh_desc& m,
-                                            std::uint64_t stage) {
-  const optimizer_kind k = t.optimizer.kind;
-  // (With the optimizer offloaded its step runs on the host, with its temporaries there.)
-  if (t.optimizer_kind == optimizer_impl::fused || k == optimizer_kind::sgd || k == optimizer_kind::momentum ||
-      k == optimizer_kind::adam8bit || m.offload != offload_kind::none)
-    return bytes{};
-  const dtype state = t.optimizer.state_dtype.is_none() ? t.precision.optimizer_states : t.optimizer.state_dtype;
-  const std::uint64_t group = m.dp * m.cp;
-  bytes total{}, largest{};
-  for (const layer_desc& l : model) {
-    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
-    if (n == 0 || !l.trainable || l.kind == layer_kind::parameters) continue;
-    const rank_elements e = elements_per_rank(l, m);
-    const std::uint64_t shard =
-        m.zero_stage >= 1 ? ceil_div(e.dense, group) + ceil_div(e.expert, group / m.ep) : e.total();
-    total += storage_bytes(state, shard) * n;
-    const std::uint64_t big = ceil_div(largest_tensor(l), m.zero_stage >= 1 ? group : 1);
-    largest = max(largest, storage_bytes(state, big));
-  }
-  return t.optimizer_kind == optimizer_impl::for_loop ? largest * 2 : total;
-}
-}  // namespace detail
-
 /// Does any entry have layer structure (a kind other than `parameters`)?
 constexpr bool has_layer_structure(const model_desc& model) {
   for (const layer_desc& l : model)
@@ -193,9 +131,7 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
       for (breakdown& b : tl.at) b.comm_buffers += s.device.gradients;
   }
   if (t.stack == stack_kind::megatron)
-    // Three cuBLAS workspaces out of the caching allocator: PyTorch's for the main thread and for
-    // the autograd thread, Transformer Engine's (transformer_engine/pytorch/cpp_extensions/gemm.py).
-    for (breakdown& b : tl.at) b.temporaries += d.blas_workspace * 3;
+    for (breakdown& b : tl.at) b.temporaries += detail::megatron_workspaces(d);  // (stacks/megatron.hpp)
   tl.host = s.host;
   tl.parameters = s.parameters;
   if (acts != nullptr) {

@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: BSL-1.0
+// memalg/plan/stacks/pytorch.hpp — the `pytorch` stack: PyTorch's autograd under Hugging Face's
+// modelling code (docs/algebra.md, "The pytorch stack"; checked against bench/torch/measured.json).
+// Its rules for the tensors each layer saves and the transients of its loss, for the whole model's
+// shared tensors, for FSDP2's gathered parameters and for torch.optim's step. (Its gradients,
+// which exist only from backward on, are placed moment by moment in activations_on_stage,
+// plan/activations.hpp, and stage_timeline, plan/timeline.hpp.)
+#pragma once
+
+#include <cstdint>
+
+#include "memalg/plan/model_states.hpp"
+#include "memalg/plan/stacks/common.hpp"
+
+namespace memalg {
+namespace detail {
+
+/// The `pytorch` stack: the tensors PyTorch's autograd saves for Hugging Face's modelling code,
+/// and the transients of its loss (docs/algebra.md, "The pytorch stack", with the autograd
+/// formula or modelling file of every term; checked against bench/torch/measured.json). Bytes:
+/// `em` the activation dtype (matrix-product outputs, attention, MLP inner tensors), `en` the
+/// residual stream and norms (the weight dtype under autocast, else `em`), RMSNorm's input copy
+/// fp32 (HF's RMSNorm upcasts), per-token statistics and the log-sum-exp fp32. Kinds other than
+/// the embeddings, norms, dropout, transformer blocks and the output follow the paper accounting
+/// (`handled` false).
+struct torch_bytes {
+  std::uint64_t em = 4, en = 4;
+  std::uint64_t mask = 1;  ///< a dropout mask's bytes per element: CUDA's bool, the CPU's noise in the input dtype
+  bool autocast = false;
+};
+constexpr torch_bytes torch_bytes_of(const activation_context& c) {
+  torch_bytes t{};
+  t.em = bytes_per_element_ceil(c.act);
+  t.autocast = c.autocast();
+  t.en = t.autocast ? bytes_per_element_ceil(c.weights) : t.em;
+  t.mask = c.cpu ? t.en : 1;
+  return t;
+}
+
+/// Saved bytes of one norm beyond its input: RMSNorm keeps its rsqrt (fp32 per token) and
+/// x·rstd and w·(x·rstd) (under autocast only x·rstd, fp32; the products' inputs are cast
+/// copies); LayerNorm keeps mean and rstd per token and its output (under autocast only the
+/// statistics, fp32). `consumers`: projections reading the output, each keeping a cast copy under
+/// autocast.
+constexpr bytes torch_norm(const act_terms& a, const torch_bytes& t, bool rms, std::uint64_t hidden,
+                           std::uint64_t consumers) {
+  const std::uint64_t H = checked_mul(a.tokens, hidden);
+  bytes r{};
+  if (rms) {
+    r += bytes{checked_mul(a.tokens, 4)};
+    r += t.autocast ? bytes{checked_mul(H, 4)} : bytes{checked_mul(H, 2 * t.em)};
+  } else {
+    r += bytes{checked_mul(a.tokens, 2 * (t.autocast ? 4 : t.em))};
+    if (!t.autocast) r += bytes{checked_mul(H, t.en)};
+  }
+  if (t.autocast) r += bytes{checked_mul(checked_mul(H, consumers), t.em)};
+  return a.rep(r);
+}
+
+/// The residual-stream tensor a norm reads, as kept: fp32 for RMSNorm (its upcast copy), else the
+/// stream's own dtype.
+constexpr std::uint64_t torch_residual_bytes(const torch_bytes& t, bool rms) { return rms ? 4 : t.en; }
+
+/// Attention of a block under the pytorch stack: saved bytes, forward and backward transients.
+constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes& t, const layer_shape& s,
+                                          std::uint64_t kv_seq) {
+  attention_bytes r{};
+  const std::uint64_t b = a.c.micro_batch, T = a.tokens, em = t.em;
+  const std::uint64_t q = checked_mul(s.heads, s.head_dim), kv = checked_mul(s.kv_heads, s.head_dim);
+  const std::uint64_t Q = checked_mul(T, q), K = checked_mul(checked_mul(b, ceil_div(kv_seq, a.c.cp)), kv);
+  const std::uint64_t S = checked_mul(checked_mul(b, s.heads), checked_mul(ceil_div(a.seq, a.c.cp), kv_seq));
+  const bool drop = s.dropout_permille != 0;
+  const bool rotary = (s.flags & layer_flags::rotary) != 0, fused = (s.flags & layer_flags::fused_qkv) != 0;
+  // Eager attention, SDPA's math path (taken with dropout on the CPU, and by Falcon-7B's layout):
+  // the fp32 softmax (and its cast when narrower), the query, the expanded key and value (repeat_kv)
+  // and the output's contiguous copy for the out-projection; with dropout its mask and output.
+  // On CUDA, SDPA's fused kernels apply dropout inside (saving their RNG offsets only).
+  const bool unfused = (s.flags & layer_flags::flash) == 0 || (s.flags & layer_flags::unfused_attention) != 0 ||
+                       (drop && a.c.cpu);
+  if (unfused) {
+    bytes saved{checked_mul(S, 4)};
+    if (em != 4) saved += bytes{checked_mul(S, em)};
+    if (drop) saved += bytes{checked_mul(S, t.mask + em)};  // dropout mask and output
+    r.saved.core = a.split(saved);
+    r.saved.input_grad = a.split(bytes{checked_mul(checked_mul(Q, 3), em)});  // query, expanded key and value
+    r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
+    r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
+    r.backward_temporary = a.split(bytes{checked_mul(S, 8)});                // gradients of probabilities and scores
+  } else {
+    // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
+    // fused projection's output is one storage that Q, K and V view; rotary positions save the
+    // rotated copies of Q and K (and, when V stays a strided view, the output's contiguous copy).
+    std::uint64_t elems = fused ? Q + 2 * K : rotary ? K : Q + 2 * K;
+    if (rotary) elems += Q + K;
+    if (fused && rotary) elems += Q;
+    r.saved.input_grad = a.split(bytes{checked_mul(elems, em)});
+    r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});                          // output
+    r.saved.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});             // log-sum-exp
+    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(Q + 2 * K, em), 1)});  // dQ, dK, dV
+  }
+  if (a.c.sp) r.comm += a.values_per_token(s.hidden);
+  return r;
+}
+
+/// The MLP of a block under the pytorch stack (per instance): SwiGLU keeps gate, up, SiLU and
+/// their product; GPT-2's gelu_new keeps the first projection's output and four elementwise
+/// results of its formula; a fused GeLU keeps its input and output. Mixtral's grouped experts
+/// (transformers' moe.py) keep the routed copies of their inputs and outputs and the routing
+/// tables; the router its fp32 probabilities.
+constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const layer_shape& s) {
+  mlp_bytes r{};
+  const std::uint64_t T = a.tokens, em = t.em, f = s.ffn, h = s.hidden;
+  const bool gated = (s.flags & layer_flags::gated) != 0;
+  if ((s.flags & layer_flags::moe) != 0) {
+    const std::uint64_t R = routed_tokens(s, T), E = s.experts, k = s.top_k;
+    std::uint64_t e = checked_mul(checked_mul(R, f), (gated ? 4 : 2) * em);  // gate-up output, SiLU, product
+    e += checked_mul(checked_mul(R, h), 2 * em);                           // routed input and output copies
+    e += checked_mul(checked_mul(T, E), 4) + checked_mul(T, 12 * k + 4);   // router softmax, top-k, weights
+    e += checked_mul(R, 29) + checked_mul(E, 4);                           // sort, indices, masks, counts
+    r.saved.input_grad = a.split(bytes{e});
+    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(R, f), 3 * em)});
+    return r;
+  }
+  const std::uint64_t F = checked_mul(T, f);
+  const std::uint64_t inner = gated ? 4 : (s.flags & layer_flags::gelu_tanh) != 0 ? 5 : 2;
+  r.saved.input_grad = a.split(bytes{checked_mul(F, (inner - 1) * em)});
+  r.saved.weight_grad = a.split(bytes{checked_mul(F, em)});  // down-projection input
+  r.backward_temporary = a.split(bytes{checked_mul(F, (gated ? 3 : 2) * em)});
+  if (a.c.sp) r.comm += a.values_per_token(h);
+  return r;
+}
+
+constexpr raw_activations pytorch_activations(const layer_desc& l, const activation_context& c) {
+  raw_activations r{};
+  const layer_shape& s = l.shape;
+  const act_terms a(c, s);
+  const torch_bytes t = torch_bytes_of(c);
+  const std::uint64_t T = a.tokens, H = checked_mul(T, s.hidden);
+  const bytes stream = a.rep(bytes{checked_mul(H, t.en)});
+  switch (l.kind) {
+    case layer_kind::embedding:
+    case layer_kind::position_embedding:
+      // Backward needs the token ids only; the output is the first block's input (kept there).
+      r.backward_temporary = stream;
+      break;
+    case layer_kind::dropout:
+      // CUDA's native_dropout keeps a bool mask; the CPU's dropout its scaled noise in the
+      // input's dtype (docs/accuracy.md, "What only CUDA adds").
+      if (s.dropout_permille != 0) r.saved.input_grad = a.rep(bytes{checked_mul(H, t.mask)});
+      r.input = stream;
+      r.backward_temporary = stream * 2;
+      break;
+    case layer_kind::layernorm:
+    case layer_kind::rmsnorm: {
+      const bool rms = l.kind == layer_kind::rmsnorm;
+      r.saved.input_grad = a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) + torch_norm(a, t, rms, s.hidden, 1);
+      r.input = stream;
+      r.input_in_saved = !rms || t.en == 4;
+      r.backward_temporary = stream * 2;
+      break;
+    }
+    case layer_kind::transformer_block: {
+      const bool rms = (s.flags & layer_flags::rms_norm) != 0, gated = (s.flags & layer_flags::gated) != 0;
+      const bool parallel = (s.flags & layer_flags::parallel_residual) != 0;
+      const bool shared = (s.flags & layer_flags::shared_norm) != 0;
+      const bool cross = (s.flags & layer_flags::cross_attention) != 0;
+      const bool fused = (s.flags & layer_flags::fused_qkv) != 0;
+      // The residual-stream tensors the block's norms read: its input, and the sum after attention
+      // unless attention and MLP read the same input.
+      const std::uint64_t residuals = (parallel ? 1 : 2) + (cross ? 1 : 0);
+      r.parts.norms.input_grad = a.rep(bytes{checked_mul(checked_mul(H, residuals), torch_residual_bytes(t, rms))});
+      const std::uint64_t into_mlp = (s.flags & layer_flags::moe) != 0 ? 2 : gated ? 2 : 1;
+      const std::uint64_t into_attention = fused ? 1 : 3;
+      if (shared) {
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention + into_mlp);
+      } else {
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention);
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_mlp);
+      }
+      const attention_bytes self = torch_attention(a, t, s, a.seq);
+      r.parts.attention = self.saved;
+      bytes fwd = self.forward_temporary, bwd = self.backward_temporary, comm = self.comm;
+      if (cross) {
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, 1);
+        const attention_bytes x = torch_attention(a, t, s, s.kv_sequence != 0 ? s.kv_sequence : a.seq);
+        r.parts.cross_attention = x.saved;
+        fwd = max_b(fwd, x.forward_temporary);
+        bwd = max_b(bwd, x.backward_temporary);
+        comm = max_b(comm, x.comm);
+      }
+      const mlp_bytes m = torch_mlp(a, t, s);
+      r.parts.mlp = m.saved;
+      if (s.dropout_permille != 0 && (s.flags & layer_flags::residual_dropout) != 0)
+        r.parts.mlp.input_grad += a.rep(bytes{checked_mul(H, 2 * t.mask)});  // the attention and MLP output dropouts' masks
+      if (t.autocast)  // autocast's cached bf16/fp16 copies of the block's weights, saved by its products
+        r.parts.mlp.weight_grad +=
+            bytes{checked_mul(ceil_div(l.params - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
+      r.saved = r.parts.total();
+      r.input = stream;
+      r.input_in_saved = torch_residual_bytes(t, rms) == t.en;
+      r.forward_temporary = max_b(fwd, stream);
+      r.backward_temporary = max_b(bwd, m.backward_temporary) + stream * 2;
+      r.comm = max_b(comm, m.comm);
+      break;
+    }
+    case layer_kind::output: {
+      // HF's loss upcasts the logits (`logits.float()`) and PyTorch's cross_entropy keeps the
+      // log-softmax (fp32) for its backward, which first writes the NLL gradient and then the
+      // log-softmax gradient, both fp32 and logits-sized, before any parameter gradient exists.
+      // The projection's backward then holds the logits' gradient (and its cast), the input's.
+      const std::uint64_t vocab =
+          (s.flags & layer_flags::vocab_replicated) != 0 ? s.vocab : ceil_div(s.vocab, c.tp);
+      const std::uint64_t TV = checked_mul(T, vocab);
+      const bytes log_softmax{checked_mul(TV, 4)};
+      if (t.autocast) {  // the input's cast and the weight's cached copy, saved by the product
+        r.saved.weight_grad = a.rep(bytes{checked_mul(H, t.em)}) + bytes{checked_mul(checked_mul(vocab, s.hidden), t.em)};
+      }
+      r.input = stream;
+      r.input_serves_weight_grad = true;
+      r.logits = bytes{checked_mul(TV, t.em)};
+      r.forward_temporary = r.logits + log_softmax + (t.em != 4 ? log_softmax : bytes{});
+      r.loss_temporary = log_softmax * 3;
+      r.backward_temporary = log_softmax + (t.em != 4 ? r.logits : bytes{}) + a.rep(bytes{checked_mul(H, t.em)});
+      if (c.sp) r.comm = a.values_per_token(s.hidden);
+      break;
+    }
+    default:
+      r.handled = false;
+      break;
+  }
+  return r;
+}
+
+/// Tensors of the whole model, kept with the token embedding's saved bytes.
+constexpr void pytorch_table(const model_desc& model, const activation_context& c, activation_table& table) {
+  // Tensors of the whole model that every block's backward reads: rotary embeddings' cos and
+  // sin (one sequence, broadcast over the batch), and under checkpointing the materialised
+  // causal mask of eager attention, an input every checkpointed block keeps.
+  const torch_bytes t = torch_bytes_of(c);
+  bytes shared{};
+  bool rotary = false, mask = false;
+  for (std::size_t i = 0; i < model.size; ++i) {
+    const layer_desc& l = model.entries[i];
+    if (l.kind != layer_kind::transformer_block || l.group == layer_group::teacher) continue;
+    const act_terms a(c, l.shape);
+    if ((l.shape.flags & layer_flags::rotary) != 0 && !rotary) {
+      rotary = true;
+      const std::uint64_t rd = l.shape.rotary_dim != 0 ? l.shape.rotary_dim : l.shape.head_dim;
+      shared += bytes{checked_mul(checked_mul(ceil_div(a.seq, c.cp), rd), 2 * t.en)};
+    }
+    const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
+    if (full && (l.shape.flags & layer_flags::flash) == 0 && (l.shape.flags & layer_flags::causal) != 0 && !mask) {
+      mask = true;
+      shared += bytes{checked_mul(checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq)), t.en)};
+    }
+  }
+  for (std::size_t i = 0; i < model.size; ++i)
+    if (model.entries[i].kind == layer_kind::embedding && table.entries[i].backward) {
+      table.entries[i].saved += shared;
+      table.entries[i].selective += shared;
+      break;
+    }
+}
+
+/// FSDP2 (fully_shard on every repeated entry and on the root): the root's parameters (every
+/// entry that is not repeated) stay gathered from its forward to its backward; a unit is gathered
+/// while it runs, with `zero3_prefetch` more ahead of it (measured: bench/torch, *-fsdp2).
+constexpr bytes fsdp_gathered(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                              std::uint64_t stage) {
+  bytes root{}, unit{};
+  for (const layer_desc& l : model) {
+    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    if (n == 0 || l.kind == layer_kind::parameters) continue;
+    const dtype wdt = l.weight_storage.is_none() ? t.precision.weights : l.weight_storage;
+    const bytes w = storage_bytes(wdt, elements_per_rank(l, m).total());
+    if (l.place == placement::repeated) unit = max(unit, w);
+    else root += w * n;
+  }
+  return root + unit * (1 + m.zero3_prefetch);
+}
+
+/// The largest single parameter tensor of an entry (the for-loop optimizer's temporaries): the
+/// embedding or output matrix, a block's largest projection (a mixture of experts stores each
+/// projection of all experts as one tensor, as transformers' grouped experts do).
+constexpr std::uint64_t largest_tensor(const layer_desc& l) {
+  const layer_shape& s = l.shape;
+  switch (l.kind) {
+    case layer_kind::transformer_block: {
+      const std::uint64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+      const std::uint64_t attention = s.hidden * ((s.flags & layer_flags::fused_qkv) != 0 ? q + 2 * kv : q);
+      std::uint64_t mlp = s.hidden * s.ffn;
+      if ((s.flags & layer_flags::moe) != 0) mlp *= s.experts * ((s.flags & layer_flags::gated) != 0 ? 2 : 1);
+      const std::uint64_t big = attention > mlp ? attention : mlp;
+      return big < l.params ? big : l.params;
+    }
+    default: return l.params;
+  }
+}
+
+/// The pytorch stack's optimizer-step temporaries (torch.optim, docs/algebra.md): foreach Adam /
+/// AdamW keep `torch._foreach_sqrt(exp_avg_sqs)`, one state-sized tensor per parameter, for the
+/// whole step; the for-loop keeps `exp_avg_sq.sqrt()` and its quotient for one parameter at a
+/// time; SGD and momentum update in place; fused kernels need nothing.
+constexpr bytes torch_optimizer_temporaries(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                            std::uint64_t stage) {
+  const optimizer_kind k = t.optimizer.kind;
+  // (With the optimizer offloaded its step runs on the host, with its temporaries there.)
+  if (t.optimizer_kind == optimizer_impl::fused || k == optimizer_kind::sgd || k == optimizer_kind::momentum ||
+      k == optimizer_kind::adam8bit || m.offload != offload_kind::none)
+    return bytes{};
+  const dtype state = t.optimizer.state_dtype.is_none() ? t.precision.optimizer_states : t.optimizer.state_dtype;
+  const std::uint64_t group = m.dp * m.cp;
+  bytes total{}, largest{};
+  for (const layer_desc& l : model) {
+    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    if (n == 0 || !l.trainable || l.kind == layer_kind::parameters) continue;
+    const rank_elements e = elements_per_rank(l, m);
+    const std::uint64_t shard =
+        m.zero_stage >= 1 ? ceil_div(e.dense, group) + ceil_div(e.expert, group / m.ep) : e.total();
+    total += storage_bytes(state, shard) * n;
+    const std::uint64_t big = ceil_div(largest_tensor(l), m.zero_stage >= 1 ? group : 1);
+    largest = max(largest, storage_bytes(state, big));
+  }
+  return t.optimizer_kind == optimizer_impl::for_loop ? largest * 2 : total;
+}
+}  // namespace detail
+}  // namespace memalg
