@@ -99,6 +99,9 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--seq", seq, "tokens per sequence (activations need it)");
   app.add_option("--grad-accum", grad_accum, "micro-batches accumulated per optimizer step (default 1)");
   app.add_option("--recompute", recompute, "none|selective|full|every:K (default none)");
+  app.add_option("--checkpointing", checkpointing,
+                 "with --recompute full|every:K under the pytorch stack: non-reentrant (Hugging Face's default, "
+                 "use_reentrant=False) | reentrant (use_reentrant=True)");
   app.add_flag("--sp", sp, "sequence parallelism (needs --tp above 1)");
   app.add_option("--cp", cp, "context-parallel degree: the sequence split over N ranks (default 1)");
   app.add_option("--pp-schedule", pp_schedule, "1f1b|interleaved:V|gpipe (default 1f1b)");
@@ -247,6 +250,13 @@ plan_inputs make_inputs(const plan_flags& f) {
     t.recompute_every = suffix_count(f.recompute, "every:", "--recompute every:K");
   } else {
     throw usage_error("unknown --recompute '" + f.recompute + "' (none|selective|full|every:K)");
+  }
+  if (!f.checkpointing.empty()) {
+    if (t.recompute != recompute_kind::full && t.recompute != recompute_kind::every_k)
+      throw usage_error("--checkpointing says how layers are checkpointed: it needs --recompute full or every:K");
+    if (f.checkpointing == "reentrant") t.checkpoint = checkpoint_kind::reentrant;
+    else if (f.checkpointing != "non-reentrant")
+      throw usage_error("unknown --checkpointing '" + f.checkpointing + "' (non-reentrant|reentrant)");
   }
 
   t.stack = parse_stack(f.stack);

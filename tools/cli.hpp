@@ -58,6 +58,7 @@ struct plan_flags {
   std::string seq;
   std::string grad_accum = "1";
   std::string recompute = "none";  ///< none|selective|full|every:K
+  std::string checkpointing;       ///< non-reentrant|reentrant (with full / every:K)
   bool sp = false;
   std::string pp_schedule = "1f1b";  ///< 1f1b|interleaved:V|gpipe
   std::string stack = "pytorch";     ///< pytorch|megatron|memalg|paper

@@ -9,6 +9,7 @@
 // (model/transformer.hpp) — its shapes drive the activation algebra — and its block, final norm
 // and output entries are given the family's exact counts where the builder's generic block
 // differs (Qwen2's q/k/v-only biases, Falcon's LayerNorm biases and single norm per block).
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -335,8 +336,37 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     n.final_norm = 2 * h;
     n.output = c.tied ? 0 : mul(c.vocab, h);
   }
-  c.dropout_permille = r.dropout_permille({"resid_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout"});
-  if (c.dropout_permille >= 1000) c.dropout_permille = 999;
+  // Dropout, site by site, as each family's modelling code applies it (transformers 5.17):
+  // GPT-2: embd_pdrop on the embeddings' sum, attn_pdrop on the attention probabilities,
+  //   resid_pdrop on the attention and MLP outputs (modeling_gpt2.py);
+  // Llama, Mistral, Mixtral, Qwen2: attention_dropout on the probabilities only;
+  // GPT-NeoX: attention_dropout; hidden_dropout on the embeddings (emb_dropout) and both
+  //   outputs (post_attention_dropout, post_mlp_dropout; modeling_gpt_neox.py);
+  // Falcon: attention_dropout on the probabilities and, without parallel attention, on the
+  //   attention output (dropout_add); hidden_dropout on the MLP output, or on the sum of both
+  //   outputs with parallel attention (one dropout_add); no embedding dropout (modeling_falcon.py).
+  const auto site = [&](const char* name) {
+    const std::uint64_t p = r.dropout_permille({name});
+    return p >= 1000 ? std::uint64_t{999} : p;
+  };
+  c.per_site_dropout = true;
+  if (family == "gpt2") {
+    c.embedding_dropout_permille = site("embd_pdrop");
+    c.attention_dropout_permille = site("attn_pdrop");
+    c.attention_output_dropout_permille = c.mlp_output_dropout_permille = site("resid_pdrop");
+  } else if (family == "gpt_neox") {
+    c.attention_dropout_permille = site("attention_dropout");
+    c.embedding_dropout_permille = c.attention_output_dropout_permille = c.mlp_output_dropout_permille =
+        site("hidden_dropout");
+  } else if (family == "falcon") {
+    c.attention_dropout_permille = site("attention_dropout");
+    c.attention_output_dropout_permille = c.parallel_residual ? 0 : c.attention_dropout_permille;
+    c.mlp_output_dropout_permille = site("hidden_dropout");
+  } else {
+    c.attention_dropout_permille = site("attention_dropout");
+  }
+  c.dropout_permille = std::max({c.embedding_dropout_permille, c.attention_dropout_permille,
+                                 c.attention_output_dropout_permille, c.mlp_output_dropout_permille});
   m.config = c;
   m.per_layer = n.layer;
   m.embedding = n.embedding;

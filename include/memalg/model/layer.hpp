@@ -62,6 +62,12 @@ struct layer_shape {
   std::uint64_t capacity_factor_percent = 0;  ///< MoE capacity factor × 100
   std::uint64_t chunk = 0;      ///< output layer: logits rows per chunk (0 = unchunked)
   std::uint64_t dropout_permille = 0;  ///< dropout probability × 1000 (masks exist when > 0)
+  /// Blocks with layer_flags::per_site_dropout: each dropout site's own probability × 1000 (the
+  /// attention probabilities; the attention output and the MLP output before their residual
+  /// adds). `dropout_permille` is then the largest of them. Read through the functions below.
+  std::uint64_t attention_dropout_permille = 0;
+  std::uint64_t attention_output_dropout_permille = 0;
+  std::uint64_t mlp_output_dropout_permille = 0;
   std::uint32_t flags = 0;      ///< layer-specific switches (layer_flags below)
   dtype logits = dtypes::none;  ///< output layer: logits dtype (none: fp32)
   std::uint64_t sequence = 0;   ///< tokens per sequence of this entry (0: the recipe's sequence)
@@ -106,7 +112,26 @@ inline constexpr std::uint32_t tanh = 1u << 20;
 /// custom entry: an encoder's output that every cross-attention of the decoder reads (set by
 /// encoder_decoder)
 inline constexpr std::uint32_t encoder_output = 1u << 21;
+/// block: each dropout site has its own probability (layer_shape's *_dropout_permille, as a
+/// Hugging Face config names them: GPT-2's attn_pdrop and resid_pdrop, GPT-NeoX's and Falcon's
+/// attention_dropout and hidden_dropout); without it `dropout_permille` is every site's.
+inline constexpr std::uint32_t per_site_dropout = 1u << 22;
 }  // namespace layer_flags
+
+/// A block's dropout probability (× 1000) at each site: on the attention probabilities, and on
+/// the attention and MLP outputs before their residual adds (the latter two only with
+/// layer_flags::residual_dropout unless the sites are given one by one).
+constexpr std::uint64_t attention_dropout_permille(const layer_shape& s) {
+  return (s.flags & layer_flags::per_site_dropout) != 0 ? s.attention_dropout_permille : s.dropout_permille;
+}
+constexpr std::uint64_t attention_output_dropout_permille(const layer_shape& s) {
+  if ((s.flags & layer_flags::per_site_dropout) != 0) return s.attention_output_dropout_permille;
+  return (s.flags & layer_flags::residual_dropout) != 0 ? s.dropout_permille : 0;
+}
+constexpr std::uint64_t mlp_output_dropout_permille(const layer_shape& s) {
+  if ((s.flags & layer_flags::per_site_dropout) != 0) return s.mlp_output_dropout_permille;
+  return (s.flags & layer_flags::residual_dropout) != 0 ? s.dropout_permille : 0;
+}
 
 /// Values of `layer_desc::group`.
 namespace layer_group {

@@ -107,6 +107,13 @@ struct lm_config {
   bool shared_norm = false;        ///< one norm feeds attention and MLP (Falcon-7B's layout)
   bool unfused_attention = false;  ///< attention keeps its scores even when SDPA is asked (Falcon-7B)
   bool residual_dropout = false;   ///< dropout on every sub-layer output and on the embeddings
+  /// Each dropout site's own probability (× 1000), as a Hugging Face config gives them: with it,
+  /// the four fields below are used and `dropout_permille` and `residual_dropout` are not.
+  bool per_site_dropout = false;
+  std::uint64_t embedding_dropout_permille = 0;         ///< on the embeddings' sum
+  std::uint64_t attention_dropout_permille = 0;         ///< on the attention probabilities
+  std::uint64_t attention_output_dropout_permille = 0;  ///< on the attention output (residual branch)
+  std::uint64_t mlp_output_dropout_permille = 0;        ///< on the MLP output (residual branch)
 };
 
 constexpr layer_shape block_shape(const lm_config& c) {
@@ -117,14 +124,25 @@ constexpr layer_shape block_shape(const lm_config& c) {
   s.head_dim = c.head_dim;
   s.ffn = c.ffn != 0 ? c.ffn : 4 * c.hidden;
   s.dropout_permille = c.dropout_permille;
-  s.flags = (c.bias ? layer_flags::bias : 0u) | (c.gated ? layer_flags::gated : 0u) |
-            (c.rms_norm ? layer_flags::rms_norm : 0u) | (c.flash ? layer_flags::flash : 0u) |
+  bool residual_dropout = c.residual_dropout;
+  if (c.per_site_dropout) {
+    s.attention_dropout_permille = c.attention_dropout_permille;
+    s.attention_output_dropout_permille = c.attention_output_dropout_permille;
+    s.mlp_output_dropout_permille = c.mlp_output_dropout_permille;
+    const std::uint64_t out = c.attention_output_dropout_permille > c.mlp_output_dropout_permille
+                                  ? c.attention_output_dropout_permille
+                                  : c.mlp_output_dropout_permille;
+    s.dropout_permille = c.attention_dropout_permille > out ? c.attention_dropout_permille : out;
+    residual_dropout = out != 0;
+  }
+  s.flags = (c.per_site_dropout ? layer_flags::per_site_dropout : 0u) | (c.bias ? layer_flags::bias : 0u) |
+            (c.gated ? layer_flags::gated : 0u) | (c.rms_norm ? layer_flags::rms_norm : 0u) | (c.flash ? layer_flags::flash : 0u) |
             (c.causal ? layer_flags::causal : 0u) | (c.rotary ? layer_flags::rotary : 0u) |
             (c.parallel_residual ? layer_flags::parallel_residual : 0u) |
             (c.fused_qkv ? layer_flags::fused_qkv : 0u) | (c.gelu_tanh ? layer_flags::gelu_tanh : 0u) |
             (c.shared_norm ? layer_flags::shared_norm : 0u) |
             (c.unfused_attention ? layer_flags::unfused_attention : 0u) |
-            (c.residual_dropout ? layer_flags::residual_dropout : 0u) |
+            (residual_dropout ? layer_flags::residual_dropout : 0u) |
             (c.qkv_bias ? layer_flags::qkv_bias : 0u);
   s.rotary_dim = c.rotary ? c.rotary_dim : 0;
   if (c.experts != 0) {
@@ -142,8 +160,9 @@ constexpr model_desc transformer_lm(const lm_config& c) {
   m.name = c.name;
   m.push(embedding_layer(c.vocab, c.hidden));
   if (c.positions != 0) m.push(position_embedding_layer(c.positions, c.hidden));
-  if (c.dropout_permille != 0) {
-    layer_desc d = dropout_layer(c.hidden, c.dropout_permille);
+  const std::uint64_t embedding_dropout = c.per_site_dropout ? c.embedding_dropout_permille : c.dropout_permille;
+  if (embedding_dropout != 0) {
+    layer_desc d = dropout_layer(c.hidden, embedding_dropout);
     d.name = "embedding_dropout";
     m.push(d);
   }

@@ -17,6 +17,13 @@ namespace memalg {
 
 enum class recompute_kind : std::uint8_t { none, selective, full, every_k };
 
+/// How a full (or every-K) recomputation checkpoints a layer under the pytorch stack
+/// (torch.utils.checkpoint): `non_reentrant` (saved-tensor hooks; Hugging Face's default since
+/// transformers 4.35, `use_reentrant=False`) or `reentrant` (the autograd.Function that reruns the
+/// forward inside backward, `use_reentrant=True`). They keep and rebuild different tensors
+/// (docs/algebra.md, "Gradient checkpointing"). Other stacks do not read it.
+enum class checkpoint_kind : std::uint8_t { non_reentrant, reentrant };
+
 /// The training stack whose allocations the plan follows, beyond the precision policy: which
 /// tensors each layer saves and which transients it allocates, when gradients exist and in which
 /// buffers, and the optimizer implementation's temporaries (docs/algebra.md, "Stacks").
@@ -49,6 +56,7 @@ struct training_desc {
   std::uint64_t grad_accum = 1;         ///< micro-batches accumulated per optimizer step
   recompute_kind recompute = recompute_kind::none;
   std::uint64_t recompute_every = 0;    ///< for every_k: checkpoint one layer input every k layers
+  checkpoint_kind checkpoint = checkpoint_kind::non_reentrant;  ///< full / every_k under the pytorch stack
   bool offload_activations = false;     ///< saved activations live in host memory between passes
   /// The optimizer step reads narrow gradients directly (fused Adam: Apex, torch fused=True, the
   /// CPU runtime); otherwise a gradient shard is upcast to the master dtype first (DeepSpeed).
@@ -98,6 +106,11 @@ struct every {
     t.recompute = recompute_kind::every_k;
     t.recompute_every = K;
   }
+};
+/// torch.utils.checkpoint's reentrant variant (`use_reentrant=True`) for full / every-K
+/// recomputation under the pytorch stack; the non-reentrant one is the default.
+struct reentrant {
+  static constexpr void apply(training_desc& t) { t.checkpoint = checkpoint_kind::reentrant; }
 };
 }  // namespace recompute
 

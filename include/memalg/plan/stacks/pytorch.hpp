@@ -69,7 +69,7 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
   const std::uint64_t q = checked_mul(s.heads, s.head_dim), kv = checked_mul(s.kv_heads, s.head_dim);
   const std::uint64_t Q = checked_mul(T, q), K = checked_mul(checked_mul(b, ceil_div(kv_seq, a.c.cp)), kv);
   const std::uint64_t S = checked_mul(checked_mul(b, s.heads), checked_mul(ceil_div(a.seq, a.c.cp), kv_seq));
-  const bool drop = s.dropout_permille != 0;
+  const bool drop = attention_dropout_permille(s) != 0;
   const bool rotary = (s.flags & layer_flags::rotary) != 0, fused = (s.flags & layer_flags::fused_qkv) != 0;
   // Eager attention, SDPA's math path (taken with dropout on the CPU, and by Falcon-7B's layout):
   // the fp32 softmax (and its cast when narrower), the query, the expanded key and value (repeat_kv)
@@ -190,8 +190,11 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       }
       const mlp_bytes m = torch_mlp(a, t, s);
       r.parts.mlp = m.saved;
-      if (s.dropout_permille != 0 && (s.flags & layer_flags::residual_dropout) != 0)
-        r.parts.mlp.input_grad += a.rep(bytes{checked_mul(H, 2 * t.mask)});  // the attention and MLP output dropouts' masks
+      {  // the attention and MLP output dropouts' masks (one dropout on their sum in Falcon's parallel block)
+        const std::uint64_t masks = (attention_output_dropout_permille(s) != 0 ? 1 : 0) +
+                                    (mlp_output_dropout_permille(s) != 0 ? 1 : 0);
+        if (masks != 0) r.parts.mlp.input_grad += a.rep(bytes{checked_mul(H, masks * t.mask)});
+      }
       if (t.autocast)  // autocast's cached bf16/fp16 copies of the block's weights, saved by its products
         r.parts.mlp.weight_grad +=
             bytes{checked_mul(ceil_div(l.params - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
