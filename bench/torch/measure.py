@@ -58,24 +58,31 @@ MB = 1e6
 # (tools/hf_config.cpp) reads for each model_type written explicitly.
 
 
-def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, vocab=None, ffn=None):
-    """The config.json dictionary of a small model of `family` (a variant name)."""
+def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, vocab=None, ffn=None, sites=None,
+                  kv_heads=None, head_dim=None, parallel=None, experts=None, top_k=None, rotary_pct=None):
+    """The config.json dictionary of a small model of `family` (a variant name). `dropout` is every
+    site's probability; `sites` ({"embedding", "attention", "residual"} -> p), when given, each
+    site's own (absent: 0). `kv_heads`, `head_dim`, `parallel` (the parallel-residual block),
+    `experts`, `top_k` and `rotary_pct`, when given, override the family's default."""
     h = hidden
     f = ffn or 4 * h
+    if sites is None:
+        sites = {"embedding": dropout, "attention": dropout, "residual": dropout}
+    p_emb, p_att, p_res = (sites.get(k, 0.0) for k in ("embedding", "attention", "residual"))
     if family == "gpt2":
         c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 50257,
              "n_positions": 1024, "n_embd": h, "n_layer": layers, "n_head": heads, "n_inner": f,
-             "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout,
-             "attn_pdrop": dropout, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+             "activation_function": "gelu_new", "resid_pdrop": p_res, "embd_pdrop": p_emb,
+             "attn_pdrop": p_att, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
              "tie_word_embeddings": True if tied is None else tied}
     elif family in ("llama", "mistral", "qwen2"):
         arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[family]
         c = {"architectures": [arch], "model_type": family, "vocab_size": 32000, "hidden_size": h,
              "intermediate_size": f, "num_hidden_layers": layers,
-             "num_attention_heads": heads, "num_key_value_heads": heads // 2, "head_dim": h // heads,
-             "hidden_act": "silu",
+             "num_attention_heads": heads, "num_key_value_heads": kv_heads or heads // 2,
+             "head_dim": head_dim or h // heads, "hidden_act": "silu",
              "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-             "attention_dropout": dropout, "initializer_range": 0.02,
+             "attention_dropout": p_att, "initializer_range": 0.02,
              "tie_word_embeddings": False if tied is None else tied}
         if family == "llama":
             c.update({"attention_bias": False, "mlp_bias": False})
@@ -86,29 +93,34 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
     elif family == "mixtral":
         c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
              "hidden_size": h, "intermediate_size": ffn or 2 * h, "num_hidden_layers": layers,
-             "num_attention_heads": heads, "num_key_value_heads": heads // 2, "head_dim": h // heads,
-             "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": False,
+             "num_attention_heads": heads, "num_key_value_heads": kv_heads or heads // 2,
+             "head_dim": head_dim or h // heads,
+             "num_local_experts": experts or 4, "num_experts_per_tok": top_k or 2, "output_router_logits": False,
              "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0, "hidden_act": "silu",
              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
-             "sliding_window": None, "attention_dropout": dropout, "initializer_range": 0.02,
+             "sliding_window": None, "attention_dropout": p_att, "initializer_range": 0.02,
              "tie_word_embeddings": False if tied is None else tied}
     elif family == "gpt_neox":
         c = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": 50304,
              "hidden_size": h, "intermediate_size": f, "num_hidden_layers": layers,
-             "num_attention_heads": heads, "rotary_pct": 0.25, "rotary_emb_base": 10000,
-             "use_parallel_residual": True, "hidden_act": "gelu", "max_position_embeddings": 2048,
-             "layer_norm_eps": 1e-5, "attention_dropout": dropout, "hidden_dropout": dropout,
+             "num_attention_heads": heads, "rotary_pct": 0.25 if rotary_pct is None else rotary_pct,
+             "rotary_emb_base": 10000, "use_parallel_residual": True if parallel is None else parallel,
+             "hidden_act": "gelu", "max_position_embeddings": 2048,
+             "layer_norm_eps": 1e-5, "attention_dropout": p_att, "hidden_dropout": p_res,
              "initializer_range": 0.02, "tie_word_embeddings": False if tied is None else tied}
     elif family in ("falcon", "falcon-new"):
+        # falcon-new: the new decoder architecture (grouped-query, two norms, always parallel);
+        # falcon: multi-query unless kv_heads equals heads.
         new = family == "falcon-new"
         c = {"architectures": ["FalconForCausalLM"], "model_type": "falcon", "vocab_size": 65024,
              "hidden_size": h, "num_hidden_layers": layers, "num_attention_heads": heads,
-             "new_decoder_architecture": new, "multi_query": not new, "parallel_attn": True,
+             "new_decoder_architecture": new, "multi_query": not new and kv_heads != heads,
+             "parallel_attn": True if parallel is None else parallel,
              "bias": False, "alibi": False, "ffn_hidden_size": f, "layer_norm_epsilon": 1e-5,
-             "hidden_dropout": dropout, "attention_dropout": dropout, "initializer_range": 0.02,
+             "hidden_dropout": p_res, "attention_dropout": p_att, "initializer_range": 0.02,
              "tie_word_embeddings": True if tied is None else tied}
         if new:
-            c.update({"num_kv_heads": heads // 2, "num_ln_in_parallel_attn": 2})
+            c.update({"num_kv_heads": kv_heads or heads // 2, "num_ln_in_parallel_attn": 2})
     else:
         raise ValueError("unknown family " + family)
     if vocab is not None:
@@ -123,7 +135,11 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
 DEFAULTS = {"attention": "sdpa", "precision": "fp32", "optimizer": "adamw", "foreach": True,
             "momentum": 0.0, "gradient_checkpointing": False, "micro_batch": 2, "seq": 256,
             "layers": 2, "world": 1, "parallel": "none", "dropout": 0.0, "tied": None,
-            "bucket_cap_mb": None, "crosscheck": False, "hidden": 256, "heads": 4, "vocab": None, "ffn": None}
+            "bucket_cap_mb": None, "crosscheck": False, "hidden": 256, "heads": 4, "vocab": None, "ffn": None,
+            # Axes of the generated matrix (generate.py); these defaults are the hand-picked cases'.
+            "reentrant": False, "fused": False, "grad_accum": 1, "sites": None, "kv_heads": None,
+            "head_dim": None, "parallel_residual": None, "experts": None, "top_k": None, "rotary_pct": None,
+            "group": "base", "generator": None}
 
 
 def case(name, variant, **kw):
@@ -195,9 +211,56 @@ def matrix():
     add(case("gpt2-ddp", "gpt2", world=2, parallel="ddp", bucket_cap_mb=25))
     add(case("llama-fsdp2", "llama", world=2, parallel="fsdp2"))
     add(case("gpt2-fsdp2", "gpt2", world=2, parallel="fsdp2"))
+    m += generated_cases()
     names = [c["name"] for c in m]
     assert len(names) == len(set(names)), "duplicate case names"
     return m
+
+
+MATRIX = os.path.join(HERE, "matrix")
+MEASURED = os.path.join(HERE, "measured")
+
+
+def generated_case(group, g):
+    """A case of the generated matrix (matrix/<group>.json, drawn by generate.py) in the form the
+    hand-picked cases have."""
+    a, n = g["axes"], g["numbers"]
+    fam = a["family"]
+    variant = fam
+    if fam == "falcon" and a["heads"] == "gqa":
+        variant = "falcon-new"
+    sites = {}
+    if a["dropout"] != "off":
+        from generate import DROPOUT_SITES
+        on = DROPOUT_SITES[fam] if a["dropout"] == "all" else (a["dropout"],)
+        sites = {k: n["dropout_p"] for k in on}
+    opt = a["optimizer"]
+    ranks = a["ranks"]
+    return case(g["name"], variant, group=group, generator={"axes": a, "numbers": n},
+                attention=a["attention"], precision=a["precision"],
+                optimizer="adamw" if opt.startswith("adamw") else "sgd",
+                foreach=opt not in ("adamw-for-loop", "adamw-fused"), fused=opt == "adamw-fused",
+                momentum=0.9 if opt == "sgd-momentum" else 0.0,
+                gradient_checkpointing=a["checkpointing"] != "off", reentrant=a["checkpointing"] == "reentrant",
+                grad_accum=n["grad_accum"], micro_batch=n["micro_batch"], seq=n["seq"], layers=n["layers"],
+                world=1 if ranks == "1" else 2, parallel={"1": "none", "ddp-2": "ddp", "fsdp2-2": "fsdp2"}[ranks],
+                bucket_cap_mb=25 if ranks == "ddp-2" else None,
+                dropout=max(sites.values()) if sites else 0.0, sites=sites,
+                tied=a["embeddings"] == "tied", hidden=n["hidden"], heads=n["heads"], vocab=n["vocab"], ffn=n["ffn"],
+                kv_heads=n["kv_heads"], head_dim=n["head_dim"],
+                parallel_residual=(a["residual"] == "parallel") if fam in ("gpt_neox", "falcon") else None,
+                experts=n.get("experts"), top_k=n.get("top_k"), rotary_pct=n.get("rotary_pct"))
+
+
+def generated_cases():
+    out = []
+    if os.path.isdir(MATRIX):
+        for f in sorted(os.listdir(MATRIX)):
+            if f.endswith(".json"):
+                with open(os.path.join(MATRIX, f)) as fh:
+                    g = json.load(fh)
+                out += [generated_case(g["group"], c) for c in g["cases"]]
+    return out
 
 
 # The subset for `--quick` and the default of `--device cuda` (single-device cases only).
@@ -211,7 +274,8 @@ def config_path(c):
 
 def config_dict(c):
     return family_config(c["variant"], c["layers"], c["dropout"], c["tied"], c["hidden"], c["heads"], c["vocab"],
-                         c["ffn"])
+                         c["ffn"], c["sites"], c["kv_heads"], c["head_dim"], c["parallel_residual"], c["experts"],
+                         c["top_k"], c["rotary_pct"])
 
 
 def write_config(c):
@@ -300,7 +364,7 @@ class Setup:
             model.to(torch.bfloat16)
         model.to(self.device)
         if c["gradient_checkpointing"]:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": c["reentrant"]})
         model.config.use_cache = False
         model.train()
         original_loss = model.loss_function
@@ -325,7 +389,9 @@ class Setup:
             fully_shard(model, mesh=mesh)
         self.model = model
         params = [p for p in model.parameters()]
-        if c["optimizer"] == "adamw":
+        if c["optimizer"] == "adamw" and c["fused"]:
+            self.optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
+        elif c["optimizer"] == "adamw":
             self.optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=c["foreach"])
         else:
             self.optimizer = torch.optim.SGD(params, lr=1e-3, momentum=c["momentum"], foreach=c["foreach"])
@@ -339,15 +405,28 @@ class Setup:
 
     def step(self):
         """One training step; every tensor it makes is gone when it returns, but for the new
-        parameter values and the optimizer state."""
+        parameter values and the optimizer state. With gradient accumulation, `grad_accum`
+        micro-batches run forward and backward, each loss divided by their number (as the Hugging
+        Face Trainer does); under DDP all but the last in `no_sync()` (PyTorch's documented way, and
+        accelerate's), so only the last one's backward reduces."""
         c, phase = self.c, self.phase
-        ids = torch.randint(0, self.vocab, (c["micro_batch"], c["seq"]), generator=self.generator)
-        ids = ids.to(self.device)
-        with phase("forward"):
-            with self.autocast():
-                loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
-        with phase("backward"):
-            loss.backward()
+        k = c["grad_accum"]
+        for i in range(k):
+            ids = torch.randint(0, self.vocab, (c["micro_batch"], c["seq"]), generator=self.generator)
+            ids = ids.to(self.device)
+            sync = contextlib.nullcontext()
+            if c["parallel"] == "ddp" and i < k - 1:
+                sync = self.model.no_sync()
+            with sync:
+                with phase("forward"):
+                    with self.autocast():
+                        loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
+                        if k > 1:
+                            loss = loss / k
+                with phase("backward"):
+                    loss.backward()
+            if i < k - 1:
+                del loss
         with phase("optimizer"):
             self.optimizer.step()
         with phase("zero_grad"):
@@ -559,6 +638,11 @@ def describe(c, s):
     for k in ("attention", "precision", "optimizer", "foreach", "momentum", "gradient_checkpointing",
               "micro_batch", "seq", "layers", "world", "parallel", "dropout"):
         d[k] = c[k]
+    if c["group"] != "base":  # the generated matrix's own fields
+        for k in ("reentrant", "fused", "grad_accum", "sites"):
+            d[k] = c[k]
+        d["group"] = c["group"]
+        d["generator"] = c["generator"]
     if c["parallel"] == "ddp":
         d["bucket_cap_mb"] = c["bucket_cap_mb"]
     if s is not None:
@@ -699,7 +783,7 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def run_distributed(c, timeout=300):
+def run_distributed(c, timeout=900):
     t0 = time.time()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -1230,6 +1314,11 @@ def main():
     ap.add_argument("--out", help="output file")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--group", help="the cases of one group: 'base' (the hand-picked cases, measured.json) or a "
+                                    "generated one (matrix/GROUP.json, written to measured/GROUP.json)")
+    ap.add_argument("--shard", metavar="K/N", help="with --group: the K-th of N interleaved shards of its cases "
+                                                   "(written to measured/GROUP.shard-K-of-N.json)")
+    ap.add_argument("--merge", metavar="GROUP", help="join the shard files of GROUP into measured/GROUP.json")
     ap.add_argument("--selftest", action="store_true", help="run the hand-checked tiny model and exit")
     ap.add_argument("--explain", metavar="CASES",
                     help="run these cases (names or shell patterns, comma-separated; single-process) as the "
@@ -1254,6 +1343,8 @@ def main():
         return 0 if selftest() else 1
 
     cases = matrix()
+    if args.merge:
+        return merge_shards(args.merge, cases)
     if args.explain:
         return explain_main(args, ap, cases)
     if args.json or args.phases or args.top:
@@ -1262,7 +1353,20 @@ def main():
         for c in cases:
             print(c["name"])
         return 0
-    if args.cases:
+    shard = None
+    if args.shard and not args.group:
+        ap.error("--shard goes with --group")
+    if args.group:
+        cases = [c for c in cases if c["group"] == args.group]
+        if not cases:
+            ap.error("no group %r (groups: %s)" % (args.group, ", ".join(sorted({c["group"] for c in matrix()}))))
+        if args.shard:
+            m = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", args.shard)
+            if not m or int(m.group(1)) > int(m.group(2)):
+                ap.error("--shard K/N with 1 <= K <= N")
+            shard = (int(m.group(1)), int(m.group(2)))
+            cases = cases[shard[0] - 1::shard[1]]
+    elif args.cases:
         pats = [p.strip() for p in args.cases.split(",") if p.strip()]
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
     elif args.quick or (args.device == "cuda" and not args.all):
@@ -1274,6 +1378,11 @@ def main():
     out_path = args.out
     if out_path is None and args.device == "cuda":
         out_path = os.path.join(HERE, "measured_cuda.json")
+    elif out_path is None and args.group:
+        if args.group == "base" and not shard:
+            out_path = os.path.join(HERE, "measured.json")
+        else:
+            out_path = os.path.join(MEASURED, args.group + (".shard-%d-of-%d" % shard if shard else "") + ".json")
     elif out_path is None and args.all:
         out_path = os.path.join(HERE, "measured.json")
 
@@ -1302,16 +1411,34 @@ def main():
         result["gpu"] = torch.cuda.get_device_name()
     if args.device == "cpu" and args.all:
         result["selftest"] = "passed" if selftest() else "failed"
+    if args.all and args.device == "cpu" and not args.out:
+        # One file per group: the hand-picked cases in measured.json, each generated group in
+        # measured/<group>.json (appended groups never rewrite another's file).
+        groups = {}
+        for c in cases:
+            groups.setdefault(c["group"], []).append(c)
+        for group, members in groups.items():
+            path = os.path.join(HERE, "measured.json") if group == "base" else os.path.join(MEASURED, group + ".json")
+            run_cases(dict(result, group=group, cases=[]), members, args.device, path)
+        return 0
+    if args.group:
+        result["group"] = args.group
+    if shard:
+        result["shard"] = "%d/%d" % shard
+    return run_cases(result, cases, args.device, out_path)
+
+
+def run_cases(result, cases, device, out_path):
     t0 = time.time()
     for c in cases:
-        if c["world"] > 1 and args.device == "cuda":
+        if c["world"] > 1 and device == "cuda":
             continue  # one GPU: the two-rank cases are CPU-only
         print("%-22s" % c["name"], end=" ", flush=True)
         if c["world"] > 1:
             r = run_distributed(c)
         else:
             try:
-                r = measure_case(c, args.device)
+                r = measure_case(c, device)
             except Exception as e:
                 r = describe(c, None)
                 r["skipped"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
@@ -1320,6 +1447,7 @@ def main():
     result["wall_seconds"] = round(time.time() - t0, 1)
     print("%d cases in %.0f s" % (len(result["cases"]), result["wall_seconds"]))
     if out_path:
+        os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
         with open(out_path, "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")
@@ -1327,6 +1455,42 @@ def main():
     bad = [r["name"] for r in result["cases"] if r.get("checks_failed")]
     if bad:
         print("checks failed:", ", ".join(bad))
+    return 0
+
+
+def merge_shards(group, cases):
+    """measured/GROUP.json from its shard files (every case of the group present once, in the
+    matrix's order); the shard files are removed."""
+    names = [c["name"] for c in cases if c["group"] == group]
+    if not names:
+        print("error: no group %r" % group, file=sys.stderr)
+        return 2
+    files = sorted(f for f in os.listdir(MEASURED) if re.fullmatch(re.escape(group) + r"\.shard-\d+-of-\d+\.json", f))
+    if not files:
+        print("error: no shard files of %s in %s" % (group, os.path.relpath(MEASURED)), file=sys.stderr)
+        return 2
+    parts = []
+    for f in files:
+        with open(os.path.join(MEASURED, f)) as fh:
+            parts.append(json.load(fh))
+    got = {r["name"]: r for p in parts for r in p["cases"]}
+    missing = [n for n in names if n not in got]
+    if missing:
+        print("error: %d cases of %s have no result yet: %s" % (len(missing), group, ", ".join(missing[:8])),
+              file=sys.stderr)
+        return 2
+    out = {k: v for k, v in parts[0].items() if k not in ("cases", "shard", "command", "wall_seconds")}
+    out["commands"] = sorted({p["command"] for p in parts})
+    out["shards"] = len(parts)
+    out["wall_seconds"] = round(sum(p.get("wall_seconds", 0) for p in parts), 1)
+    out["cases"] = [got[n] for n in names]
+    with open(os.path.join(MEASURED, group + ".json"), "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    for f in files:
+        os.remove(os.path.join(MEASURED, f))
+    print("wrote %s (%d cases from %d shards)" % (os.path.relpath(os.path.join(MEASURED, group + ".json")),
+                                                   len(names), len(parts)))
     return 0
 
 
