@@ -114,6 +114,7 @@ memalg_cli_refused(states_only_seq "plan --preset gpt2-124m --states-only --seq 
 memalg_cli_refused(fit_no_layers "fit --params 7B --seq 1024" "fit needs a model with layers")
 memalg_cli_refused(fit_no_seq "fit --preset gpt2-124m" "fit needs --seq")
 memalg_cli_refused(fit_range "fit --preset gpt2-124m --seq 1024 --micro-batch 8..2" "is empty")
+memalg_cli_refused(fit_no_divisor "fit --preset gpt2-124m --seq 1024 --micro-batch 5..7 --global-batch 8" "no micro-batch in 5..7 divides the 8 sequences")
 
 # What the single-GPU user sees.
 function(memalg_cli_ok name args match)

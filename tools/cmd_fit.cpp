@@ -107,6 +107,7 @@ fit_result run_fit_search(const plan_inputs& base, const fit_request& q) {
     f.why = p.why;
     into = f;
   };
+  out.step = step;
   if (count == 0) {
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;
@@ -209,6 +210,14 @@ int run_fit(const plan_flags& plan, const fit_flags& fit) {
     throw usage_error("--global-batch " + fit.global_batch + " is not a multiple of --dp " + std::to_string(base.mesh.dp) +
                       ": every data-parallel rank takes the same number of sequences");
   const fit_result r = run_fit_search(base, q);
+  if (!r.answer && !r.first_not_fitting) {  // nothing was searched
+    if (q.global_batch != 0)
+      throw usage_error("no micro-batch in " + std::to_string(q.range.lo) + ".." + std::to_string(q.range.hi) +
+                        " divides the " + std::to_string(q.global_batch / base.mesh.dp) +
+                        " sequences of a data-parallel rank (--global-batch " + fit.global_batch + ")");
+    throw usage_error("no sequence length in " + std::to_string(q.range.lo) + ".." + std::to_string(q.range.hi) +
+                      " is a multiple of " + std::to_string(r.step) + ", which the mesh needs");
+  }
 
   const char* size_name = q.search_sequence ? "sequence" : "micro-batch";
   if (fit.json) {
