@@ -107,6 +107,7 @@ memalg_cli_refused(autocast_t4 "plan --params 1B --device t4" "--precision autoc
 memalg_cli_refused(capacity_unit "plan --params 7B --device-memory 24" "a capacity with a unit")
 memalg_cli_refused(two_devices "plan --params 7B --device h200 --device-memory 24GB" "give one")
 memalg_cli_refused(namespace_keyword "emit --params 7B --namespace class" "'class' is a C[+][+] keyword")
+memalg_cli_refused(unknown_subcommand "frobnicate --params 7B" "'frobnicate' is not a sub-command: plan, fit")
 memalg_cli_refused(twice "plan --params 7B --dp 2 --dp 4" "^memalg: error: --dp takes one value")
 memalg_cli_refused(extra "plan --params 7B --seq 1 2" "^memalg: error: unexpected '2'")
 memalg_cli_refused(not_a_flag "sweep --params 7B --world 8 --stage 0" "'--stage' is not a flag of `memalg sweep`")
@@ -114,6 +115,8 @@ memalg_cli_refused(states_only_seq "plan --preset gpt2-124m --states-only --seq 
 memalg_cli_refused(fit_no_layers "fit --params 7B --seq 1024" "fit needs a model with layers")
 memalg_cli_refused(fit_no_seq "fit --preset gpt2-124m" "fit needs --seq")
 memalg_cli_refused(fit_range "fit --preset gpt2-124m --seq 1024 --micro-batch 8..2" "is empty")
+memalg_cli_refused(sweep_wide_range "sweep --preset gpt2-124m --seq 1024 --world 1 --micro-batch 1..64"
+  "--micro-batch 1[.][.]64 is 64 choices, more than the 32 .*memalg fit --micro-batch 1[.][.]64")
 memalg_cli_refused(fit_no_divisor "fit --preset gpt2-124m --seq 1024 --micro-batch 5..7 --global-batch 8" "no micro-batch in 5..7 divides the 8 sequences")
 
 # What the single-GPU user sees.
@@ -126,6 +129,7 @@ memalg_cli_ok(states_only "plan --preset gpt2-124m --device rtx4090 --states-onl
   "fits: yes.*note: model states only [(]--states-only[)]")
 memalg_cli_ok(states_alone_do_not_fit "plan --preset llama2-70b --device l4"
   "fits: NO.*the model states alone do not fit")
+memalg_cli_ok(sweep_states_only "sweep --preset gpt2-124m --world 2 --states-only" "note: model states only")
 memalg_cli_ok(default_precision "plan --preset gpt2-124m --seq 1024" "precision autocast-bf16")
 memalg_cli_ok(megatron_precision "plan --preset gpt2-124m --seq 1024 --stack megatron" "precision mixed-bf16-fp32-grads")
 memalg_cli_ok(deprecated_precision "plan --params 7B --precision amp-bf16" "precision mixed-bf16-fp32-grads"

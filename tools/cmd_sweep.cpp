@@ -33,7 +33,11 @@ std::vector<std::string> split_list(const std::string& text, std::string_view wh
       throw usage_error(std::string(what) + " must be a comma-separated list without empty items, not '" + text + "'");
     if (item.find("..") != std::string::npos) {
       const size_range r = parse_range(item, what, 1ULL << 32);
-      if (r.hi - r.lo >= max_choices) throw too_many();
+      if (r.hi - r.lo >= max_choices)
+        throw usage_error(std::string(what) + " " + item + " is " + std::to_string(r.hi - r.lo + 1) +
+                          " choices, more than the " + std::to_string(max_choices) +
+                          " a sweep searches in one dimension: list fewer (1,2,4,8,16,32,64), or ask `memalg fit " +
+                          std::string(what) + " " + item + "` for the largest that fits");
       for (std::uint64_t v = r.lo; v <= r.hi; ++v) items.push_back(std::to_string(v));
     } else {
       items.push_back(item);
@@ -576,6 +580,7 @@ nlohmann::json sweep_json(const sweep_setup& s, const sweep_report& r, bool exha
                  {"limit", s.problem.device.limit().value}};
   j["sort"] = std::string(order_name(s.order));
   j["global_batch"] = s.problem.space.global_batch;
+  j["states_only"] = s.problem.training.sequence == 0;
   j["evaluated"] = r.summary.evaluated;
   j["valid"] = r.summary.valid;
   j["feasible"] = r.summary.feasible;
@@ -640,6 +645,9 @@ std::string sweep_table(const sweep_setup& s, const sweep_report& r) {
   if (r.folded != 0)
     out << "folded " << r.folded << " more configuration" << (r.folded == 1 ? "" : "s")
         << " with the plan of a listed one: each plan is listed once, in its simplest spelling\n";
+  if (p.training.sequence == 0 && has_layer_structure(p.model))
+    out << "note: model states only (--states-only): activations are not counted; \"fit\" is about the model "
+           "states alone\n";
   if (unknown_traffic)
     out << "note: a model given by its parameter count (or a recipe without --seq) has no activation "
            "traffic to count: comm/step covers data parallelism only; give the layers for the rest\n";

@@ -5,6 +5,7 @@
 // 1 an unexpected internal error.
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include <memalg/version.hpp>
 
@@ -61,6 +62,11 @@ int main(int argc, char** argv) {
   CLI::App* devices = app.add_subcommand("devices", "list the device catalog");
 
   try {
+    bool known = argc < 2 || argv[1][0] == '-';
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+    if (!known)
+      throw usage_error("'" + std::string(argv[1]) +
+                        "' is not a sub-command: plan, fit, sweep, emit, import or devices (see memalg --help)");
     app.parse(argc, argv);
     if (*plan) {
       if (plan->count("--svg") != 0) write_plan_svg(flags, plan_svg);  // before any output: an error leaves none
