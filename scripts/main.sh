@@ -14,8 +14,8 @@ jobs=$(nproc 2>/dev/null || echo 2)
 echo; echo "== examples/model_states: a 7.5B model on 64 x A100 80 GB (checked at compile time)"
 "$build"/examples/model_states
 
-echo; echo "== memalg plan: Llama-2-7B-sized model states, amp-bf16 AdamW, 8 x A100 80 GB, ZeRO-1"
-"$build"/tools/memalg plan --params 7B --precision amp-bf16 --optimizer adamw --dp 8 --zero 1 --device a100-80gb
+echo; echo "== memalg plan: Llama-2-7B-sized model states, Megatron's bf16 layout (mixed-bf16-fp32-grads) AdamW, 8 x A100 80 GB, ZeRO-1"
+"$build"/tools/memalg plan --params 7B --precision mixed-bf16-fp32-grads --optimizer adamw --dp 8 --zero 1 --device a100-80gb
 
 echo; echo "== building the speech example and the CPU trainer"
 cmake --build "$build" -j "$jobs" --target speech_tts train_gpt_cpu

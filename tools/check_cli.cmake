@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSL-1.0
-# Runs EXE with ARGS. EXPECT=bad: exit status non-zero, exactly one line on stderr starting with
-# "memalg: error:", nothing on stdout. EXPECT=ok: exit 0 and stdout matching MATCH.
+# Runs EXE with ARGS. EXPECT=bad: exit status non-zero (RC when given), exactly one line on stderr
+# starting with "memalg: error:" (matching ERR_MATCH when given), nothing on stdout. EXPECT=ok:
+# exit 0 and stdout matching MATCH (and stderr matching ERR_MATCH when given).
 separate_arguments(_args UNIX_COMMAND "${ARGS}")
 execute_process(COMMAND ${EXE} ${_args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(EXPECT STREQUAL "bad")
@@ -18,6 +19,12 @@ if(EXPECT STREQUAL "bad")
   if(NOT out STREQUAL "")
     message(FATAL_ERROR "`memalg ${ARGS}` printed on stdout:\n${out}")
   endif()
+  if(DEFINED RC AND NOT rc EQUAL RC)
+    message(FATAL_ERROR "`memalg ${ARGS}` exited ${rc}, not ${RC}")
+  endif()
+  if(DEFINED ERR_MATCH AND NOT err MATCHES "${ERR_MATCH}")
+    message(FATAL_ERROR "`memalg ${ARGS}` error does not match '${ERR_MATCH}':\n${err}")
+  endif()
   message(STATUS "rejected (${rc}): ${err}")
 else()
   if(NOT rc EQUAL 0)
@@ -25,5 +32,8 @@ else()
   endif()
   if(DEFINED MATCH AND NOT out MATCHES "${MATCH}")
     message(FATAL_ERROR "`memalg ${ARGS}` output does not match '${MATCH}':\n${out}")
+  endif()
+  if(DEFINED ERR_MATCH AND NOT err MATCHES "${ERR_MATCH}")
+    message(FATAL_ERROR "`memalg ${ARGS}` stderr does not match '${ERR_MATCH}':\n${err}")
   endif()
 endif()

@@ -3,16 +3,75 @@
 #include "cli.hpp"
 #include "planner.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <utility>
+#include <vector>
 
 namespace memalg::cli {
 
 namespace {
 std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+std::string single_quoted(std::string_view s) { return quoted(s); }
 }  // namespace
+
+std::string parse_error_sentence(const CLI::ParseError& e, std::string_view command) {
+  std::string what = e.what();
+  for (char& c : what)
+    if (c == '\n' || c == '\r') c = ' ';
+  const std::string help = command.empty() ? std::string("memalg --help") : "memalg " + std::string(command) + " --help";
+  const auto words = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::string w;
+    for (char c : text + " ") {
+      if (c != ' ') w += c;
+      else if (!w.empty()) out.push_back(std::exchange(w, {}));
+    }
+    return out;
+  };
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    // CLI11 lists the extras last first ("not expected: 0 --stage" for "--stage 0").
+    const std::size_t colon = what.find(": ");
+    std::vector<std::string> extras = words(colon == std::string::npos ? std::string() : what.substr(colon + 2));
+    std::reverse(extras.begin(), extras.end());
+    std::string joined;
+    for (const std::string& x : extras) joined += (joined.empty() ? "" : " ") + x;
+    for (const std::string& x : extras)
+      if (x.size() > 1 && x[0] == '-' && !std::isdigit(static_cast<unsigned char>(x[1])))
+        return single_quoted(x) + " is not a flag of " + (command.empty() ? "memalg" : "`memalg " + std::string(command) + "`") +
+               " (see " + help + ")";
+    if (command.empty() && !extras.empty())
+      return single_quoted(extras.front()) + " is not a sub-command (plan, fit, sweep, emit, import, devices; see " + help + ")";
+    return "unexpected " + single_quoted(joined) + ": each flag takes one value (see " + help + ")";
+  }
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+    const std::size_t colon = what.find(": ");
+    const std::string flag = colon == std::string::npos ? std::string() : what.substr(0, colon);
+    if (what.find("At Most") != std::string::npos)
+      return flag + " takes one value and is given once (see " + help + ")";
+    if (what.find("At least") != std::string::npos || what.find("required") != std::string::npos)
+      return flag + " needs a value (see " + help + ")";
+    const std::size_t to = what.find(" arguments to ");
+    if (to != std::string::npos) {
+      const std::string f = what.substr(to + 14, what.find(',', to) - (to + 14));
+      return f + " takes one value (see " + help + ")";
+    }
+  }
+  if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+    if (what.rfind("A subcommand", 0) == 0)
+      return "a sub-command is required: plan, fit, sweep, emit, import or devices (see memalg --help)";
+    return what.substr(0, what.find(" is required")) + " is required (see " + help + ")";
+  }
+  if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr && what.find("too many inputs for a flag") != std::string::npos)
+    return what.substr(0, what.find(':')) + " is a flag and takes no value (see " + help + ")";
+  if (!what.empty()) what[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(what[0])));
+  return what + " (see " + help + ")";
+}
 
 std::uint64_t parse_count(std::string_view text, std::string_view what) {
   std::string s(text);
@@ -69,7 +128,9 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--params", params, "parameter count: 7.5e9, 7.5B, 175B, 124M");
   app.add_option("--expert-params", expert_params, "of which in mixture-of-experts layers (split by --ep)");
   app.add_option("--largest-layer", largest_layer, "parameters of the largest layer (ZeRO-3 gathers it whole)");
-  app.add_option("--precision", precision, "fp32|amp-fp16|amp-bf16|autocast-bf16|bf16|fp8 (default amp-bf16)");
+  app.add_option("--precision", precision,
+                 "what each model state is kept in (bytes per parameter with Adam); default autocast-bf16 "
+                 "(--stack pytorch), mixed-bf16-fp32-grads (the other stacks):\n" + precision_help());
   app.add_option("--optimizer", optimizer, "sgd|momentum|adam|adamw|adam8bit|adafactor|lion (default adamw)");
   app.add_option("--dp", dp, "data-parallel degree (default 1)");
   app.add_option("--zero", zero, "ZeRO stage 0|1|2|3 over the data-parallel ranks (default 0)");
@@ -78,8 +139,13 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--ep", ep, "expert-parallel degree (default 1)");
   app.add_option("--offload", offload, "none|optimizer|params (default none)");
   app.add_option("--device", device, "device name (see `memalg devices`; default a100-80gb)");
+  app.add_option("--device-memory", device_memory,
+                 "a device of this capacity instead of a catalog name: 24GiB, 24GB, 80G (G = GiB; GB = 10^9 bytes); "
+                 "reserve 544 MiB unless --reserve-mib");
   app.add_option("--memory-cap", memory_cap, "fraction of device memory the process may use, in (0, 1]");
   app.add_option("--reserve-mib", reserve_mib, "override the device's runtime reserve, in MiB");
+  app.add_flag("--states-only", states_only,
+               "plan a layer-level model without --seq: model states only, activations not counted");
   app.add_option("--preset", preset, "a model by name (gpt2-124m, llama2-7b, speech-tts-500m, ...)");
   app.add_option("--config", config, "a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, GPT-2, GPT-NeoX, Falcon)");
   app.add_option("--layers", layers, "transformer blocks");
@@ -110,6 +176,79 @@ void plan_flags::add_to(CLI::App& app) {
                  "memalg (memalg's runtime, exact) | paper (Korthikanti et al. 2022's accounting)");
   app.add_option("--optimizer-impl", optimizer_impl,
                  "foreach (torch's CUDA default) | for-loop (its CPU default) | fused (default foreach)");
+}
+
+namespace {
+struct precision_entry {
+  std::string_view name;
+  std::string_view holds;
+};
+// Bytes per parameter with Adam (two fp32 states): train/precision.hpp's table.
+constexpr precision_entry precision_entries[] = {
+    {"autocast-bf16", "PyTorch autocast in bf16, the Trainer's bf16=True: fp32 weights, gradients and Adam states, bf16 activations (16 B)"},
+    {"autocast-fp16", "the Trainer's fp16=True: fp32 weights, gradients and Adam states, fp16 activations, a GradScaler (16 B + 8 B)"},
+    {"fp32", "fp32 weights, gradients and Adam states (16 B)"},
+    {"bf16", "pure bf16: bf16 weights, gradients and Adam states, no fp32 copy (8 B)"},
+    {"mixed-bf16", "bf16 weights and gradients, fp32 master weights and Adam states; DeepSpeed's bf16 (16 B)"},
+    {"mixed-fp16", "fp16 weights and gradients, fp32 master weights and Adam states; DeepSpeed's fp16, the ZeRO paper (16 B)"},
+    {"mixed-bf16-fp32-grads", "bf16 weights, fp32 gradients, master weights and Adam states; Megatron's bf16 (18 B)"},
+    {"fp8", "Transformer Engine fp8: mixed-bf16-fp32-grads plus an fp8 weight copy and its transpose (20 B)"},
+};
+// Old spellings, accepted for one release with a note: the names of PyTorch's AMP for layouts
+// that are not autocast.
+constexpr std::pair<std::string_view, std::string_view> deprecated_precisions[] = {
+    {"amp-bf16", "mixed-bf16-fp32-grads"}, {"amp-fp16", "mixed-fp16"}};
+
+std::string precision_list() {
+  std::string names;
+  for (const precision_entry& e : precision_entries) names += (names.empty() ? "" : "|") + std::string(e.name);
+  return names;
+}
+}  // namespace
+
+std::string_view default_precision(stack_kind s) {
+  return s == stack_kind::pytorch ? "autocast-bf16" : "mixed-bf16-fp32-grads";
+}
+
+std::string precision_help() {
+  std::string out;
+  for (const precision_entry& e : precision_entries)
+    out += "  " + std::string(e.name) + std::string(e.name.size() < 22 ? 22 - e.name.size() : 1, ' ') +
+           std::string(e.holds) + "\n";
+  out += "  (amp-bf16 and amp-fp16, the old names of mixed-bf16-fp32-grads and mixed-fp16, are deprecated)";
+  return out;
+}
+
+bytes parse_memory_size(std::string_view text, std::string_view what) {
+  const auto bad = [&] {
+    return usage_error(std::string(what) + " must be a capacity with a unit like 24GiB, 24GB, 80G or 512MiB, not " +
+                       quoted(text));
+  };
+  std::string s(text);
+  if (s.empty() || s.size() > 32) throw bad();
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  std::string number = s.substr(0, i), unit = s.substr(i);
+  if (!unit.empty() && unit[0] == ' ') unit.erase(0, 1);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  long double scale = 0;
+  if (unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kib") scale = 1024.0L;
+  else if (unit == "kb") scale = 1e3L;
+  else if (unit == "m" || unit == "mib") scale = 1048576.0L;
+  else if (unit == "mb") scale = 1e6L;
+  else if (unit == "g" || unit == "gib") scale = 1073741824.0L;
+  else if (unit == "gb") scale = 1e9L;
+  else if (unit == "t" || unit == "tib") scale = 1099511627776.0L;
+  else if (unit == "tb") scale = 1e12L;
+  if (number.empty() || number == "." || scale == 0 || std::count(number.begin(), number.end(), '.') > 1) throw bad();
+  const long double v = std::strtold(number.c_str(), nullptr) * scale;
+  if (!std::isfinite(v) || v < 1) throw bad();
+  if (v > 1125899906842624.0L)  // 1 PiB
+    throw usage_error(std::string(what) + " " + quoted(text) + " is larger than any device (at most 1 PiB)");
+  const long double r = std::nearbyint(v);
+  if (std::fabs(v - r) > 1e-9L * v) throw usage_error(std::string(what) + " must be a whole number of bytes, not " + quoted(text));
+  return bytes{static_cast<std::uint64_t>(r)};
 }
 
 stack_kind parse_stack(const std::string& name) {
@@ -171,8 +310,9 @@ std::string preset_names() {
   return names;
 }
 
-/// The model from --preset and the layer-shape flags.
-model_desc layer_model(const plan_flags& f) {
+}  // namespace
+
+std::optional<lm_config> transformer_config(const plan_flags& f) {
   lm_config c{};
   if (!f.preset.empty()) {
     const presets::named_preset* p = presets::find(f.preset);
@@ -180,7 +320,7 @@ model_desc layer_model(const plan_flags& f) {
     if (p->config == nullptr) {
       if (layer_shape_given(f) || !f.attention.empty())
         throw usage_error("--preset " + f.preset + " is not a decoder-only transformer: layer-shape flags do not apply to it");
-      return *p->model;
+      return std::nullopt;
     }
     c = *p->config;
   } else {
@@ -209,7 +349,14 @@ model_desc layer_model(const plan_flags& f) {
   if (c.hidden > (1ULL << 24) || c.ffn > (1ULL << 28) || c.vocab > (1ULL << 32) || c.layers > (1ULL << 24) ||
       c.positions > (1ULL << 32))
     throw usage_error("a layer dimension is larger than any model");
-  return transformer_lm(c);
+  return c;
+}
+
+namespace {
+/// The model from --preset and the layer-shape flags.
+model_desc layer_model(const plan_flags& f) {
+  const std::optional<lm_config> c = transformer_config(f);
+  return c ? transformer_lm(*c) : *presets::find(f.preset)->model;
 }
 }  // namespace
 
@@ -270,8 +417,19 @@ plan_inputs make_inputs(const plan_flags& f) {
     throw usage_error("unknown --optimizer-impl '" + f.optimizer_impl + "' (foreach|for-loop|fused)");
   }
 
-  if (!precision::from_name(f.precision, in.training.precision))
-    throw usage_error("unknown --precision '" + f.precision + "' (fp32|amp-fp16|amp-bf16|autocast-bf16|bf16|fp8)");
+  std::string precision_name = f.precision.empty() ? std::string(default_precision(t.stack)) : f.precision;
+  for (const auto& [old_name, new_name] : deprecated_precisions)
+    if (precision_name == old_name) {
+      static bool noted = false;  // once, though a command may build its inputs twice
+      if (!std::exchange(noted, true))
+        std::cerr << "memalg: note: --precision " << old_name << " is deprecated and will be removed in the next release; "
+                << "it is now called " << new_name << " (the same layout)\n";
+      precision_name = new_name;
+    }
+  bool listed = false;
+  for (const precision_entry& e : precision_entries) listed = listed || e.name == precision_name;
+  if (!listed || !precision::from_name(precision_name, in.training.precision))
+    throw usage_error("unknown --precision '" + f.precision + "' (" + precision_list() + ")");
   if (!optim::from_name(f.optimizer, in.training.optimizer))
     throw usage_error("unknown --optimizer '" + f.optimizer + "' (sgd|momentum|adam|adamw|adam8bit|adafactor|lion)");
 
@@ -305,7 +463,14 @@ plan_inputs make_inputs(const plan_flags& f) {
     if (d > (1ULL << 32) || m.dp > (1ULL << 32)) throw usage_error("a parallel degree is larger than any cluster");
   m.world = m.product();
 
-  if (!device::from_name(f.device, in.device)) {
+  if (!f.device_memory.empty()) {
+    if (!f.device.empty())
+      throw usage_error("--device and --device-memory both name the device: give one");
+    in.device = device::by_capacity(parse_memory_size(f.device_memory, "--device-memory"));
+    static std::vector<std::unique_ptr<std::string>> names;  // the descriptors hold views of them
+    names.push_back(std::make_unique<std::string>("--device-memory " + f.device_memory));
+    in.device.name = *names.back();
+  } else if (!device::from_name(f.device.empty() ? std::string("a100-80gb") : f.device, in.device)) {
     std::string names;
     for (const device_desc& d : device::catalog) {
       if (!names.empty()) names += '|';
@@ -321,8 +486,25 @@ plan_inputs make_inputs(const plan_flags& f) {
   }
   if (!f.reserve_mib.empty()) {
     const std::string& r = f.reserve_mib;
-    in.device.reserve = r == "0" ? bytes{} : bytes{parse_positive(r, "--reserve-mib")} * (1ULL << 20);
+    const std::uint64_t mib = r == "0" ? 0 : parse_positive(r, "--reserve-mib");
+    const bytes limit = in.device.limit();
+    const std::uint64_t limit_mib = (limit.value >> 20) + (limit.value % (1ULL << 20) != 0 ? 1 : 0);  // rounded up
+    if (mib != 0 && mib >= limit_mib)
+      throw usage_error("--reserve-mib " + r + " leaves nothing of the device's " + to_string(limit) +
+                        " (limit) for tensors: give less than " + std::to_string(limit_mib) + " MiB");
+    in.device.reserve = bytes{mib << 20};
   }
+  {
+    const precision_policy& p = in.training.precision;
+    const bool needs_bf16 = p.weights == dtypes::bf16 || p.gradients == dtypes::bf16 ||
+                            p.optimizer_states == dtypes::bf16 || p.activations == dtypes::bf16;
+    const bool needs_fp8 = p.weight_cache.bits == 8 && p.weight_cache.kind == dtype_kind::floating;
+    if (const std::string_view e = precision_device_error(in.device, needs_bf16, needs_fp8); !e.empty())
+      throw usage_error("--precision " + std::string(p.name) + " on " + std::string(in.device.name) + ": " +
+                        std::string(e));
+  }
+  if (f.states_only && !f.seq.empty())
+    throw usage_error("--states-only plans without activations: give it without --seq");
   if (const std::string_view e = plan_error(in.model, in.training, in.mesh, in.device); !e.empty())
     throw usage_error(std::string(e));
   return in;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -21,6 +22,10 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// CLI11's parse error as memalg's own one-line sentence ("--seq takes one value, not 2"), for
+/// `command` (the sub-command's name, or empty).
+std::string parse_error_sentence(const CLI::ParseError& e, std::string_view command);
+
 /// "7.5e9", "7.5B", "175B", "124M", "70000000", "1.2T", "32K" → an exact positive integer.
 std::uint64_t parse_count(std::string_view text, std::string_view what);
 /// A positive integer (no suffixes, no sign).
@@ -33,14 +38,16 @@ struct plan_flags {
   std::string params;
   std::string expert_params = "0";
   std::string largest_layer = "0";
-  std::string precision = "amp-bf16";
+  std::string precision;  ///< empty: the stack's default (default_precision)
   std::string optimizer = "adamw";
   std::string dp = "1", tp = "1", pp = "1", ep = "1", cp = "1";
   std::string zero = "0";
   std::string offload = "none";
-  std::string device = "a100-80gb";
+  std::string device;         ///< empty: a100-80gb, unless --device-memory
+  std::string device_memory;  ///< a capacity ("24GiB", "24GB", "80G"): a device of that size
   std::string memory_cap;
   std::string reserve_mib;
+  bool states_only = false;   ///< plan the model states of a layer-level model without --seq
   // A layer-level model: a preset, or a decoder-only transformer from its shape (flags override
   // the preset's values).
   std::string preset;
@@ -75,6 +82,18 @@ struct plan_inputs {
   device_desc device{};
 };
 
+/// The precision `--precision` takes when not given: autocast-bf16 under the pytorch stack (the
+/// Hugging Face Trainer's bf16=True), mixed-bf16-fp32-grads under the others (Megatron's bf16).
+std::string_view default_precision(stack_kind s);
+/// One line per precision name: what it holds per parameter (for --help and docs/cli.md).
+std::string precision_help();
+/// "24GiB", "24 GiB", "24GB", "80G", "512MiB" → bytes (G, GiB: 2^30; GB: 10^9); usage_error otherwise.
+bytes parse_memory_size(std::string_view text, std::string_view what);
+
+/// The transformer of --preset (when it is a decoder-only one) or of the shape flags, with the
+/// flags applied; nullopt for a preset that is not a decoder-only transformer.
+std::optional<lm_config> transformer_config(const plan_flags& f);
+
 /// --stack's value → the stack, or usage_error.
 stack_kind parse_stack(const std::string& name);
 std::string_view stack_name(stack_kind s);
@@ -86,6 +105,24 @@ nlohmann::json breakdown_json(const breakdown& b);
 /// The plan's JSON: per rank and host bytes at the peak, its phase and stage, the bytes of every
 /// phase (`phases`) and of one instance of every layer entry on the most loaded rank (`per_layer`).
 nlohmann::json plan_json(const plan_inputs& in, const plan_result& r);
+
+/// The plan of `in` (pipeline stage `stage`, or the most loaded one when negative); a byte count
+/// past 64 bits is a usage_error naming the flags that make it.
+plan_result evaluate_inputs(const plan_inputs& in, const plan_flags& f, long long stage = -1);
+/// A layer-level model planned without --seq has activations it did not count: usage_error asking
+/// for --seq, unless --states-only says that model states are the question, or the model states
+/// alone do not fit (`r`, when given, says whether they do).
+void require_sequence(const plan_inputs& in, const plan_flags& f, const plan_result* r = nullptr);
+/// True when the model has layers but no sequence was given: the plan counts model states only.
+bool states_only_plan(const plan_inputs& in);
+
+/// A preset planned as the same model read from its Hugging Face config.json (`--config`) would
+/// be: the peak of that plan and why the two differ (empty when they cannot, or no family applies).
+struct preset_gap {
+  bytes config_peak{};
+  std::string reason;
+};
+preset_gap preset_config_gap(const plan_flags& f, const plan_inputs& in);
 
 int run_plan(const plan_flags& f, bool json);
 

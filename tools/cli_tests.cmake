@@ -43,10 +43,10 @@ set_tests_properties(cli.stack PROPERTIES LABELS "host;cli")
 add_test(NAME cli.help COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=plan --help"
          -DEXPECT=ok -DMATCH=--params -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
 add_test(NAME cli.table COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
-         "-DARGS=plan --params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64 --zero 3"
+         "-DARGS=plan --params 7.5e9 --precision mixed-fp16 --optimizer adam --dp 64 --zero 3"
          -DEXPECT=ok "-DMATCH=fits: yes" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
 add_test(NAME cli.json COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool>
-         "-DARGS=plan --params 175B --precision amp-fp16 --optimizer adam --dp 8 --json"
+         "-DARGS=plan --params 175B --precision mixed-fp16 --optimizer adam --dp 8 --json"
          -DEXPECT=ok "-DMATCH=\"fits\": false" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
 set_tests_properties(cli.help cli.table cli.json PROPERTIES LABELS "host;cli")
 
@@ -86,3 +86,57 @@ set_tests_properties(cli.preset_table cli.shape_json PROPERTIES LABELS "host;cli
 add_test(NAME cli.version COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=--version"
          -DEXPECT=ok "-DMATCH=^memalg ${PROJECT_VERSION}\n$" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
 set_tests_properties(cli.version PROPERTIES LABELS "host;cli")
+
+# The single-GPU user's inputs: each refused with its own one-line reason, exit status 2.
+function(memalg_cli_refused name args err)
+  add_test(NAME cli.refused.${name} COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${args}"
+           -DEXPECT=bad -DRC=2 "-DERR_MATCH=${err}" -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+  set_tests_properties(cli.refused.${name} PROPERTIES LABELS "host;cli")
+endfunction()
+memalg_cli_refused(no_seq "plan --preset gpt2-124m --device rtx4090" "give --seq N .* or --states-only")
+memalg_cli_refused(emit_no_seq "emit --preset gpt2-124m" "give --seq N")
+memalg_cli_refused(sweep_no_seq "sweep --preset gpt2-124m --world 2" "give --seq N")
+memalg_cli_refused(overflow "plan --preset llama2-7b --seq 16777216 --micro-batch 16777216"
+  "--micro-batch 16777216 with --seq 16777216 makes a byte count past 64 bits")
+memalg_cli_refused(emit_overflow "emit --preset llama2-7b --seq 16777216 --micro-batch 16777216" "--micro-batch 16777216")
+memalg_cli_refused(reserve_huge "plan --params 7B --reserve-mib 9999999999999999999" "--reserve-mib .* leaves nothing")
+memalg_cli_refused(reserve_device "plan --params 7B --reserve-mib 81920" "--reserve-mib 81920 leaves nothing")
+memalg_cli_refused(fp8_a100 "plan --params 7B --precision fp8 --device a100-80gb" "no fp8 tensor cores")
+memalg_cli_refused(bf16_v100 "plan --params 7B --precision bf16 --device v100-32gb" "no bfloat16")
+memalg_cli_refused(autocast_t4 "plan --params 1B --device t4" "--precision autocast-bf16 on t4")
+memalg_cli_refused(capacity_unit "plan --params 7B --device-memory 24" "a capacity with a unit")
+memalg_cli_refused(two_devices "plan --params 7B --device h200 --device-memory 24GB" "give one")
+memalg_cli_refused(namespace_keyword "emit --params 7B --namespace class" "'class' is a C[+][+] keyword")
+memalg_cli_refused(unknown_subcommand "frobnicate --params 7B" "'frobnicate' is not a sub-command: plan, fit")
+memalg_cli_refused(twice "plan --params 7B --dp 2 --dp 4" "^memalg: error: --dp takes one value")
+memalg_cli_refused(extra "plan --params 7B --seq 1 2" "^memalg: error: unexpected '2'")
+memalg_cli_refused(not_a_flag "sweep --params 7B --world 8 --stage 0" "'--stage' is not a flag of `memalg sweep`")
+memalg_cli_refused(states_only_seq "plan --preset gpt2-124m --states-only --seq 1024" "without --seq")
+memalg_cli_refused(fit_no_layers "fit --params 7B --seq 1024" "fit needs a model with layers")
+memalg_cli_refused(fit_no_seq "fit --preset gpt2-124m" "fit needs --seq")
+memalg_cli_refused(fit_range "fit --preset gpt2-124m --seq 1024 --micro-batch 8..2" "is empty")
+memalg_cli_refused(sweep_wide_range "sweep --preset gpt2-124m --seq 1024 --world 1 --micro-batch 1..64"
+  "--micro-batch 1[.][.]64 is 64 choices, more than the 32 .*memalg fit --micro-batch 1[.][.]64")
+memalg_cli_refused(fit_no_divisor "fit --preset gpt2-124m --seq 1024 --micro-batch 5..7 --global-batch 8" "no micro-batch in 5..7 divides the 8 sequences")
+
+# What the single-GPU user sees.
+function(memalg_cli_ok name args match)
+  add_test(NAME cli.${name} COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${args}"
+           -DEXPECT=ok "-DMATCH=${match}" ${ARGN} -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
+  set_tests_properties(cli.${name} PROPERTIES LABELS "host;cli")
+endfunction()
+memalg_cli_ok(states_only "plan --preset gpt2-124m --device rtx4090 --states-only"
+  "fits: yes.*note: model states only [(]--states-only[)]")
+memalg_cli_ok(states_alone_do_not_fit "plan --preset llama2-70b --device l4"
+  "fits: NO.*the model states alone do not fit")
+memalg_cli_ok(sweep_states_only "sweep --preset gpt2-124m --world 2 --states-only" "note: model states only")
+memalg_cli_ok(default_precision "plan --preset gpt2-124m --seq 1024" "precision autocast-bf16")
+memalg_cli_ok(megatron_precision "plan --preset gpt2-124m --seq 1024 --stack megatron" "precision mixed-bf16-fp32-grads")
+memalg_cli_ok(deprecated_precision "plan --params 7B --precision amp-bf16" "precision mixed-bf16-fp32-grads"
+  "-DERR_MATCH=^memalg: note: --precision amp-bf16 is deprecated")
+memalg_cli_ok(precision_help "plan --help" "autocast-fp16 +the Trainer's fp16=True")
+memalg_cli_ok(device_memory "plan --params 1B --device-memory 24GiB --json" "\"capacity\": 25769803776")
+memalg_cli_ok(devices "devices" "t4.*capacity 16106127360 B.*no bf16.*h100-nvl.*rtx5090")
+memalg_cli_ok(tebibytes "plan --params 175B --precision fp32" "weights +651[.]93 GiB.*optimizer_states +1[.]27 TiB.*total [(]peak[)] +2[.]55 TiB")
+memalg_cli_ok(preset_vs_config "plan --preset gpt2-124m --precision fp32 --micro-batch 8 --seq 1024"
+  "note: --config with this model's Hugging Face config.json plans")

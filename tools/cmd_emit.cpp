@@ -7,6 +7,7 @@
 // written as its literal entries, which is what every model type flattens to anyway. Before
 // printing, the tool rebuilds the descriptors exactly as the header spells them and checks that
 // they plan to the same bytes, so the header can only say what the tool computed.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -271,7 +272,10 @@ std::string mesh_type(const mesh_desc& m) {
 std::string device_type(const device_desc& d) {
   std::string base;
   device_desc catalog{};
-  if (device::from_name(d.name, catalog) && catalog.capacity == d.capacity) {
+  if (d.name.rfind("--device-memory", 0) == 0) {  // a device by its capacity (--device-memory)
+    catalog = device::by_capacity(d.capacity);
+    base = "memalg::device::of_capacity<" + u64(d.capacity.value) + ">";
+  } else if (device::from_name(d.name, catalog) && catalog.capacity == d.capacity) {
     std::string id(d.name);
     for (char& c : id)
       if (c == '-' || c == '.') c = '_';
@@ -284,6 +288,35 @@ std::string device_type(const device_desc& d) {
   if (d.cap_numerator != d.cap_denominator)
     base = "memalg::device::capped<" + base + ", " + u64(d.cap_numerator) + ", " + u64(d.cap_denominator) + ">";
   return "using device = " + base + ";\n";
+}
+
+// C++20's keywords and alternative tokens ([lex.key], [lex.digraph]): none names a namespace.
+constexpr std::string_view cpp_keywords[] = {
+    "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch", "char",
+    "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr", "constinit",
+    "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete", "do", "double",
+    "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for", "friend", "goto", "if",
+    "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq", "nullptr", "operator", "or",
+    "or_eq", "private", "protected", "public", "register", "reinterpret_cast", "requires", "return", "short", "signed",
+    "sizeof", "static", "static_assert", "static_cast", "struct", "switch", "template", "this", "thread_local",
+    "throw", "true", "try", "typedef", "typeid", "typename", "union", "unsigned", "using", "virtual", "void",
+    "volatile", "wchar_t", "while", "xor", "xor_eq"};
+
+/// Why `ns` cannot name the emitted namespace, or empty.
+std::string namespace_problem(std::string_view ns) {
+  std::size_t start = 0;
+  while (start <= ns.size()) {
+    const std::size_t end = std::min(ns.find("::", start), ns.size());
+    const std::string_view part = ns.substr(start, end - start);
+    for (std::string_view k : cpp_keywords)
+      if (part == k) return "'" + std::string(part) + "' is a C++ keyword";
+    if (part.find("__") != std::string_view::npos ||
+        (part.size() > 1 && part[0] == '_' && std::isupper(static_cast<unsigned char>(part[1]))))
+      return "'" + std::string(part) + "' is reserved to the implementation ([lex.name])";
+    if (end == ns.size()) break;
+    start = end + 2;
+  }
+  return {};
 }
 
 bool valid_namespace(std::string_view ns) {
@@ -312,6 +345,8 @@ std::string emit_header(const plan_inputs& in, const plan_result& r, std::string
   if (!valid_namespace(name_space))
     throw usage_error("--namespace must be a C++ namespace name like memalg_plan or my::plans, not '" +
                       std::string(name_space) + "'");
+  if (const std::string why = namespace_problem(name_space); !why.empty())
+    throw usage_error("--namespace cannot be '" + std::string(name_space) + "': " + why);
   const model_text model = model_type(in.model);
   training_text training = training_type(in.training);
   // The header must plan to what the tool planned: check the descriptors as the header spells them.
@@ -344,30 +379,20 @@ std::string emit_header(const plan_inputs& in, const plan_result& r, std::string
 
 int run_emit(const plan_flags& plan, const emit_flags& emit, std::string_view command) {
   const plan_inputs in = make_inputs(plan);
-  const plan_result r = evaluate(in.model, in.training, in.mesh, in.device);
+  const plan_result r = evaluate_inputs(in, plan);
+  require_sequence(in, plan, &r);
   const std::string header = emit_header(in, r, emit.name_space, command);
   const auto note = [&] {
     if (!r.fits)
       std::cerr << "memalg: note: this plan does not fit (short by " << to_string(r.shortfall())
                 << "): the header fails to compile, printing the numbers\n";
   };
-  if (emit.output.empty()) {
+  if (emit.output.empty() && !emit.output_given) {
     std::cout << header;
     note();
     return 0;
   }
-  const std::string temporary = emit.output + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw usage_error("cannot write '" + emit.output + "': the directory does not exist or is not writable");
-    out << header;
-    out.close();
-    if (!out) throw usage_error("cannot write '" + emit.output + "'");
-  }
-  if (std::rename(temporary.c_str(), emit.output.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    throw usage_error("cannot write '" + emit.output + "'");
-  }
+  write_output_file(emit.output, header, "-o/--output");
   note();
   return 0;
 }

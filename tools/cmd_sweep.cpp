@@ -17,9 +17,13 @@ namespace memalg::cli {
 
 namespace {
 
+/// "1,2,4", and ranges of integers in it: "1..8" lists 1, 2, ..., 8.
 std::vector<std::string> split_list(const std::string& text, std::string_view what) {
   std::vector<std::string> items;
   std::string item;
+  const auto too_many = [&] {
+    return usage_error(std::string(what) + " lists more than " + std::to_string(max_choices) + " choices");
+  };
   for (char c : text + ",") {
     if (c != ',') {
       item += c;
@@ -27,10 +31,19 @@ std::vector<std::string> split_list(const std::string& text, std::string_view wh
     }
     if (item.empty())
       throw usage_error(std::string(what) + " must be a comma-separated list without empty items, not '" + text + "'");
-    items.push_back(item);
+    if (item.find("..") != std::string::npos) {
+      const size_range r = parse_range(item, what, 1ULL << 32);
+      if (r.hi - r.lo >= max_choices)
+        throw usage_error(std::string(what) + " " + item + " is " + std::to_string(r.hi - r.lo + 1) +
+                          " choices, more than the " + std::to_string(max_choices) +
+                          " a sweep searches in one dimension: list fewer (1,2,4,8,16,32,64), or ask `memalg fit " +
+                          std::string(what) + " " + item + "` for the largest that fits");
+      for (std::uint64_t v = r.lo; v <= r.hi; ++v) items.push_back(std::to_string(v));
+    } else {
+      items.push_back(item);
+    }
     item.clear();
-    if (items.size() > max_choices)
-      throw usage_error(std::string(what) + " lists more than " + std::to_string(max_choices) + " choices");
+    if (items.size() > max_choices) throw too_many();
   }
   return items;
 }
@@ -56,7 +69,8 @@ offload_kind parse_offload(const std::string& s) {
   throw usage_error("unknown --offload '" + s + "' (none|optimizer|params)");
 }
 
-std::string gib(bytes b) { return to_string(b, byte_unit::GiB); }
+/// GiB, the unit of the sweep's columns; past 1 TiB (a plan no device holds) the unit that suits it.
+std::string gib(bytes b) { return b.value < (1ULL << 40) ? to_string(b, byte_unit::GiB) : to_string(b); }
 
 }  // namespace
 
@@ -96,7 +110,23 @@ sweep_setup make_sweep(const plan_flags& plan, const sweep_flags& sweep) {
   base.dp = base.tp = base.pp = base.cp = base.ep = "1";
   base.zero = "0";
   base.offload = "none";
+  // The schedule applies to the pipeline degrees searched, not to the one-rank base plan.
+  pipeline_choice schedule{};
+  if (plan.pp_schedule != "1f1b") {
+    const plan_inputs probe = make_inputs([&] {
+      plan_flags g{};
+      g.params = "1B";
+      g.pp = "2";
+      g.pp_schedule = plan.pp_schedule;
+      g.states_only = true;
+      return g;
+    }());
+    schedule.schedule = probe.mesh.schedule;
+    schedule.virtual_stages = probe.mesh.virtual_stages;
+    base.pp_schedule = "1f1b";
+  }
   s.base = make_inputs(base);
+  require_sequence(s.base, plan);
   s.base.mesh.ep = parse_bounded(plan.ep, "--ep", world);
 
   search_problem& p = s.problem;
@@ -108,7 +138,10 @@ sweep_setup make_sweep(const plan_flags& plan, const sweep_flags& sweep) {
   search_space& space = p.space;
 
   space.zero_stages = {};
-  for (const std::string& z : split_list(sweep.zero, "--zero")) {
+  // On one GPU there is no data parallelism to shard over: the ZeRO stages are one plan (ZeRO-3
+  // only adds the gather buffers), so the default lists stage 0 alone.
+  const std::string zero_list = world == 1 && sweep.zero == sweep_flags{}.zero ? std::string("0") : sweep.zero;
+  for (const std::string& z : split_list(zero_list, "--zero")) {
     if (z.size() != 1 || z[0] < '0' || z[0] > '3') throw usage_error("--zero lists stages 0, 1, 2 or 3, not '" + z + "'");
     space.zero_stages.push(z[0] - '0');
   }
@@ -127,6 +160,14 @@ sweep_setup make_sweep(const plan_flags& plan, const sweep_flags& sweep) {
   if (!sweep.pp.empty()) {
     space.pipeline = {};
     for (const std::string& x : split_list(sweep.pp, "--pp")) space.pipeline.push(pipeline_choice{parse_bounded(x, "--pp", world)});
+  }
+  if (schedule.schedule != pipeline_schedule::one_f_one_b) {
+    choices<pipeline_choice> staged{};
+    for (const pipeline_choice& c : space.pipeline)
+      if (c.degree > 1) staged.push(pipeline_choice{c.degree, schedule.schedule, schedule.virtual_stages});
+    if (staged.size == 0)
+      throw usage_error("--pp-schedule " + plan.pp_schedule + " needs a pipeline degree above 1 in --pp");
+    space.pipeline = staged;
   }
   if (!sweep.cp.empty()) {
     space.context = {};
@@ -170,6 +211,46 @@ sweep_entry entry_of(const search_problem& p, candidate c) {
   return e;
 }
 sweep_entry entry_at(const search_problem& p, std::uint64_t index) { return entry_of(p, evaluate_candidate(p, index)); }
+
+/// Why configuration `index` of the space cannot be planned, in the user's terms.
+std::string reason_of(const sweep_setup& s, std::uint64_t index) {
+  const search_space& space = s.problem.space;
+  const strategy c = strategy_at(space, index);
+  const std::uint64_t model_parallel = c.tensor.degree * c.pipeline.degree * c.context;
+  if (c.dp == 0)
+    return "tp x pp x cp = " + std::to_string(c.tensor.degree) + " x " + std::to_string(c.pipeline.degree) + " x " +
+           std::to_string(c.context) + " = " + std::to_string(model_parallel) + " does not divide --world " +
+           std::to_string(space.world);
+  const training_desc t = apply_strategy(c, s.problem.training);
+  if (space.global_batch != 0 && t.grad_accum == 0)
+    return "--global-batch " + std::to_string(space.global_batch) + " is not a multiple of dp x micro-batch = " +
+           std::to_string(c.dp) + " x " + std::to_string(t.micro_batch);
+  const mesh_desc m = apply_strategy(c, s.problem.mesh);
+  return std::string(plan_error(s.problem.model, t, m, s.problem.device));
+}
+}  // namespace
+
+std::string why_invalid(const sweep_setup& s) {
+  // The distinct reasons among the first configurations (finding one is cheap: no plan is made).
+  const std::uint64_t n = std::min<std::uint64_t>(s.problem.space.size(), 100'000);
+  std::vector<std::string> reasons;
+  std::string example;
+  for (std::uint64_t i = 0; i < n && reasons.size() < 3; ++i) {
+    const std::string r = reason_of(s, i);
+    if (r.empty() || std::find(reasons.begin(), reasons.end(), r) != reasons.end()) continue;
+    if (reasons.empty()) {
+      const strategy c = strategy_at(s.problem.space, i);
+      example = strategy_label(c, apply_strategy(c, s.problem.training));
+    }
+    reasons.push_back(r);
+  }
+  if (reasons.empty()) return "no configuration of the space is valid";
+  std::string out = "no configuration is valid: " + reasons.front() + " (e.g. " + example + ")";
+  for (std::size_t i = 1; i < reasons.size(); ++i) out += "; " + reasons[i];
+  return out;
+}
+
+namespace {
 
 bool equal_timelines(const timeline& a, const timeline& b) {
   for (std::size_t i = 0; i < phase_count; ++i)
@@ -421,6 +502,7 @@ sweep_report run_sweep_search(const sweep_setup& s, bool exhaustive, const progr
     }
     if (out.summary.feasible == 0 && out.summary.closest.found())
       out.closest = entry_at(s.problem, out.summary.closest.index());
+    if (out.summary.valid == 0) out.invalid_reason = why_invalid(s);
   } catch (const std::overflow_error&) {
     throw usage_error("a byte count of this space overflows 64 bits: list smaller micro-batches or degrees");
   }
@@ -498,6 +580,7 @@ nlohmann::json sweep_json(const sweep_setup& s, const sweep_report& r, bool exha
                  {"limit", s.problem.device.limit().value}};
   j["sort"] = std::string(order_name(s.order));
   j["global_batch"] = s.problem.space.global_batch;
+  j["states_only"] = s.problem.training.sequence == 0;
   j["evaluated"] = r.summary.evaluated;
   j["valid"] = r.summary.valid;
   j["feasible"] = r.summary.feasible;
@@ -509,6 +592,7 @@ nlohmann::json sweep_json(const sweep_setup& s, const sweep_report& r, bool exha
   j["results"] = nlohmann::json::array();
   for (const sweep_entry& e : r.ranked) j["results"].push_back(entry_json(s, e));
   j["closest"] = r.closest ? entry_json(s, *r.closest) : nlohmann::json(nullptr);
+  if (!r.invalid_reason.empty()) j["invalid_reason"] = r.invalid_reason;
   return j;
 }
 
@@ -526,6 +610,7 @@ std::string sweep_table(const sweep_setup& s, const sweep_report& r) {
       << " fit (" << r.summary.planned << " planned, " << std::fixed << std::setprecision(3) << r.seconds << " s)\n";
   if (r.ranked.empty()) {
     out << "nothing fits.";
+    if (!r.invalid_reason.empty()) out << " " << r.invalid_reason << ".";
     if (r.closest) {
       const sweep_entry& e = *r.closest;
       out << " The closest, " << strategy_label(e.result.config, e.training) << ", needs "
@@ -560,6 +645,9 @@ std::string sweep_table(const sweep_setup& s, const sweep_report& r) {
   if (r.folded != 0)
     out << "folded " << r.folded << " more configuration" << (r.folded == 1 ? "" : "s")
         << " with the plan of a listed one: each plan is listed once, in its simplest spelling\n";
+  if (p.training.sequence == 0 && has_layer_structure(p.model))
+    out << "note: model states only (--states-only): activations are not counted; \"fit\" is about the model "
+           "states alone\n";
   if (unknown_traffic)
     out << "note: a model given by its parameter count (or a recipe without --seq) has no activation "
            "traffic to count: comm/step covers data parallelism only; give the layers for the rest\n";

@@ -5,6 +5,7 @@
 // 1 an unexpected internal error.
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include <memalg/version.hpp>
 
@@ -27,6 +28,19 @@ int main(int argc, char** argv) {
   std::string plan_svg;
   plan->add_option("--svg", plan_svg, "also write a stacked-bar chart of the rank's memory to FILE");
 
+  plan_flags fit_model;
+  fit_flags fit;
+  CLI::App* fit_cmd = app.add_subcommand(
+      "fit", "the largest micro-batch (or with --seq max the longest sequence) that fits one configuration");
+  fit_model.add_to(*fit_cmd);
+  fit_cmd->get_option("--micro-batch")
+      ->description("micro-batch sizes to search, LOW..HIGH (default 1..1048576), or one size with --seq max");
+  fit_cmd->get_option("--seq")->description("tokens per sequence (required); max, or LOW..HIGH, searches the sequence length");
+  fit_cmd->add_option("--global-batch", fit.global_batch,
+                      "sequences per optimizer step over the data-parallel ranks: only micro-batches dividing it, "
+                      "with the gradient accumulation that reaches it");
+  fit_cmd->add_flag("--json", fit.json, "print one JSON object");
+
   plan_flags sweep_model;
   sweep_flags sweep;
   CLI::App* sweep_cmd = app.add_subcommand("sweep", "search parallel strategies for a world size: what fits, best first");
@@ -48,13 +62,26 @@ int main(int argc, char** argv) {
   CLI::App* devices = app.add_subcommand("devices", "list the device catalog");
 
   try {
+    bool known = argc < 2 || argv[1][0] == '-';
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+    if (!known)
+      throw usage_error("'" + std::string(argv[1]) +
+                        "' is not a sub-command: plan, fit, sweep, emit, import or devices (see memalg --help)");
     app.parse(argc, argv);
     if (*plan) {
-      if (!plan_svg.empty()) write_plan_svg(flags, plan_svg);  // before any output: an error leaves none
+      if (plan->count("--svg") != 0) write_plan_svg(flags, plan_svg);  // before any output: an error leaves none
       return run_plan(flags, json);
     }
-    if (*sweep_cmd) return run_sweep(sweep_model, sweep);
+    if (*fit_cmd) {
+      fit.micro_batch_given = fit_cmd->count("--micro-batch") != 0;
+      return run_fit(fit_model, fit);
+    }
+    if (*sweep_cmd) {
+      if (sweep_cmd->count("--svg") != 0 && sweep.svg.empty()) throw usage_error("--svg needs a file name, not an empty one");
+      return run_sweep(sweep_model, sweep);
+    }
     if (*emit_cmd) {
+      emit.output_given = emit_cmd->count("--output") != 0;
       std::string command = "memalg";
       for (int i = 1; i < argc; ++i) (command += ' ') += argv[i];
       return run_emit(emit_model, emit, command);
@@ -63,7 +90,10 @@ int main(int argc, char** argv) {
     if (*devices) {
       for (const memalg::device_desc& d : memalg::device::catalog)
         std::cout << d.name << "\tcapacity " << d.capacity.value << " B (" << memalg::to_string(d.capacity)
-                  << ")\treserve " << memalg::to_string(d.reserve) << "\n";
+                  << ")\treserve " << memalg::to_string(d.reserve) << "\t" << (d.bf16 ? "bf16" : "no bf16") << ", "
+                  << (d.fp8 ? "fp8" : "no fp8") << "\n";
+      std::cout << "(any other: --device-memory 24GiB, reserve "
+                << memalg::to_string(memalg::device::capacity_only_reserve) << " unless --reserve-mib)\n";
       return 0;
     }
   } catch (const CLI::CallForHelp& e) {
@@ -73,7 +103,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "memalg: error: " << e.what() << "\n";
+    std::string command;
+    for (const CLI::App* sub : app.get_subcommands({}))
+      if (sub->parsed() != 0) command = sub->get_name();
+    std::cerr << "memalg: error: " << parse_error_sentence(e, command) << "\n";
     return 2;
   } catch (const usage_error& e) {
     std::cerr << "memalg: error: " << e.what() << "\n";

@@ -73,6 +73,7 @@ struct sweep_report {
   std::vector<sweep_entry> ranked;    ///< the best `top` distinct plans, best first, each in its simplest spelling
   std::optional<sweep_entry> closest; ///< when nothing fits: the valid configuration needing least memory
   std::uint64_t folded = 0;           ///< configurations folded into the listed ones (the sum of their `folded`)
+  std::string invalid_reason;         ///< when no configuration is valid: why, with an example
   double seconds = 0;
 };
 
@@ -89,6 +90,10 @@ bool same_plan(const sweep_setup& s, const sweep_entry& a, const sweep_entry& b)
 /// the smaller tensor, pipeline and context degrees, then the 1F1B, interleaved, GPipe schedule
 /// and fewer virtual stages, then the lower index in the space (a choice listed twice).
 bool simpler_spelling(const sweep_entry& a, const sweep_entry& b);
+
+/// When no configuration of the space is valid: the reasons (tp x pp x cp not dividing the world,
+/// a global batch that dp x micro-batch does not divide, the planner's own), with an example.
+std::string why_invalid(const sweep_setup& s);
 
 using progress_callback = std::function<void(std::uint64_t decided, std::uint64_t total)>;
 /// The search, then its best `top` distinct plans: configurations whose plans are identical
@@ -126,6 +131,45 @@ class progress_line {
 
 int run_sweep(const plan_flags& plan, const sweep_flags& sweep);
 
+// ---- fit ----------------------------------------------------------------------------------------
+
+/// An inclusive range of sizes: "8" (one size) or "1..64".
+struct size_range {
+  std::uint64_t lo = 1, hi = 1;
+};
+/// Parses "N" or "LOW..HIGH" of positive integers at most `most`; usage_error naming `what`.
+size_range parse_range(std::string_view text, std::string_view what, std::uint64_t most);
+
+struct fit_flags {
+  std::string global_batch;  ///< sequences per optimizer step over the data-parallel ranks
+  bool json = false;
+  bool micro_batch_given = false;  ///< --micro-batch was given (else the search runs over 1..2^20)
+};
+/// What `fit` searches: the micro-batch (or the sequence length) over `range`, and with a global
+/// batch only the micro-batches dividing global_batch / dp, each with the accumulation reaching it.
+struct fit_request {
+  bool search_sequence = false;
+  size_range range{};
+  std::uint64_t global_batch = 0;
+};
+/// One configuration of the search with its plan; `valid` false when the planner refuses it.
+struct fit_point {
+  plan_inputs in{};
+  plan_result plan{};
+  bool valid = false;
+  std::string why;
+};
+struct fit_result {
+  std::optional<fit_point> answer;             ///< the largest size that fits
+  std::optional<fit_point> first_not_fitting;  ///< the next size searched, which does not
+  std::uint64_t step = 1;                      ///< sequence lengths searched are its multiples
+  std::uint64_t plans = 0;
+  double seconds = 0;
+};
+/// Binary search over `evaluate`: exact because the peak never decreases with the size searched.
+fit_result run_fit_search(const plan_inputs& base, const fit_request& q);
+int run_fit(const plan_flags& plan, const fit_flags& fit);
+
 // ---- charts -------------------------------------------------------------------------------------
 
 /// One stacked bar: a configuration's per-rank device bytes by category.
@@ -152,6 +196,10 @@ std::string render_svg(const chart& c);
 /// Renders first, then writes `path` whole (through a temporary file renamed into place), so a
 /// failure leaves no broken file. Throws usage_error naming the path.
 void write_svg(const chart& c, const std::string& path);
+/// Writes `text` to `path` whole: only to a regular file or a new path (a symbolic link, a
+/// directory, a pipe or a device node is refused), through a new temporary file beside it renamed
+/// into place. Throws usage_error naming `flag` and the path.
+void write_output_file(const std::string& path, const std::string& text, std::string_view flag);
 /// The chart of one plan (`memalg plan --svg`).
 chart plan_chart(const plan_inputs& in, const plan_result& r);
 /// `memalg plan --svg FILE`: computes the plan of the flags and writes its chart.
@@ -161,7 +209,8 @@ void write_plan_svg(const plan_flags& f, const std::string& path);
 
 struct emit_flags {
   std::string name_space = "memalg_plan";
-  std::string output;  ///< empty: standard output
+  std::string output;  ///< standard output unless output_given
+  bool output_given = false;  ///< -o was given (an empty name is then refused)
 };
 /// The header: type aliases `model`, `training`, `mesh`, `device`, `plan` and a static_assert that
 /// the plan fits. `command` is recorded in its first comment.

@@ -52,7 +52,7 @@ endfunction()
 memalg_planner_ok(sweep_json
   "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --micro-batch 1,2,4 --recompute none,full --json"
   "\"evaluated\": [0-9]+,.*\"feasible\": [1-9][0-9]*,.*\"results\": \\[.*\"config\".*\"per_rank\"")
-memalg_planner_ok(sweep_table "sweep --params 7.5e9 --precision amp-fp16 --optimizer adam --world 64 --tp 1 --pp 1 --cp 1"
+memalg_planner_ok(sweep_table "sweep --params 7.5e9 --precision mixed-fp16 --optimizer adam --world 64 --tp 1 --pp 1 --cp 1"
   "best 3 by memory")
 memalg_planner_ok(sweep_nothing_fits "sweep --params 175B --world 8" "nothing fits. The closest")
 # Identical plans are listed once: at dp = 1 ZeRO-0, 1 and 2 are one plan (ZeRO shards over dp x cp).
@@ -64,6 +64,32 @@ memalg_planner_ok(sweep_folds_json "${_folds} --json"
 memalg_planner_ok(import_table "import ${_hf}/mixtral-8x7b-v0.1.json" "parameters: +46702792704")
 memalg_planner_ok(plan_config "plan --config ${_hf}/gpt2.json --seq 1024 --micro-batch 8" "fits: yes")
 memalg_planner_ok(help_sweep "sweep --help" "--world")
+
+# `memalg fit`: the largest micro-batch or sequence, with the first size that does not fit.
+memalg_planner_ok(fit_table "fit --config ${_hf}/qwen2-0.5b.json --device-memory 24GB --seq 2048"
+  "largest micro-batch at sequence 2048 in 1..1048576: [1-9].* yes\n.* no, short by ")
+memalg_planner_ok(fit_json "fit --config ${_hf}/gpt2.json --device t4 --precision autocast-fp16 --seq 1024 --micro-batch 1..64 --json"
+  "\"answer\": {.*\"headroom\": [0-9]+.*\"first_not_fitting\": {.*\"largest\": [1-9]")
+memalg_planner_ok(fit_sequence "fit --config ${_hf}/llama-2-7b.json --device h200 --precision mixed-bf16 --recompute full --seq max --micro-batch 1"
+  "largest sequence length at micro-batch 1 in 1..1048576: [1-9]")
+memalg_planner_ok(fit_global_batch "fit --config ${_hf}/gpt2.json --device rtx4090 --seq 1024 --global-batch 512"
+  "with gradient accumulation [0-9]+ [(][0-9]+ x [0-9]+ x dp 1 = 512 sequences per step[)]")
+memalg_planner_ok(fit_nothing "fit --config ${_hf}/llama-2-7b.json --device-memory 24GiB --seq 4096"
+  "none: even the smallest does not fit.* 1 +1 +[0-9.]+ GiB +- +no, short by")
+# A sweep where nothing is valid says why; ranges where lists are; one GPU lists ZeRO-0 alone.
+memalg_planner_ok(sweep_invalid_mesh "sweep --params 7B --world 8 --tp 3"
+  "nothing fits. no configuration is valid: tp x pp x cp = 3 x 1 x 1 = 3 does not divide --world 8")
+memalg_planner_ok(sweep_invalid_batch "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --micro-batch 4 --global-batch 2"
+  "--global-batch 2 is not a multiple of dp x micro-batch")
+memalg_planner_ok(sweep_interleaved "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --pp 2,4 --pp-schedule interleaved:2 --micro-batch 1..4"
+  "searched 384 configurations: [1-9]")
+memalg_planner_ok(sweep_one_gpu "sweep --config ${_hf}/gpt2.json --seq 1024 --world 1 --micro-batch 1..8 --top 20"
+  "searched 8 configurations")
+# Output files: a link, a pipe or an empty name is refused and left as it was.
+add_test(NAME planner.output_refused
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> -DHF=${_hf} -DWORKDIR=${_out}/refused
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/check_output_refused.cmake)
+set_tests_properties(planner.output_refused PROPERTIES LABELS "host;cli")
 
 # Charts: written whole and well-formed (xmllint when installed; the unit test checks without it).
 find_program(MEMALG_XMLLINT xmllint)
@@ -81,9 +107,10 @@ endforeach()
 
 # Emitted headers compile when the plan fits and fail with its numbers when it does not.
 set(_emit_cases
-  "fits_params|--params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64 --zero 2|fits"
+  "fits_params|--params 7.5e9 --precision mixed-fp16 --optimizer adam --dp 64 --zero 2|fits"
+  "device_memory|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 4 --precision autocast-fp16 --device-memory 16GB|fits"
   "fits_llama|--config ${_hf}/llama-2-7b.json --seq 4096 --micro-batch 2 --recompute selective --dp 4 --tp 2 --sp --zero 1|fits"
-  "oom_params|--params 7.5e9 --precision amp-fp16 --optimizer adam --dp 64|oom"
+  "oom_params|--params 7.5e9 --precision mixed-fp16 --optimizer adam --dp 64|oom"
   "oom_mixtral|--config ${_hf}/mixtral-8x7b-v0.1.json --seq 4096 --dp 8 --zero 1 --device h100-80gb|oom"
   "stack_paper|--config ${_hf}/llama-2-7b.json --seq 4096 --micro-batch 1 --recompute selective --dp 4 --zero 1 --stack paper|fits"
   "stack_memalg|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 4 --stack memalg|fits"

@@ -6,7 +6,12 @@
 // as a dashed line (and its capacity when a memory cap lowers the limit), a legend, GiB on the
 // axis. The document is self-contained SVG 1.1 (no scripts, no external fonts or styles), so
 // browsers and image viewers open it as it is.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -167,29 +172,49 @@ std::string render_svg(const chart& c) {
   return s.str();
 }
 
+void write_output_file(const std::string& path, const std::string& text, std::string_view flag) {
+  if (path.empty()) throw usage_error(std::string(flag) + " needs a file name, not an empty one");
+  const std::string where = std::string(flag) + " '" + path + "'";
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw usage_error("cannot write " + where + ": it is a directory");
+    if (S_ISLNK(st.st_mode))
+      throw usage_error("will not write " + where + ": it is a symbolic link (name the file it points to, or a new path)");
+    if (!S_ISREG(st.st_mode))
+      throw usage_error("will not write " + where + ": it is not a regular file (a pipe, socket or device); name a file or a new path");
+  } else if (errno != ENOENT) {
+    throw usage_error("cannot write " + where + ": " + std::strerror(errno));
+  }
+  // A new file of our own beside the target (O_EXCL: never one that exists), renamed into place,
+  // so a failure leaves no broken file and nothing but `path` is replaced.
+  std::string temporary = path + ".XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) throw usage_error("cannot write " + where + ": the directory does not exist or is not writable");
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  const bool ok = done == text.size() && ::close(fd) == 0;
+  if (!ok) {
+    ::unlink(temporary.c_str());
+    throw usage_error("cannot write " + where + ": the write failed");
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(temporary.c_str());
+    throw usage_error("cannot write " + where + ": " + std::strerror(e));
+  }
+}
+
 void write_svg(const chart& c, const std::string& path) {
-  if (path.empty()) throw usage_error("--svg needs a file name");
-  const std::string text = render_svg(c);  // throws before anything is written
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  std::error_code ec;
-  if (fs::is_directory(target, ec)) throw usage_error("cannot write '" + path + "': it is a directory");
-  const fs::path temporary = target.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw usage_error("cannot write '" + path + "': the directory does not exist or is not writable");
-    out << text;
-    out.close();
-    if (!out) {
-      fs::remove(temporary, ec);
-      throw usage_error("cannot write '" + path + "': the write failed");
-    }
-  }
-  fs::rename(temporary, target, ec);
-  if (ec) {
-    fs::remove(temporary, ec);
-    throw usage_error("cannot write '" + path + "': " + ec.message());
-  }
+  if (path.empty()) throw usage_error("--svg needs a file name, not an empty one");
+  write_output_file(path, render_svg(c), "--svg");  // renders first: a chart that cannot be drawn writes nothing
 }
 
 chart plan_chart(const plan_inputs& in, const plan_result& r) {
@@ -212,7 +237,9 @@ chart plan_chart(const plan_inputs& in, const plan_result& r) {
 
 void write_plan_svg(const plan_flags& f, const std::string& path) {
   const plan_inputs in = make_inputs(f);
-  write_svg(plan_chart(in, evaluate(in.model, in.training, in.mesh, in.device)), path);
+  const plan_result r = evaluate_inputs(in, f);
+  require_sequence(in, f, &r);
+  write_svg(plan_chart(in, r), path);
 }
 
 }  // namespace memalg::cli

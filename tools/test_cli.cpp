@@ -90,6 +90,7 @@ plan_flags layer_flags_for(const char* preset) {
 
 TEST_CASE("--preset with a recipe computes what the compile-time plan with that preset computes") {
   plan_flags f = layer_flags_for("llama2-7b");
+  f.precision = "mixed-bf16-fp32-grads";  // precision::amp_bf16's layout
   f.seq = "4096";
   f.micro_batch = "2";
   f.recompute = "selective";
@@ -159,6 +160,7 @@ TEST_CASE("recipe and mesh flags: micro-batch, sequence, accumulation, recomputa
 
 TEST_CASE("JSON: per_layer rows of one instance and the phases of the step") {
   plan_flags f = layer_flags_for("gpt2-350m");
+  f.precision = "mixed-bf16-fp32-grads";  // bf16 weights: 2 bytes a parameter
   f.seq = "1024";
   f.micro_batch = "4";
   f.pp = "4";
@@ -238,4 +240,150 @@ TEST_CASE("configurations that cannot be planned are one sentence") {
   f = layer_flags_for("llama2-7b");
   f.kv_heads = "5";
   CHECK_THROWS_WITH_AS(make_inputs(f), "the key/value heads do not divide the attention heads", usage_error);
+}
+
+TEST_CASE("precision names: the stack's default, what PyTorch calls them, old spellings kept for a release") {
+  plan_flags f;
+  f.params = "1B";
+  CHECK(make_inputs(f).training.precision.name == "autocast-bf16");  // the Trainer's bf16=True
+  f.stack = "megatron";
+  CHECK(make_inputs(f).training.precision.name == "mixed-bf16-fp32-grads");
+  f.stack = "paper";
+  CHECK(make_inputs(f).training.precision.name == "mixed-bf16-fp32-grads");
+  f.stack = "pytorch";
+  // Bytes per parameter with Adam, from the model states of a 1B-parameter plan on one rank.
+  const auto states = [&](const char* name) {
+    f.precision = name;
+    const plan_inputs in = make_inputs(f);
+    const breakdown b = evaluate(in.model, in.training, in.mesh, in.device).per_rank;
+    return b.weights.value + b.gradients.value + b.master_weights.value + b.optimizer_states.value;
+  };
+  const std::uint64_t n = 1'000'000'000;
+  CHECK(states("autocast-bf16") == 16 * n);
+  CHECK(states("autocast-fp16") == 16 * n + 8);  // + the GradScaler's scale and growth tracker
+  CHECK(states("fp32") == 16 * n);
+  CHECK(states("bf16") == 8 * n);
+  CHECK(states("mixed-bf16") == 16 * n);
+  CHECK(states("mixed-fp16") == 16 * n);
+  CHECK(states("mixed-bf16-fp32-grads") == 18 * n);
+  CHECK(states("amp-bf16") == states("mixed-bf16-fp32-grads"));  // deprecated spelling, same layout
+  CHECK(states("amp-fp16") == states("mixed-fp16"));
+  f.precision = "amp-bf16";
+  CHECK(make_inputs(f).training.precision.name == "mixed-bf16-fp32-grads");
+  f.precision = "fp64";
+  CHECK_THROWS_AS(make_inputs(f), usage_error);
+  for (const char* name : {"autocast-bf16", "autocast-fp16", "mixed-bf16-fp32-grads", "mixed-fp16", "fp8"})
+    CHECK(precision_help().find(name) != std::string::npos);
+}
+
+TEST_CASE("--device-memory: a device by its capacity, with a documented reserve") {
+  CHECK(parse_memory_size("24GiB", "--device-memory") == bytes{24ULL << 30});
+  CHECK(parse_memory_size("24 GiB", "--device-memory") == bytes{24ULL << 30});
+  CHECK(parse_memory_size("80G", "--device-memory") == bytes{80ULL << 30});
+  CHECK(parse_memory_size("24GB", "--device-memory") == bytes{24'000'000'000ULL});
+  CHECK(parse_memory_size("24gb", "--device-memory") == bytes{24'000'000'000ULL});
+  CHECK(parse_memory_size("1.5GiB", "--device-memory") == bytes{3ULL << 29});
+  CHECK(parse_memory_size("512MiB", "--device-memory") == bytes{512ULL << 20});
+  for (const char* bad : {"", "24", "GiB", "24XB", "-1GiB", "1.2.3GiB", "0GiB", "2PB", "0.1B"})
+    CHECK_THROWS_AS(parse_memory_size(bad, "--device-memory"), usage_error);
+
+  plan_flags f;
+  f.params = "1B";
+  f.device_memory = "24GB";
+  plan_inputs in = make_inputs(f);
+  CHECK(in.device.capacity == bytes{24'000'000'000ULL});
+  CHECK(in.device.reserve == bytes{544ULL << 20});
+  CHECK(in.device.reserve == device::capacity_only_reserve);
+  f.reserve_mib = "300";
+  CHECK(make_inputs(f).device.reserve == bytes{300ULL << 20});
+  f.reserve_mib = "22889";  // 24e9 B is 22888.18 MiB: nothing would be left
+  CHECK_THROWS_AS(make_inputs(f), usage_error);
+  f.reserve_mib = "22888";
+  CHECK(make_inputs(f).device.usable().value > 0);
+  f.reserve_mib.clear();
+  f.device = "h200";
+  CHECK_THROWS_AS(make_inputs(f), usage_error);  // two devices
+  f.device_memory.clear();
+  f.reserve_mib = "9999999999999999999";  // would overflow when scaled to bytes
+  CHECK_THROWS_AS(make_inputs(f), usage_error);
+}
+
+TEST_CASE("a precision the device cannot compute in is refused with a sentence") {
+  plan_flags f;
+  f.params = "1B";
+  f.precision = "fp8";
+  f.device = "a100-80gb";
+  CHECK_THROWS_WITH_AS(make_inputs(f),
+                       "--precision fp8 on a100-80gb: the device has no fp8 tensor cores (fp8 needs Ada, Hopper, "
+                       "Blackwell or MI300)",
+                       usage_error);
+  f.device = "h100-80gb";
+  CHECK_NOTHROW(make_inputs(f));
+  f.precision = "bf16";
+  f.device = "v100-32gb";
+  CHECK_THROWS_AS(make_inputs(f), usage_error);
+  f.precision = "autocast-bf16";
+  f.device = "t4";
+  CHECK_THROWS_AS(make_inputs(f), usage_error);
+  f.precision = "autocast-fp16";
+  CHECK(make_inputs(f).device.capacity.value == 15360ULL << 20);
+}
+
+TEST_CASE("no \"fits\" without activations: a layer-level model needs --seq, or --states-only") {
+  plan_flags f;
+  f.preset = "gpt2-124m";
+  plan_inputs in = make_inputs(f);
+  CHECK(states_only_plan(in));
+  CHECK_THROWS_AS(require_sequence(in, f), usage_error);
+  plan_result r = evaluate(in.model, in.training, in.mesh, in.device);
+  CHECK(r.fits);
+  CHECK_THROWS_AS(require_sequence(in, f, &r), usage_error);
+  f.states_only = true;
+  CHECK_NOTHROW(require_sequence(in, f, &r));
+  f.seq = "1024";
+  CHECK_THROWS_AS(make_inputs(f), usage_error);  // --states-only with --seq
+  // Model states alone that do not fit may say so without a sequence.
+  f = plan_flags{};
+  f.preset = "llama2-70b";
+  f.device = "l4";
+  in = make_inputs(f);
+  r = evaluate(in.model, in.training, in.mesh, in.device);
+  CHECK_FALSE(r.fits);
+  CHECK_NOTHROW(require_sequence(in, f, &r));
+  // A model given by its parameter count has no activations to ask for.
+  f = plan_flags{};
+  f.params = "7B";
+  in = make_inputs(f);
+  CHECK_FALSE(states_only_plan(in));
+  CHECK_NOTHROW(require_sequence(in, f));
+}
+
+TEST_CASE("a byte count past 64 bits is bad input naming the flags") {
+  plan_flags f;
+  f.preset = "llama2-7b";
+  f.seq = "16777216";
+  f.micro_batch = "16777216";
+  const plan_inputs in = make_inputs(f);
+  CHECK_THROWS_AS(evaluate(in.model, in.training, in.mesh, in.device), std::overflow_error);
+  CHECK_THROWS_WITH_AS(evaluate_inputs(in, f),
+                       "--micro-batch 16777216 with --seq 16777216 makes a byte count past 64 bits (16 EiB): no "
+                       "device holds it; give smaller values",
+                       usage_error);
+}
+
+TEST_CASE("argument-parser errors become memalg's own sentences") {
+  CHECK(parse_error_sentence(CLI::ArgumentMismatch::AtMost("--seq", 1, 2), "plan") ==
+        "--seq takes one value and is given once (see memalg plan --help)");
+  CHECK(parse_error_sentence(CLI::ExtrasError(std::vector<std::string>{"--stage", "0"}), "sweep") ==
+        "'--stage' is not a flag of `memalg sweep` (see memalg sweep --help)");
+  CHECK(parse_error_sentence(CLI::ExtrasError(std::vector<std::string>{"2"}), "plan") ==
+        "unexpected '2': each flag takes one value (see memalg plan --help)");
+  CHECK(parse_error_sentence(CLI::RequiredError::Subcommand(1), "") ==
+        "a sub-command is required: plan, fit, sweep, emit, import or devices (see memalg --help)");
+  for (const std::string s : {parse_error_sentence(CLI::ArgumentMismatch::AtMost("--dp", 1, 2), "plan"),
+                              parse_error_sentence(CLI::ExtrasError(std::vector<std::string>{"x", "y"}), "")}) {
+    CHECK(s.find("At Most") == std::string::npos);
+    CHECK(s.find("not expected") == std::string::npos);
+    CHECK(s.find('\n') == std::string::npos);
+  }
 }

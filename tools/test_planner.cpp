@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
 // Unit tests of the planner sub-commands: Hugging Face import against published parameter counts,
 // the sweep against `plan` and against itself exhaustive, the progress line, SVG charts, emit.
+#include <sys/stat.h>
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -136,6 +138,7 @@ TEST_CASE("Hugging Face configs: exact parameter counts, as published") {
 
 TEST_CASE("an imported Llama-2 7B plans like the llama2-7b preset") {
   plan_flags from_config = llama_flags();
+  from_config.precision = "mixed-bf16-fp32-grads";
   from_config.dp = "8";
   from_config.zero = "1";
   from_config.recompute = "selective";
@@ -570,14 +573,14 @@ TEST_CASE("SVG charts are well-formed, one bar per configuration, and refuse wha
 TEST_CASE("emit: type aliases and a static_assert; models with layers as literal entries") {
   plan_flags f;
   f.params = "7.5e9";
-  f.precision = "amp-fp16";
+  f.precision = "mixed-fp16";
   f.optimizer = "adam";
   f.dp = "64";
   f.zero = "2";
   plan_inputs in = make_inputs(f);
   std::string h = emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), "memalg_plan", "memalg emit");
   CHECK(h.find("using model = memalg::model::parameters<7500000000ULL, 0ULL, 0ULL>;") != std::string::npos);
-  CHECK(h.find("using training = memalg::train::recipe<memalg::precision::amp_fp16, memalg::optim::adam<>>;") !=
+  CHECK(h.find("using training = memalg::train::recipe<memalg::precision::mixed_fp16, memalg::optim::adam<>>;") !=
         std::string::npos);
   CHECK(h.find("memalg::parallel::data<64, memalg::parallel::zero<2, 1>>") != std::string::npos);
   CHECK(h.find("using device = memalg::device::a100_80gb;") != std::string::npos);
@@ -603,6 +606,197 @@ TEST_CASE("emit: type aliases and a static_assert; models with layers as literal
   CHECK(h.find("memalg::device::capped<memalg::device::with_reserve<memalg::device::a100_80gb, 1073741824ULL>") !=
         std::string::npos);
   CHECK(h.find("namespace my::plans {") != std::string::npos);
-  for (const char* bad : {"", "1x", "a::", "::a", "a b", "a;b"})
+  for (const char* bad : {"", "1x", "a::", "::a", "a b", "a;b", "class", "a::int::b", "namespace", "and", "__x", "_Plan"})
     CHECK_THROWS_AS(emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), bad, "x"), usage_error);
+  CHECK_NOTHROW(emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), "classes::int_plans", "x"));
+
+  // A device given by its capacity is spelled as one, with its reserve and workspace.
+  plan_flags d;
+  d.params = "1B";
+  d.device_memory = "24GiB";
+  in = make_inputs(d);
+  h = emit_header(in, evaluate(in.model, in.training, in.mesh, in.device), "memalg_plan", "x");
+  CHECK(h.find("using device = memalg::device::of_capacity<25769803776ULL>;") != std::string::npos);
+  CHECK(device::of_capacity<25769803776ULL>::value.reserve == in.device.reserve);
+  CHECK(device::of_capacity<25769803776ULL>::value.blas_workspace == in.device.blas_workspace);
+}
+
+TEST_CASE("output files: only a regular file or a new path, written whole") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "memalg_output_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string file = (dir / "out.txt").string();
+  write_output_file(file, "one", "-o");
+  write_output_file(file, "two", "-o");  // a regular file is replaced
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "two");
+  CHECK(fs::is_regular_file(file));
+  // A symbolic link (to a file that exists or not), a named pipe, a directory, an empty name.
+  fs::create_symlink(dir / "target.txt", dir / "link");
+  CHECK_THROWS_AS(write_output_file((dir / "link").string(), "x", "--svg"), usage_error);
+  CHECK_FALSE(fs::exists(dir / "target.txt"));
+  CHECK(fs::is_symlink(dir / "link"));
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  CHECK_THROWS_AS(write_output_file((dir / "fifo").string(), "x", "--svg"), usage_error);
+  CHECK(fs::is_fifo(dir / "fifo"));
+  CHECK_THROWS_AS(write_output_file(dir.string(), "x", "--svg"), usage_error);
+  CHECK_THROWS_AS(write_output_file("", "x", "--svg"), usage_error);
+  CHECK_THROWS_AS(write_output_file((dir / "missing" / "x").string(), "x", "--svg"), usage_error);
+  // Nothing but the named file was left: no temporary files.
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
+  CHECK(entries == 3);  // out.txt, link, fifo
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: the largest micro-batch and sequence that fit, by the same plan") {
+  plan_flags f;
+  f.config = data("qwen2-0.5b.json");
+  f.seq = "2048";
+  f.device_memory = "24GB";
+  const plan_inputs base = make_inputs(f);
+  const auto fits = [&](std::uint64_t mb, std::uint64_t seq, std::uint64_t accum = 1) {
+    plan_inputs in = base;
+    in.training.micro_batch = mb;
+    in.training.sequence = seq;
+    in.training.grad_accum = accum;
+    return plan_error(in.model, in.training, in.mesh, in.device).empty() &&
+           evaluate(in.model, in.training, in.mesh, in.device).fits;
+  };
+  fit_request q{};
+  q.range = {1, 1ULL << 20};
+  const fit_result r = run_fit_search(base, q);
+  REQUIRE(r.answer);
+  REQUIRE(r.first_not_fitting);
+  const std::uint64_t mb = r.answer->in.training.micro_batch;
+  CHECK(mb >= 1);
+  CHECK(fits(mb, 2048));
+  CHECK_FALSE(fits(mb + 1, 2048));
+  CHECK(r.first_not_fitting->in.training.micro_batch == mb + 1);
+  CHECK(r.answer->plan.peak() == evaluate(base.model, r.answer->in.training, base.mesh, base.device).peak());
+  // The library's own binary search agrees.
+  CHECK(largest_fitting_micro_batch(base.model, base.training, base.mesh, base.device) == mb);
+  CHECK(r.plans <= 25);
+
+  // The longest sequence at micro-batch 1, searched over 1..65536.
+  q.search_sequence = true;
+  q.range = {1, 65536};
+  const fit_result s = run_fit_search(base, q);
+  REQUIRE(s.answer);
+  const std::uint64_t seq = s.answer->in.training.sequence;
+  CHECK(seq > 2048);
+  CHECK(fits(1, seq));
+  CHECK_FALSE(fits(1, seq + 1));
+
+  // A global batch: the micro-batch divides it, the accumulation reaches it.
+  q = fit_request{};
+  q.range = {1, 1ULL << 20};
+  q.global_batch = 96;
+  const fit_result g = run_fit_search(base, q);
+  REQUIRE(g.answer);
+  const training_desc& t = g.answer->in.training;
+  CHECK(t.micro_batch * t.grad_accum == 96);
+  CHECK(t.micro_batch <= mb);
+  CHECK(fits(t.micro_batch, 2048, t.grad_accum));
+  REQUIRE(g.first_not_fitting);
+  CHECK(96 % g.first_not_fitting->in.training.micro_batch == 0);
+  CHECK(g.first_not_fitting->in.training.micro_batch > t.micro_batch);
+
+  // Nothing fits: the first size is reported with what it is short by.
+  plan_flags big = f;
+  big.config = data("llama-2-7b.json");
+  const fit_result none = run_fit_search(make_inputs(big), fit_request{false, {1, 64}, 0});
+  CHECK_FALSE(none.answer);
+  REQUIRE(none.first_not_fitting);
+  CHECK(none.first_not_fitting->plan.shortfall().value > 0);
+
+  CHECK(parse_range("1..64", "--micro-batch", 1 << 20).hi == 64);
+  CHECK(parse_range("8", "--micro-batch", 1 << 20).lo == 8);
+  for (const char* bad : {"0..4", "4..2", "1..", "..4", "a..b", "1..99999999"})
+    CHECK_THROWS_AS(parse_range(bad, "--micro-batch", 1 << 20), usage_error);
+}
+
+TEST_CASE("a preset and the config of the same model: equal, or the output says why") {
+  struct case_ {
+    const char *preset, *config, *seq, *attention;
+  };
+  for (const case_& k : {case_{"gpt2-124m", "gpt2.json", "1024", "naive"}, case_{"gpt2-124m", "gpt2.json", "1024", ""},
+                         case_{"llama2-7b", "llama-2-7b.json", "4096", "naive"}}) {
+    CAPTURE(k.preset);
+    CAPTURE(k.attention);
+    {
+      const char* preset = k.preset;
+      const char* config = k.config;
+      plan_flags p;
+      p.preset = preset;
+      p.micro_batch = "1";
+      p.seq = k.seq;
+      p.attention = k.attention;
+      plan_flags c = p;
+      c.preset.clear();
+      c.config = data(config);
+      const plan_inputs a = make_inputs(p), b = make_inputs(c);
+      const preset_gap gap = preset_config_gap(p, a);
+      const bytes config_peak = evaluate(b.model, b.training, b.mesh, b.device).peak();
+      // The reasons given are the whole difference: the preset with them planned is the config's plan.
+      CHECK(gap.config_peak == config_peak);
+      CHECK(evaluate(a.model, a.training, a.mesh, a.device).peak() != config_peak);
+      CHECK_FALSE(gap.reason.empty());
+    }
+  }
+  // Where the peak does not see the difference, the two agree and nothing is said.
+  plan_flags p;
+  p.preset = "llama2-7b";
+  p.seq = "4096";
+  plan_flags c = p;
+  c.preset.clear();
+  c.config = data("llama-2-7b.json");
+  const plan_inputs a = make_inputs(p), b = make_inputs(c);
+  CHECK(evaluate(a.model, a.training, a.mesh, a.device).peak() == evaluate(b.model, b.training, b.mesh, b.device).peak());
+  CHECK(preset_config_gap(p, a).config_peak == evaluate(b.model, b.training, b.mesh, b.device).peak());
+}
+
+TEST_CASE("sweep: schedules, ranges, one GPU, and why nothing is valid") {
+  plan_flags model = llama_flags();
+  sweep_flags s;
+  s.world = "8";
+  s.pp = "2,4";
+  s.micro_batch = "1..4";
+  model.pp_schedule = "interleaved:2";
+  sweep_setup setup = make_sweep(model, s);
+  CHECK(setup.problem.space.micro_batch.size == 4);
+  for (const pipeline_choice& c : setup.problem.space.pipeline) {
+    CHECK(c.schedule == pipeline_schedule::interleaved);
+    CHECK(c.virtual_stages == 2);
+  }
+  CHECK(run_sweep_search(setup, false).summary.feasible > 0);
+  s.pp = "1";
+  CHECK_THROWS_AS(make_sweep(model, s), usage_error);  // no pipeline to interleave
+  model.pp_schedule = "1f1b";
+
+  s = sweep_flags{};
+  s.world = "1";
+  setup = make_sweep(model, s);
+  CHECK(setup.problem.space.zero_stages.size == 1);  // one GPU: ZeRO has nothing to shard over
+  s.zero = "0,3";
+  CHECK(make_sweep(model, s).problem.space.zero_stages.size == 2);  // unless asked for
+
+  s = sweep_flags{};
+  s.world = "8";
+  s.tp = "3";
+  setup = make_sweep(model, s);
+  sweep_report r = run_sweep_search(setup, false);
+  CHECK(r.summary.valid == 0);
+  CHECK(r.invalid_reason.find("does not divide --world 8") != std::string::npos);
+  CHECK(sweep_table(setup, r).find("tp x pp x cp = 3") != std::string::npos);
+  s.tp = "1";
+  s.micro_batch = "4";
+  s.global_batch = "2";
+  setup = make_sweep(model, s);
+  r = run_sweep_search(setup, false);
+  CHECK(r.summary.valid == 0);
+  CHECK(r.invalid_reason.find("--global-batch 2 is not a multiple of dp x micro-batch") != std::string::npos);
+  CHECK(sweep_json(setup, r, false)["invalid_reason"] == r.invalid_reason);
 }

@@ -30,7 +30,7 @@ def flags(case, stack="megatron"):
          "--kv-heads", str(d["kv_heads"]), "--ffn", str(d["ffn"]), "--vocab", str(d["vocab"]["padded"]),
          "--positions", str(d["max_position_embeddings"]),
          "--seq", str(d["seq_length"]), "--micro-batch", str(d["micro_batch"]),
-         "--grad-accum", str(d["grad_accum"]), "--precision", "amp-bf16", "--optimizer", "adam",
+         "--grad-accum", str(d["grad_accum"]), "--precision", "mixed-bf16-fp32-grads", "--optimizer", "adam",
          "--tp", str(d["tp"]), "--pp", str(d["pp"]), "--dp", str(d["dp"]),
          "--zero", "1" if d["distributed_optimizer"] else "0",
          "--dropout", str(d["dropout"]["hidden"]), "--attention", "flash", "--device", "h100-80gb",

@@ -191,7 +191,29 @@ TEST_CASE("devices: catalog capacities, reserve, memory cap") {
   CHECK(device::h100_80gb::value.capacity == 81559_MiB);
   CHECK(device::h200::value.capacity == 143771_MiB);
   CHECK(device::mi300x::value.capacity == bytes{205'822'885'888});
-  CHECK(device::catalog.size() == 13);
+  CHECK(device::catalog.size() == 19);
+  // The boards added for single-GPU users: driver totals, below their data-sheet GB.
+  CHECK(device::t4::value.capacity == 15360_MiB);
+  CHECK(device::a10g::value.capacity == 23028_MiB);
+  CHECK(device::rtx_a6000::value.capacity == 49140_MiB);
+  CHECK(device::rtx5090::value.capacity == 32607_MiB);
+  CHECK(device::h100_pcie::value.capacity == 81559_MiB);
+  CHECK(device::h100_nvl::value.capacity == 95830_MiB);
+  // Capabilities: Volta and Turing lack bf16, Ampere lacks fp8, Hopper has both.
+  CHECK_FALSE(device::v100_32gb::value.bf16);
+  CHECK_FALSE(device::t4::value.bf16);
+  CHECK(device::a100_80gb::value.bf16);
+  CHECK_FALSE(device::a100_80gb::value.fp8);
+  CHECK(device::h100_80gb::value.fp8);
+  CHECK_FALSE(device::cpu::value.fp8);
+  CHECK(precision_device_error(device::v100_16gb::value, true, false).find("bfloat16") != std::string_view::npos);
+  CHECK(precision_device_error(device::a100_40gb::value, true, true).find("fp8") != std::string_view::npos);
+  CHECK(precision_device_error(device::a100_40gb::value, true, false).empty());
+  // A device by capacity alone: the catalog's largest default reserve.
+  using mine24 = device::of_capacity<24ULL << 30>;
+  CHECK(mine24::value.capacity == 24_GiB);
+  CHECK(mine24::value.reserve == 544_MiB);
+  CHECK(mine24::value.reserve == device::h100_80gb::value.reserve);
   using capped = device::capped<device::a100_80gb, 1, 2>;
   CHECK(capped::value.limit() == 40_GiB);
   CHECK(capped::value.usable() == 40_GiB - device::a100_80gb::value.reserve);
@@ -217,6 +239,12 @@ TEST_CASE("bytes: checked arithmetic at run time, formatting") {
   CHECK(to_string(512_B) == "512 B");
   CHECK(to_string(1536_KiB) == "1.50 MiB");
   CHECK(to_string(3_GiB) == "3.00 GiB");
+  CHECK(to_string(1023_GiB) == "1023.00 GiB");
+  // Past a TiB the unit grows with the value (8 EiB printed as "8589934592.00 GiB" before).
+  CHECK(to_string(1024_GiB) == "1.00 TiB");
+  CHECK(to_string(bytes{5ULL << 49}) == "2.50 PiB");
+  CHECK(to_string(bytes{8ULL << 60}) == "8.00 EiB");
+  CHECK(to_string(bytes{1ULL << 40}, byte_unit::GiB) == "1024.00 GiB");
   CHECK(to_string(31'406'250'000_B, byte_unit::GB) == "31.41 GB");
 }
 

@@ -137,7 +137,7 @@ constexpr bytes operator""_TB(unsigned long long v) { return bytes{detail::check
 }  // namespace literals
 
 /// How a byte count is printed.
-enum class byte_unit { automatic_binary, B, KiB, MiB, GiB, GB };
+enum class byte_unit { automatic_binary, B, KiB, MiB, GiB, GB, TiB, PiB, EiB };
 
 namespace detail {
 inline std::string fixed2(double v) {
@@ -153,7 +153,7 @@ inline std::string fixed2(double v) {
 }
 }  // namespace detail
 
-/// "1.50 GiB", "31.40 GB", "512 B". `automatic_binary` picks the largest binary unit ≥ 1.
+/// "1.50 GiB", "31.40 GB", "512 B", "2.55 TiB". `automatic_binary` picks the largest binary unit ≥ 1.
 inline std::string to_string(bytes b, byte_unit unit = byte_unit::automatic_binary) {
   const auto v = static_cast<double>(b.value);
   switch (unit) {
@@ -162,12 +162,18 @@ inline std::string to_string(bytes b, byte_unit unit = byte_unit::automatic_bina
     case byte_unit::MiB: return detail::fixed2(v / 1048576.0) + " MiB";
     case byte_unit::GiB: return detail::fixed2(v / 1073741824.0) + " GiB";
     case byte_unit::GB: return detail::fixed2(v / 1e9) + " GB";
+    case byte_unit::TiB: return detail::fixed2(v / 1099511627776.0) + " TiB";
+    case byte_unit::PiB: return detail::fixed2(v / 1125899906842624.0) + " PiB";
+    case byte_unit::EiB: return detail::fixed2(v / 1152921504606846976.0) + " EiB";
     case byte_unit::automatic_binary: break;
   }
   if (b.value < (1ULL << 10)) return to_string(b, byte_unit::B);
   if (b.value < (1ULL << 20)) return to_string(b, byte_unit::KiB);
   if (b.value < (1ULL << 30)) return to_string(b, byte_unit::MiB);
-  return to_string(b, byte_unit::GiB);
+  if (b.value < (1ULL << 40)) return to_string(b, byte_unit::GiB);
+  if (b.value < (1ULL << 50)) return to_string(b, byte_unit::TiB);
+  if (b.value < (1ULL << 60)) return to_string(b, byte_unit::PiB);
+  return to_string(b, byte_unit::EiB);
 }
 
 }  // namespace memalg

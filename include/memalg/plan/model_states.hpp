@@ -143,6 +143,9 @@ constexpr stage_model_states model_states(const model_desc& model, const trainin
     states.optimizer_states += optimizer_state_bytes(t.optimizer, state, shape) * n;
   }
 
+  // A dynamic loss scaler's state: one fp32 scale and one int32 growth tracker on every rank
+  // (torch.amp.GradScaler; see precision_policy::loss_scaler).
+  if (p.loss_scaler && s.parameters != 0) states.optimizer_states += storage_bytes(dtypes::fp32, 2);  // 4 + 4 bytes
   s.device = states;
   if (m.offload != offload_kind::none) {
     s.host.master_weights = states.master_weights;

@@ -19,6 +19,15 @@
 //                                                                   fp32 main grads and master, plus an
 //                                                                   fp8 copy and its transpose cached
 //                                                                   for the GEMMs (Float8Tensor)
+//   autocast_fp16  4        4          -       8            16      PyTorch autocast in fp16 with
+//                                                                   torch.amp.GradScaler (the Trainer's
+//                                                                   fp16=True): fp32 parameters, fp16
+//                                                                   activations, plus the scaler's
+//                                                                   state (8 bytes, below)
+//
+// The names say what the layouts hold. `mixed_fp16` and `mixed_bf16_fp32_grads` are `amp_fp16` and
+// `amp_bf16` under names that do not suggest PyTorch's AMP (autocast); the old names stay for one
+// release (the CLI notes that they are deprecated).
 //
 // Megatron's fp16 row (20 bytes) keeps an extra fp32 gradient copy inside the optimizer; memalg's
 // amp_fp16 follows the ZeRO paper's 16 instead (see docs/algebra.md).
@@ -40,6 +49,9 @@ struct precision_policy {
   dtype activations = dtypes::fp32;       ///< dtype of saved activations
   dtype weight_cache = dtypes::none;      ///< low-precision weight copies kept for GEMMs (fp8)
   std::uint32_t weight_cache_copies = 0;  ///< how many such copies (value + transpose = 2)
+  /// A dynamic loss scaler's device state (torch.amp.GradScaler: `_scale`, one fp32 element, and
+  /// `_growth_tracker`, one int32 element; torch/amp/grad_scaler.py `_lazy_init_scale_growth_tracker`).
+  bool loss_scaler = false;
 };
 
 namespace precision {
@@ -66,6 +78,20 @@ struct mixed_bf16 {
   static constexpr precision_policy value{"mixed-bf16", dtypes::bf16, dtypes::bf16, dtypes::fp32, dtypes::fp32,
                                           dtypes::bf16};
 };
+struct autocast_fp16 {
+  static constexpr precision_policy value{"autocast-fp16", dtypes::fp32, dtypes::fp32, dtypes::none, dtypes::fp32,
+                                          dtypes::fp16,    dtypes::none, 0,            true};
+};
+/// amp_fp16 named for what it holds: fp16 weights and gradients, fp32 master weights and states.
+struct mixed_fp16 {
+  static constexpr precision_policy value{"mixed-fp16", dtypes::fp16, dtypes::fp16, dtypes::fp32, dtypes::fp32,
+                                          dtypes::fp16};
+};
+/// amp_bf16 named for what it holds: bf16 weights, fp32 gradients (main_grad), master and states.
+struct mixed_bf16_fp32_grads {
+  static constexpr precision_policy value{"mixed-bf16-fp32-grads", dtypes::bf16, dtypes::fp32, dtypes::fp32,
+                                          dtypes::fp32, dtypes::bf16};
+};
 struct fp8 {
   static constexpr precision_policy value{"fp8",         dtypes::bf16, dtypes::fp32,     dtypes::fp32,
                                           dtypes::fp32,  dtypes::bf16, dtypes::fp8_e4m3, 2};
@@ -75,7 +101,7 @@ struct fp8 {
 constexpr bool from_name(std::string_view name, precision_policy& out) {
   for (const precision_policy& p :
        {fp32::value, amp_fp16::value, amp_bf16::value, autocast_bf16::value, bf16::value, mixed_bf16::value,
-        fp8::value})
+        fp8::value, autocast_fp16::value, mixed_fp16::value, mixed_bf16_fp32_grads::value})
     if (p.name == name) {
       out = p;
       return true;
