@@ -1366,6 +1366,8 @@ def main():
                 ap.error("--shard K/N with 1 <= K <= N")
             shard = (int(m.group(1)), int(m.group(2)))
             cases = cases[shard[0] - 1::shard[1]]
+        # Single-process cases first: a shard stopped early has measured the most cases.
+        cases = sorted(cases, key=lambda c: c["world"])
     elif args.cases:
         pats = [p.strip() for p in args.cases.split(",") if p.strip()]
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
@@ -1429,8 +1431,21 @@ def main():
 
 
 def run_cases(result, cases, device, out_path):
+    """Measures `cases` into `result`, written to `out_path` after every case: a run that stops
+    keeps what it measured, and the same command run again resumes after it (the cases already
+    in the file, with the same versions, are kept)."""
     t0 = time.time()
+    done = {}
+    if out_path and os.path.exists(out_path):
+        with open(out_path) as f:
+            old = json.load(f)
+        if all(old.get(k) == result.get(k) for k in ("torch", "transformers", "device", "command")):
+            done = {r["name"]: r for r in old.get("cases", [])}
+            t0 -= old.get("wall_seconds", 0)
     for c in cases:
+        if c["name"] in done:
+            result["cases"].append(done[c["name"]])
+            continue
         if c["world"] > 1 and device == "cuda":
             continue  # one GPU: the two-rank cases are CPU-only
         print("%-22s" % c["name"], end=" ", flush=True)
@@ -1444,18 +1459,26 @@ def run_cases(result, cases, device, out_path):
                 r["skipped"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         result["cases"].append(r)
         print(summary(r), flush=True)
+        if out_path:
+            result["wall_seconds"] = round(time.time() - t0, 1)
+            write_result(result, out_path)
     result["wall_seconds"] = round(time.time() - t0, 1)
     print("%d cases in %.0f s" % (len(result["cases"]), result["wall_seconds"]))
     if out_path:
-        os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
-        with open(out_path, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        write_result(result, out_path)
         print("wrote", os.path.relpath(out_path))
     bad = [r["name"] for r in result["cases"] if r.get("checks_failed")]
     if bad:
         print("checks failed:", ", ".join(bad))
     return 0
+
+
+def write_result(result, path):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 def merge_shards(group, cases):
