@@ -102,11 +102,21 @@ inline std::string hex(std::uint64_t v, int digits) {
 
 /// One line: `<key> loss=<hex,...> norm=<hex,...> weights=<hex> sections=<hex>`.
 inline std::string format(const record& r) {
-  std::string s = r.key + " loss=";
-  for (std::size_t i = 0; i < r.loss.size(); ++i) s += (i ? "," : "") + hex(r.loss[i], 8);
-  s += " norm=";
-  for (std::size_t i = 0; i < r.norm.size(); ++i) s += (i ? "," : "") + hex(r.norm[i], 8);
-  return s + " weights=" + hex(r.weights, 16) + " sections=" + hex(r.sections, 16);
+  std::string s = r.key;
+  const auto list = [&s](const char* name, const std::vector<std::uint32_t>& v) {
+    s += name;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) s += ',';
+      s += hex(v[i], 8);
+    }
+  };
+  list(" loss=", r.loss);
+  list(" norm=", r.norm);
+  s += " weights=";
+  s += hex(r.weights, 16);
+  s += " sections=";
+  s += hex(r.sections, 16);
+  return s;
 }
 
 inline std::vector<std::uint32_t> parse_list(const std::string& text) {

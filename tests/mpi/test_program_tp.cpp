@@ -4,9 +4,8 @@
 // sequence parallelism (tp2-sp-dropout) — the plans of examples/train_gpt_cpu.cpp — and, with 4
 // ranks, dp2×tp2 under ZeRO-2 and ZeRO-1 with sequence parallelism. 8 fp32 steps on the same global
 // batch: the losses must agree with the one-rank run within a relative 1e-5 and fall, and on every
-// rank the arena and its high-water mark must be the plan's. The replicated reference trainer
-// (exec/gpt_trainer.hpp) is not the comparison here: it replicates the embeddings, the program
-// does not; the one-rank run is where both layouts coincide. Dropout masks depend only on the
+// rank the arena and its high-water mark must be the plan's. The one-rank run is where the
+// vocabulary-parallel and the replicated layouts coincide. Dropout masks depend only on the
 // seed and the global element index, so the runs with dropout agree too. The batches are
 // train_gpt_cpu's (batch_for over its default text): what differs from one rank is the order of
 // fp32 sums (vocabulary shards, tensor-parallel partial sums), about 1e-6 relative here.

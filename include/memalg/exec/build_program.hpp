@@ -2,15 +2,15 @@
 // memalg/exec/build_program.hpp — lowers a GPT-2 training step to a step program, on the host.
 //
 // `build_program(cfg, sizes, rank)` issues, through an `arena_layout` of the plan's capacities,
-// exactly the pushes and pops `gpt_trainer` (backend/cpu/gpt_trainer.hpp) performs — its construction's
+// the pushes and pops of one rank's step — its construction's
 // persistent tensors, then one step: forward, loss, backward with recomputation none / selective /
 // full / every-K, dropout masks, naive or flash attention, ZeRO-3 gathers and ZeRO-2/3 unsharded
-// gradient buffers — and emits the ops in the same order. The step is a pure function of the
+// gradient buffers — and emits the ops in that order. The step is a pure function of the
 // configuration (nothing in the arena depends on data), so the program's offsets, high-water mark
-// and peak by category are the trainer's, obtained without running a kernel; a push past the
+// and peak by category are known without running a kernel; a push past the
 // plan or a pop out of order throws arena_error here, at build time.
 //
-// The same lowering takes gpt_config's block variant, which gpt_trainer does not implement:
+// The same lowering takes gpt_config's block variant:
 // RMSNorm, a SwiGLU MLP (fc1 writes [gate ‖ up]; its backward runs in place over d(out), so the
 // MLP backward holds 2·inner as the plan says), rotary positions when positions == 0 (in place on
 // qkv and on its gradient: no tensor added), grouped-query attention (qkv [N, (H + 2Hkv)·D]), no
@@ -37,8 +37,7 @@
 // input sent from there. The step ends with the loss and the gradient norm's parts summed over
 // the pipeline group too (the loss exists on the last stage only).
 //
-// Under tensor parallelism gpt_config can ask for Megatron's layout, which gpt_trainer does not
-// implement either (docs/runtime.md, "Tensor parallelism in the program"): vocab_parallel — the
+// Under tensor parallelism gpt_config can ask for Megatron's layout (docs/runtime.md, "Tensor parallelism in the program"): vocab_parallel — the
 // token embedding's rows, the tied output's logits and the cross-entropy split by vocabulary
 // (ops::vocab_parallel_loss), the lookup summed over tp before the positions are added — and
 // sequence_parallel — the residual stream on this rank's N/tp token rows, all-gathered into a
@@ -112,7 +111,7 @@ inline std::vector<element_run> element_runs(const element_ranges& ranges, std::
 
 namespace detail {
 
-/// Mirrors gpt_trainer's structure function by function, emitting ops where it runs kernels.
+/// One rank's lowering, by concern: configuration, units, initialisation, ZeRO, blocks, step end.
 class gpt_lowering {
   using side = arena_layout::side;
 
@@ -179,7 +178,7 @@ class gpt_lowering {
              c_.dropout, c_.seed};
   }
 
-  // ---- configuration (gpt_trainer::validate, less the communicator check) -------------------
+  // ---- configuration ---------------------------------------------------------------------------
   void validate() const {
     const auto fail = [](const std::string& why) { throw program_error("build_program: " + why); };
     if (c_.heads == 0 || c_.tp == 0 || c_.dp == 0) fail("heads, dp and tp must be at least 1");
@@ -366,7 +365,7 @@ class gpt_lowering {
     }
     describe_units();
   }
-  /// gpt_trainer::initialise as data: GPT-2's init (std 0.02, 0.02/√(2L) for the residual
+  /// Initialisation as data: GPT-2's init (std 0.02, 0.02/√(2L) for the residual
   /// projections, norms at 1, biases at 0), by logical index so every TP rank draws its part.
   void describe_units() {
     const std::size_t C = c_.hidden, W = local_width(), Wkv = local_kv_width(), F = local_ffn(), Ff = c_.ffn, r = r_.tp;
@@ -424,7 +423,7 @@ class gpt_lowering {
   }
   std::size_t shard_begin(const unit& u) const { return r_.dp * u.shard; }
 
-  // ---- ZeRO helpers (gpt_trainer's use_weights / release / grad_buffer / finish_grad) -------
+  // ---- ZeRO helpers (use_weights / release / grad_buffer / finish_grad) ------------------------
   operand gather(unit& u) {
     operand full = transient(u.name + ".gathered", u.elements, T_, category::temporaries);
     emit(ops::all_gather{u.weight, full, group::dp});
@@ -1305,7 +1304,7 @@ class gpt_lowering {
 
 }  // namespace detail
 
-/// One training step of `gpt_trainer` for rank `rank`, laid out in `sizes` (the plan's arena).
+/// One training step for rank `rank`, laid out in `sizes` (the plan's arena).
 /// Throws program_error for a configuration the runtime does not implement and arena_error when
 /// the step does not fit `sizes` (the plan under-predicts) or breaks the stacks' LIFO order.
 inline program build_program(const gpt_config& cfg, arena_sizes sizes, rank_coords rank, elem storage) {
