@@ -341,9 +341,7 @@ class gpt_lowering {
   }
   void allocate_states() {
     const int z = c_.zero_stage;
-    const std::size_t states = c_.optimizer == optimizer_kind::adamw || c_.optimizer == optimizer_kind::adam ? 2
-                               : c_.optimizer == optimizer_kind::sgd                                    ? 0
-                                                                                                        : 1;
+    const std::size_t states = full_states_of(c_.optimizer);
     for (unit& u : units_) u.weight = persistent(u.name + ".weights", z >= 3 ? u.shard : u.elements, T_, category::weights);
     for (unit& u : units_) u.grad = persistent(u.name + ".grads", z >= 2 ? u.shard : u.elements, T_, category::gradients);
     for (unit& u : units_)

@@ -67,8 +67,10 @@ struct speech_config {
   std::size_t dp = 1;
   bool master_weights = false;
   optimizer_kind optimizer = optimizer_kind::adamw;
-  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float max_grad_norm = 1.0f;
+  // hyper-parameters: exec/hparams.hpp's defaults (with_hparams sets them)
+  float lr = default_hparams.lr, weight_decay = default_hparams.weight_decay, momentum = default_hparams.momentum,
+        beta1 = default_hparams.beta1, beta2 = default_hparams.beta2, eps = default_hparams.eps;
+  float max_grad_norm = default_hparams.max_grad_norm;
   std::uint64_t seed = 1;
   /// A validation pass: the forward and the losses only (no backward, no update), on the same
   /// arena and weights; dropout is off when its probabilities are 0 here. Batch norm uses the
@@ -320,9 +322,7 @@ class speech_lowering {
     post_.push_back(conv_unit("decoder.postnet.out", Q, M));
   }
   void allocate_states() {
-    const std::size_t states = c_.optimizer == optimizer_kind::adamw || c_.optimizer == optimizer_kind::adam ? 2
-                               : c_.optimizer == optimizer_kind::sgd                                    ? 0
-                                                                                                        : 1;
+    const std::size_t states = full_states_of(c_.optimizer);
     for (unit& u : units_) u.weight = persistent(u.name + ".weights", u.elements, T_, category::weights);
     for (unit& u : units_) u.grad = persistent(u.name + ".grads", u.elements, T_, category::gradients);
     for (unit& u : units_)

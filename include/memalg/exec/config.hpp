@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "memalg/exec/hparams.hpp"
 #include "memalg/train/optimizer.hpp"
 #include "memalg/train/recipe.hpp"
 
@@ -34,8 +35,10 @@ struct gpt_config {
   bool master_weights = false;  ///< fp32 master copy (mixed precision)
   bool loss_scaling = false;    ///< dynamic loss scaling (fp16)
   optimizer_kind optimizer = optimizer_kind::adamw;
-  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float max_grad_norm = 1.0f;  ///< ≤ 0: no clipping
+  // hyper-parameters: exec/hparams.hpp's defaults (with_hparams sets them)
+  float lr = default_hparams.lr, weight_decay = default_hparams.weight_decay, momentum = default_hparams.momentum,
+        beta1 = default_hparams.beta1, beta2 = default_hparams.beta2, eps = default_hparams.eps;
+  float max_grad_norm = default_hparams.max_grad_norm;  ///< ≤ 0: no clipping
   std::uint64_t seed = 1;
   // block variant (GPT-2's by default)
   std::size_t kv_heads = 0;     ///< key/value heads (0: heads; fewer: grouped-query attention)
