@@ -86,9 +86,12 @@ void check_plan() {
   CHECK(state.step == static_cast<std::uint64_t>(g::matrix_steps));
   CHECK(backend.step_count() == static_cast<std::size_t>(g::matrix_steps));
 
-  // Memory: the backend holds the plan's arena and, over a step, touches every byte of it.
+  // Memory: the live-bytes meter never above the plan, the plan tight (16 bytes less is refused),
+  // and over a step the backend touches every byte of it.
   const m::breakdown& plan = Plan::result.per_rank;
-  CHECK(backend.capacity() == (plan.total() - plan.reserve).value);
+  CHECK(backend.measured_high_water() > 0);
+  CHECK(backend.measured_high_water() <= (plan.total() - plan.reserve).value);
+  CHECK(short_plan_refused(config, run::arena));
   CHECK(prog.high_water == (plan.total() - plan.reserve).value);
   CHECK(backend.touched_bytes() == (plan.total() - plan.reserve).value);
 
