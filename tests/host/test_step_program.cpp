@@ -64,7 +64,7 @@ template <class Config, class Mesh, class... Options>
 using mesh_plan = m::plan<m::exec::runtime_gpt<Config>,
                           m::train::recipe<m::precision::fp32, m::optim::adamw<>, m::train::reference_kernels, Options...>,
                           Mesh, budget>;
-/// The same over the fixed trainers' layout (replicated embeddings and tied output).
+/// The same over the replicated layout (embeddings and tied output replicated: train_gpt_cuda's tp plans).
 template <class Config, class Mesh, class... Options>
 using replicated_plan =
     m::plan<m::exec::runtime_gpt_replicated<Config>,
