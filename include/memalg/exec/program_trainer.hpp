@@ -55,7 +55,7 @@ concept trainer_backend =
       { b.capacity() } -> std::convertible_to<std::size_t>;
     };
 
-/// The memory a program_trainer holds, as its program lays it out (the names of exec::arena's report).
+/// The memory a program_trainer holds, as its program lays it out.
 class program_memory {
  public:
   program_memory() = default;
