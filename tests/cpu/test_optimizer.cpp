@@ -102,7 +102,8 @@ TEST_CASE("optimizer with fp32 master weights keeps updates smaller than a bf16 
   std::vector<fp16> hp16 = {memalg::float_to_fp16(0.5f)};
   std::vector<float> master16 = {0.5f}, m = {0}, v = {0};
   const std::vector<fp16> g16 = {memalg::float_to_fp16(0.25f)};
-  cpu::adamw_step(hp16.data(), master16.data(), m.data(), v.data(), g16.data(), 1, cpu::adamw_hparams{}, 1);
+  const cpu::adamw_hparams ahp{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+  cpu::adamw_step(hp16.data(), master16.data(), m.data(), v.data(), g16.data(), 1, ahp, 1);
   CHECK(master16[0] == doctest::Approx(0.5 - 0.001 * 0.01 * 0.5 - 0.001 * 0.25 / (0.25 + 1e-8)).epsilon(1e-6));
   CHECK(hp16[0].bits == memalg::float_to_fp16(master16[0]).bits);
 }

@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "memalg/backend/cpu/gpt_run.hpp"
-#include "memalg/backend/cpu/gpt_trainer.hpp"
 #include "memalg/backend/cpu/local_communicator.hpp"
 #include "memalg/backend/cpu/step_backend.hpp"
 #include "memalg/backend/cuda/gpt_run.cuh"

@@ -147,6 +147,17 @@ using memory_matrix_multi =
            over_recomputation<naive32, m::precision::fp32, dp2_zero3>, over_recomputation<naive32, m::precision::fp32, tp2>,
            over_recomputation<naive32, m::precision::fp32, dp2_tp2>>;
 
+/// Whether laying out the step of `c` for `rank` in `sizes` less 16 bytes of stack is refused: a
+/// plan that is the step's exact peak must be (one that over-predicts is not).
+inline bool short_plan_refused(const m::exec::gpt_config& c, m::exec::arena_sizes sizes, m::exec::rank_coords rank = {}) {
+  try {
+    (void)m::exec::build_program(c, {sizes.persistent, sizes.stack - 16}, rank);
+  } catch (const m::exec::arena_error&) {
+    return true;
+  }
+  return false;
+}
+
 inline std::vector<std::int32_t> ids(std::size_t n, int salt) {
   std::vector<std::int32_t> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int32_t>((i * 13 + static_cast<std::size_t>(salt) * 7 + i / 3) % 64);

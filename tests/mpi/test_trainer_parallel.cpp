@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
-// The same model and data on one rank and on data parallel (ZeRO-0/1/2/3), tensor parallel and
+// The step program (GPT-2-style blocks, replicated embeddings) with the same model and data on
+// one rank and on data parallel (ZeRO-0/1/2/3), tensor parallel and
 // both combined, as real MPI jobs: the loss trajectories must agree within a relative 2e-5 over
 // 8 steps (fp32; the ranks sum gradients in another order than one rank does, which changes the
 // last bits — a wrong reduction, shard or split changes the loss in the first digits).
@@ -13,9 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "memalg/backend/cpu/gpt_trainer.hpp"
+#include "memalg/backend/cpu/step_backend.hpp"
 #include "memalg/backend/cpu/local_communicator.hpp"
 #include "memalg/backend/cpu/mpi_communicator.hpp"
+#include "memalg/exec/program_trainer.hpp"
 
 namespace cpu = memalg::backend::cpu;
 using namespace memalg;
@@ -65,7 +67,7 @@ std::vector<std::int32_t> slice(const std::vector<std::int32_t>& global, std::si
 
 template <class Comm>
 std::vector<float> run(exec::gpt_config c, Comm& dp, Comm& tp, std::size_t dp_rank) {
-  exec::gpt_trainer<float, Comm> trainer(c, {std::size_t{1} << 23, std::size_t{1} << 23}, dp, tp);
+  exec::program_trainer<cpu::step_backend<float, Comm>> trainer(c, {std::size_t{1} << 23, std::size_t{1} << 23}, dp, tp);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
     const std::size_t global_seqs = c.grad_accum * c.dp * c.micro_batch;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/exec/arena_layout.hpp — the arena's offset bookkeeping, without any memory.
 //
-// `arena` (exec/arena.hpp) is this layout plus one allocation. Keeping the bookkeeping apart lets
-// the step-program builder (exec/build_program.hpp) lay out a whole training step on the host —
-// every offset, the high-water mark, the peak by category — before any kernel runs, with the very
-// code the trainers use, so the two cannot drift.
+// Keeping the bookkeeping apart from any memory lets the step-program builders
+// (exec/build_program.hpp, exec/build_speech_program.hpp) lay out a whole training step on the
+// host — every offset, the high-water mark, the peak by category — before any kernel runs; the
+// backends allocate the capacities and resolve the offsets.
 //
 //   [ persistent region | saved stack →            free            ← transient stack ]
 //

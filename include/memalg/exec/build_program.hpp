@@ -2,15 +2,15 @@
 // memalg/exec/build_program.hpp — lowers a GPT-2 training step to a step program, on the host.
 //
 // `build_program(cfg, sizes, rank)` issues, through an `arena_layout` of the plan's capacities,
-// exactly the pushes and pops `gpt_trainer` (backend/cpu/gpt_trainer.hpp) performs — its construction's
+// the pushes and pops of one rank's step — its construction's
 // persistent tensors, then one step: forward, loss, backward with recomputation none / selective /
 // full / every-K, dropout masks, naive or flash attention, ZeRO-3 gathers and ZeRO-2/3 unsharded
-// gradient buffers — and emits the ops in the same order. The step is a pure function of the
+// gradient buffers — and emits the ops in that order. The step is a pure function of the
 // configuration (nothing in the arena depends on data), so the program's offsets, high-water mark
-// and peak by category are the trainer's, obtained without running a kernel; a push past the
+// and peak by category are known without running a kernel; a push past the
 // plan or a pop out of order throws arena_error here, at build time.
 //
-// The same lowering takes gpt_config's block variant, which gpt_trainer does not implement:
+// The same lowering takes gpt_config's block variant:
 // RMSNorm, a SwiGLU MLP (fc1 writes [gate ‖ up]; its backward runs in place over d(out), so the
 // MLP backward holds 2·inner as the plan says), rotary positions when positions == 0 (in place on
 // qkv and on its gradient: no tensor added), grouped-query attention (qkv [N, (H + 2Hkv)·D]), no
@@ -37,8 +37,7 @@
 // input sent from there. The step ends with the loss and the gradient norm's parts summed over
 // the pipeline group too (the loss exists on the last stage only).
 //
-// Under tensor parallelism gpt_config can ask for Megatron's layout, which gpt_trainer does not
-// implement either (docs/runtime.md, "Tensor parallelism in the program"): vocab_parallel — the
+// Under tensor parallelism gpt_config can ask for Megatron's layout (docs/runtime.md, "Tensor parallelism in the program"): vocab_parallel — the
 // token embedding's rows, the tied output's logits and the cross-entropy split by vocabulary
 // (ops::vocab_parallel_loss), the lookup summed over tp before the positions are added — and
 // sequence_parallel — the residual stream on this rank's N/tp token rows, all-gathered into a
@@ -66,18 +65,10 @@
 #include "memalg/exec/arena_layout.hpp"
 #include "memalg/exec/config.hpp"
 #include "memalg/exec/gpt_layout.hpp"
+#include "memalg/exec/lowering.hpp"
 #include "memalg/exec/program.hpp"
 
 namespace memalg::exec {
-
-struct program_error : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
-
-/// This rank's place in the mesh (data- and tensor-parallel rank, pipeline stage).
-struct rank_coords {
-  std::size_t dp = 0, tp = 0, pp = 0;
-};
 
 /// The storage type gpt_run picks for a configuration: fp16 with loss scaling, bf16 with master
 /// weights, fp32 otherwise.
@@ -85,45 +76,14 @@ constexpr elem default_storage(const gpt_config& c) {
   return c.loss_scaling ? elem::f16 : c.master_weights ? elem::bf16 : elem::f32;
 }
 
-/// A maximal run of elements [begin, end) all inside or all outside a set of ranges.
-struct element_run {
-  std::size_t begin, end;
-  bool inside;
-};
-/// [lo, hi) cut into maximal runs that are all inside or all outside `ranges`.
-inline std::vector<element_run> element_runs(const element_ranges& ranges, std::size_t lo, std::size_t hi) {
-  std::vector<std::size_t> cuts{lo, hi};
-  for (const auto& [b, e] : ranges) {
-    if (b > lo && b < hi) cuts.push_back(b);
-    if (e > lo && e < hi) cuts.push_back(e);
-  }
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  std::vector<element_run> out;
-  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
-    bool in = false;
-    for (const auto& [b, e] : ranges)
-      if (cuts[i] >= b && cuts[i] < e) in = true;
-    if (!out.empty() && out.back().inside == in) out.back().end = cuts[i + 1];
-    else out.push_back({cuts[i], cuts[i + 1], in});
-  }
-  return out;
-}
-
 namespace detail {
 
-/// Mirrors gpt_trainer's structure function by function, emitting ops where it runs kernels.
-class gpt_lowering {
-  using side = arena_layout::side;
-
+/// One rank's lowering, by concern: configuration, units, initialisation, ZeRO, blocks, step end.
+class gpt_lowering : lowering_base {
  public:
   gpt_lowering(const gpt_config& c, arena_sizes sizes, rank_coords r, elem storage, std::size_t slot_bytes = 0,
                bool measuring = false)
-      : c_(c), r_(r), T_(storage), layout_(sizes.persistent, sizes.stack), slot_bytes_(slot_bytes), measuring_(measuring) {
-    p_.storage = T_;
-    p_.accum = A_;
-    p_.sizes = sizes;
-  }
+      : lowering_base(sizes, storage), c_(c), r_(r), slot_bytes_(slot_bytes), measuring_(measuring) {}
 
   /// The bytes one micro-batch's saved tensors take in a stash slot on this stage (pp > 1).
   std::size_t measure_slot() {
@@ -142,15 +102,7 @@ class gpt_lowering {
     if (c_.pp > 1) return build_pipeline();
     section_ = &p_.step_begin;
     for (unit& u : units_) emit(ops::zero{u.grad});
-    section_ = &p_.micro;
-    const std::size_t micro_from = layout_.trace().size();
-    micro_batch();
-    p_.trace = layout_.trace();
-    // Every micro-batch lays out the same (the stacks are empty between them): the step's trace
-    // repeats the first one's grad_accum times, as the trainer's does.
-    for (std::size_t k = 1; k < c_.grad_accum; ++k)
-      p_.trace.insert(p_.trace.end(), layout_.trace().begin() + static_cast<std::ptrdiff_t>(micro_from),
-                      layout_.trace().end());
+    lay_out_micro(c_.grad_accum, [this] { micro_batch(); });
     section_ = &p_.step_end;
     step_end();
     finish();
@@ -159,10 +111,7 @@ class gpt_lowering {
 
  private:
   void finish() {
-    p_.persistent_bytes = layout_.persistent_used();
-    p_.high_water = layout_.high_water();
-    p_.peak_by_category = layout_.peak_by_category();
-    p_.peak_tensor = std::string(layout_.peak_tensor());
+    finish_layout();
     p_.grad_accum = c_.grad_accum;
     p_.micro_batch = c_.micro_batch;
     p_.sequence = c_.sequence;
@@ -179,7 +128,7 @@ class gpt_lowering {
              c_.dropout, c_.seed};
   }
 
-  // ---- configuration (gpt_trainer::validate, less the communicator check) -------------------
+  // ---- configuration ---------------------------------------------------------------------------
   void validate() const {
     const auto fail = [](const std::string& why) { throw program_error("build_program: " + why); };
     if (c_.heads == 0 || c_.tp == 0 || c_.dp == 0) fail("heads, dp and tp must be at least 1");
@@ -257,12 +206,6 @@ class gpt_lowering {
   }
 
   // ---- the arena and the op stream ------------------------------------------------------------
-  operand persistent(const std::string& name, std::size_t n, elem e, category cat) {
-    const std::size_t off = layout_.persistent(name, arena_layout::checked_bytes(name, n, elem_size(e)), cat);
-    operand o{off, n, e, where::arena};
-    p_.persistent.push_back({name, o, cat});
-    return o;
-  }
   operand push(std::string_view name, std::size_t n, elem e, category cat, side s = side::saved) {
     if (slot_open_ && s == side::saved && cat == category::activations) {  // a micro-batch's saved tensor: its slot
       const std::size_t b = arena_layout::checked_bytes(name, n, elem_size(e));
@@ -272,24 +215,12 @@ class gpt_lowering {
       slot_top_ += b;
       return o;
     }
-    const std::size_t off = layout_.push(name, arena_layout::checked_bytes(name, n, elem_size(e)), cat, s);
-    return {off, n, e, where::arena};
-  }
-  operand transient(std::string_view name, std::size_t n, elem e, category cat) {
-    return push(name, n, e, cat, side::transient);
+    return lowering_base::push(name, n, e, cat, s);
   }
   /// Releases a tensor; a stash slot's tensors and the boundary buffer live for the whole step.
   void pop(const operand& o) {
     if (c_.pp > 1 && (o == boundary_ || (o.offset >= stash_begin_ && o.offset < stash_end_))) return;
-    layout_.pop(o.offset);
-  }
-  template <class Op>
-  void emit(Op&& o, when w = when::always) {
-    section_->push_back(op{op_body{std::forward<Op>(o)}, w});
-  }
-  /// Elements [at, at + n) of an arena operand.
-  static operand sub(const operand& o, std::size_t at, std::size_t n) {
-    return {o.offset + at * elem_size(o.type), n, o.type, o.in};
+    lowering_base::pop(o);
   }
   operand tok() const { return {0, tokens(), elem::i32, where::tokens}; }
   operand tgt() const { return {0, tokens(), elem::i32, where::targets}; }
@@ -341,32 +272,10 @@ class gpt_lowering {
     if (c_.pp > 1) first_block_ = first_block_stage_;
   }
   void allocate_states() {
-    const int z = c_.zero_stage;
-    const std::size_t states = c_.optimizer == optimizer_kind::adamw || c_.optimizer == optimizer_kind::adam ? 2
-                               : c_.optimizer == optimizer_kind::sgd                                    ? 0
-                                                                                                        : 1;
-    for (unit& u : units_) u.weight = persistent(u.name + ".weights", z >= 3 ? u.shard : u.elements, T_, category::weights);
-    for (unit& u : units_) u.grad = persistent(u.name + ".grads", z >= 2 ? u.shard : u.elements, T_, category::gradients);
-    for (unit& u : units_)
-      if (c_.master_weights)
-        u.master = persistent(u.name + ".master", z >= 1 ? u.shard : u.elements, A_, category::master_weights);
-    for (unit& u : units_) {
-      const std::size_t n = z >= 1 ? u.shard : u.elements;
-      if (states >= 1) u.state1 = persistent(u.name + ".state1", n, A_, category::optimizer_states);
-      if (states >= 2) u.state2 = persistent(u.name + ".state2", n, A_, category::optimizer_states);
-    }
-    const auto section = [&](const std::string& name, const operand& o, category cat) {
-      if (!o.null()) p_.checkpoint.push_back({name, o, cat});
-    };
-    for (const unit& u : units_) {
-      section(u.name + ".weights", u.weight, category::weights);
-      section(u.name + ".master", u.master, category::master_weights);
-      section(u.name + ".state1", u.state1, category::optimizer_states);
-      section(u.name + ".state2", u.state2, category::optimizer_states);
-    }
+    lowering_base::allocate_states(units_, c_.zero_stage, c_.master_weights, c_.optimizer);
     describe_units();
   }
-  /// gpt_trainer::initialise as data: GPT-2's init (std 0.02, 0.02/√(2L) for the residual
+  /// Initialisation as data: GPT-2's init (std 0.02, 0.02/√(2L) for the residual
   /// projections, norms at 1, biases at 0), by logical index so every TP rank draws its part.
   void describe_units() {
     const std::size_t C = c_.hidden, W = local_width(), Wkv = local_kv_width(), F = local_ffn(), Ff = c_.ffn, r = r_.tp;
@@ -424,7 +333,7 @@ class gpt_lowering {
   }
   std::size_t shard_begin(const unit& u) const { return r_.dp * u.shard; }
 
-  // ---- ZeRO helpers (gpt_trainer's use_weights / release / grad_buffer / finish_grad) -------
+  // ---- ZeRO helpers (use_weights / release / grad_buffer / finish_grad) ------------------------
   operand gather(unit& u) {
     operand full = transient(u.name + ".gathered", u.elements, T_, category::temporaries);
     emit(ops::all_gather{u.weight, full, group::dp});
@@ -1223,9 +1132,7 @@ class gpt_lowering {
   }
   void step_end() {
     const int z = c_.zero_stage;
-    emit(ops::loss_mean{u32(c_.grad_accum)});
-    emit(ops::all_reduce{scalars::slot(scalars::loss), group::dp, reduce_op::sum});
-    emit(ops::scalar_div{scalars::loss, static_cast<float>(c_.dp)});
+    emit_loss_mean(u32(c_.grad_accum), c_.dp);
     // Only the last stage computed a loss (the others' sum is zero): the sum over the stages is it.
     if (c_.pp > 1) emit(ops::all_reduce{scalars::slot(scalars::loss), group::pp, reduce_op::sum});
     // Sequence parallelism: the norms ran on this rank's rows, so their weight gradients are
@@ -1270,27 +1177,11 @@ class gpt_lowering {
     if (c_.pp > 1) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::pp, reduce_op::sum});  // every stage's units
     emit(ops::clip_scale{c_.max_grad_norm, u32(c_.dp), c_.loss_scaling});
     // One fused update per run of equal decay; ZeRO-1/2 share the updated block.
-    for (const unit& u : units_) {
-      const std::size_t lo = z >= 1 ? shard_begin(u) : 0, hi = z >= 1 ? lo + u.shard : u.elements;
-      const std::size_t grad_off = z >= 2 ? lo : 0, state_off = z >= 1 ? lo : 0, weight_off = z >= 3 ? lo : 0;
-      for (const run& r : runs(u.no_decay, lo, hi)) {
-        const std::size_t k = r.end - r.begin;
-        const auto state = [&](const operand& s) { return s.null() ? operand{} : sub(s, r.begin - state_off, k); };
-        emit(ops::optimizer_update{sub(u.weight, r.begin - weight_off, k), state(u.master), state(u.state1),
-                                   state(u.state2), sub(u.grad, r.begin - grad_off, k),
-                                   r.inside ? 0.0f : c_.weight_decay},
-             when::unless_skipped);
-      }
-      if ((z == 1 || z == 2) && c_.dp > 1)
-        emit(ops::all_gather{sub(u.weight, shard_begin(u), u.shard), u.weight, group::dp}, when::unless_skipped);
-    }
+    emit_updates(units_, z, c_.weight_decay, c_.dp, [this](const unit& u) { return shard_begin(u); });
   }
 
   gpt_config c_;
   rank_coords r_;
-  elem T_;
-  elem A_ = elem::f32;  // accum_t of f32, bf16 and f16
-  arena_layout layout_;
   gpt_block_view blk_{};
   std::size_t first_block_ = 2, lnf_ = 0;  ///< unit indices of block 0 and the final norm
   // pipeline: this stage's blocks, the boundary buffer, the stash and the open slot
@@ -1299,13 +1190,11 @@ class gpt_lowering {
   std::size_t slot_bytes_ = 0, slot_used_ = 0, stash_begin_ = 0, stash_end_ = 0, slot_top_ = 0, slot_end_ = 0;
   bool measuring_ = false, slot_open_ = false;
   std::vector<unit> units_;
-  program p_;
-  std::vector<op>* section_ = nullptr;
 };
 
 }  // namespace detail
 
-/// One training step of `gpt_trainer` for rank `rank`, laid out in `sizes` (the plan's arena).
+/// One training step for rank `rank`, laid out in `sizes` (the plan's arena).
 /// Throws program_error for a configuration the runtime does not implement and arena_error when
 /// the step does not fit `sizes` (the plan under-predicts) or breaks the stacks' LIFO order.
 inline program build_program(const gpt_config& cfg, arena_sizes sizes, rank_coords rank, elem storage) {

@@ -46,6 +46,7 @@
 #include "memalg/exec/arena_layout.hpp"
 #include "memalg/exec/build_program.hpp"
 #include "memalg/exec/config.hpp"
+#include "memalg/exec/lowering.hpp"
 #include "memalg/exec/program.hpp"
 
 namespace memalg::exec {
@@ -67,8 +68,10 @@ struct speech_config {
   std::size_t dp = 1;
   bool master_weights = false;
   optimizer_kind optimizer = optimizer_kind::adamw;
-  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float max_grad_norm = 1.0f;
+  // hyper-parameters: exec/hparams.hpp's defaults (with_hparams sets them)
+  float lr = default_hparams.lr, weight_decay = default_hparams.weight_decay, momentum = default_hparams.momentum,
+        beta1 = default_hparams.beta1, beta2 = default_hparams.beta2, eps = default_hparams.eps;
+  float max_grad_norm = default_hparams.max_grad_norm;
   std::uint64_t seed = 1;
   /// A validation pass: the forward and the losses only (no backward, no update), on the same
   /// arena and weights; dropout is off when its probabilities are 0 here. Batch norm uses the
@@ -99,16 +102,10 @@ constexpr speech_inputs speech_inputs_of(const speech_config& c) {
 
 namespace detail {
 
-class speech_lowering {
-  using side = arena_layout::side;
-
+class speech_lowering : lowering_base {
  public:
   speech_lowering(const speech_config& c, arena_sizes sizes, rank_coords r, elem storage)
-      : c_(c), r_(r), T_(storage), layout_(sizes.persistent, sizes.stack), io_(speech_inputs_of(c)) {
-    p_.storage = T_;
-    p_.accum = A_;
-    p_.sizes = sizes;
-  }
+      : lowering_base(sizes, storage, true), c_(c), r_(r), io_(speech_inputs_of(c)) {}
 
   program build() {
     validate();
@@ -118,12 +115,7 @@ class speech_lowering {
     section_ = &p_.step_begin;
     if (!c_.evaluate)
       for (unit& u : units_) emit(ops::zero{u.grad});
-    section_ = &p_.micro;
-    const std::size_t from = layout_.trace().size();
-    micro_batch();
-    p_.trace = layout_.trace();
-    for (std::size_t k = 1; k < c_.grad_accum; ++k)
-      p_.trace.insert(p_.trace.end(), layout_.trace().begin() + static_cast<std::ptrdiff_t>(from), layout_.trace().end());
+    lay_out_micro(c_.grad_accum, [this] { micro_batch(); });
     section_ = &p_.step_end;
     step_end();
     finish();
@@ -151,30 +143,7 @@ class speech_lowering {
     return static_cast<std::uint32_t>(n);
   }
 
-  // ---- the arena and the op stream ----------------------------------------------------------------
-  /// Persistent tensors are laid out by element (a unit of 2673 parameters is not a multiple of
-  /// 16 bytes, and the plan counts parameters, not padding): offsets stay multiples of the element.
-  operand persistent(const std::string& name, std::size_t n, elem e, category cat) {
-    const std::size_t off = layout_.persistent(name, n * elem_size(e), cat);
-    operand o{off, n, e, where::arena};
-    p_.persistent.push_back({name, o, cat});
-    return o;
-  }
-  operand push(std::string_view name, std::size_t n, elem e, category cat = category::activations, side s = side::saved) {
-    const std::size_t off = layout_.push(name, arena_layout::checked_bytes(name, n, elem_size(e)), cat, s);
-    return {off, n, e, where::arena};
-  }
-  operand transient(std::string_view name, std::size_t n, elem e, category cat = category::temporaries) {
-    return push(name, n, e, cat, side::transient);
-  }
-  void pop(const operand& o) { layout_.pop(o.offset); }
-  template <class Op>
-  void emit(Op&& o, when w = when::always) {
-    section_->push_back(op{op_body{std::forward<Op>(o)}, w});
-  }
-  static operand sub(const operand& o, std::size_t at, std::size_t n) {
-    return {o.offset + at * elem_size(o.type), n, o.type, o.in};
-  }
+  // ---- the arena and the op stream (exec/lowering.hpp), and the inputs ----------------------------
   operand feature(std::size_t at, std::size_t n) const { return {at, n, elem::f32, where::features}; }
   operand mask(std::size_t at, std::size_t n) const { return {at, n, elem::u8, where::masks}; }
   operand frame_mask() const { return mask(io_.frame_mask, Nd()); }
@@ -320,25 +289,8 @@ class speech_lowering {
     post_.push_back(conv_unit("decoder.postnet.out", Q, M));
   }
   void allocate_states() {
-    const std::size_t states = c_.optimizer == optimizer_kind::adamw || c_.optimizer == optimizer_kind::adam ? 2
-                               : c_.optimizer == optimizer_kind::sgd                                    ? 0
-                                                                                                        : 1;
-    for (unit& u : units_) u.weight = persistent(u.name + ".weights", u.elements, T_, category::weights);
-    for (unit& u : units_) u.grad = persistent(u.name + ".grads", u.elements, T_, category::gradients);
-    for (unit& u : units_)
-      if (c_.master_weights) u.master = persistent(u.name + ".master", u.elements, A_, category::master_weights);
-    for (unit& u : units_) {
-      if (states >= 1) u.state1 = persistent(u.name + ".state1", u.elements, A_, category::optimizer_states);
-      if (states >= 2) u.state2 = persistent(u.name + ".state2", u.elements, A_, category::optimizer_states);
-    }
+    lowering_base::allocate_states(units_, 0, c_.master_weights, c_.optimizer);
     for (const unit& u : units_) {
-      const auto section = [&](const std::string& name, const operand& o, category cat) {
-        if (!o.null()) p_.checkpoint.push_back({name, o, cat});
-      };
-      section(u.name + ".weights", u.weight, category::weights);
-      section(u.name + ".master", u.master, category::master_weights);
-      section(u.name + ".state1", u.state1, category::optimizer_states);
-      section(u.name + ".state2", u.state2, category::optimizer_states);
       param_unit d;
       d.name = u.name;
       d.elements = u.elements;
@@ -762,29 +714,16 @@ class speech_lowering {
   }
 
   void step_end() {
-    emit(ops::loss_mean{u32(c_.grad_accum)});
-    emit(ops::all_reduce{scalars::slot(scalars::loss), group::dp, reduce_op::sum});
-    emit(ops::scalar_div{scalars::loss, static_cast<float>(c_.dp)});
+    emit_loss_mean(u32(c_.grad_accum), c_.dp);
     if (c_.evaluate) return;
     for (const unit& u : units_) emit(ops::sqnorm{u.grad, true});
     emit(ops::norm_parts{});
     emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});
     emit(ops::clip_scale{c_.max_grad_norm, u32(c_.dp), false});
-    for (const unit& u : units_) {
-      for (const element_run& r : element_runs(u.no_decay, 0, u.elements)) {
-        const std::size_t k = r.end - r.begin;
-        const auto state = [&](const operand& s) { return s.null() ? operand{} : sub(s, r.begin, k); };
-        emit(ops::optimizer_update{sub(u.weight, r.begin, k), state(u.master), state(u.state1), state(u.state2),
-                                   sub(u.grad, r.begin, k), r.inside ? 0.0f : c_.weight_decay},
-             when::unless_skipped);
-      }
-    }
+    emit_updates(units_, 0, c_.weight_decay, c_.dp, [](const unit&) { return std::size_t{0}; });
   }
   void finish() {
-    p_.persistent_bytes = layout_.persistent_used();
-    p_.high_water = layout_.high_water();
-    p_.peak_by_category = layout_.peak_by_category();
-    p_.peak_tensor = std::string(layout_.peak_tensor());
+    finish_layout();
     p_.grad_accum = c_.grad_accum;
     p_.micro_batch = c_.micro_batch;
     p_.sequence = c_.frames;
@@ -800,12 +739,7 @@ class speech_lowering {
 
   speech_config c_;
   rank_coords r_;
-  elem T_;
-  elem A_ = elem::f32;
-  arena_layout layout_;
   speech_inputs io_;
-  program p_;
-  std::vector<op>* section_ = nullptr;
   std::vector<unit> units_;
   std::vector<conv_view> enc_conv_, post_;
   block_view enc_blk_{}, dec_blk_{};

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "memalg/exec/hparams.hpp"
 #include "memalg/train/optimizer.hpp"
 #include "memalg/train/recipe.hpp"
 
@@ -27,17 +28,19 @@ struct gpt_config {
   std::size_t dp = 1, tp = 1;
   std::size_t pp = 1;  ///< pipeline stages (1F1B; the blocks split as the planner splits them)
   int zero_stage = 0;
-  // tensor-parallel layout (the step program's; the reference gpt_trainer replicates the embeddings)
+  // tensor-parallel layout (false: embeddings and tied output replicated)
   bool vocab_parallel = false;     ///< tp > 1: embedding rows, logits and loss split by vocabulary (Megatron)
   bool sequence_parallel = false;  ///< tp > 1: norms, dropout and residuals on this rank's tokens (needs vocab_parallel)
   // precision and optimizer
   bool master_weights = false;  ///< fp32 master copy (mixed precision)
   bool loss_scaling = false;    ///< dynamic loss scaling (fp16)
   optimizer_kind optimizer = optimizer_kind::adamw;
-  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float max_grad_norm = 1.0f;  ///< ≤ 0: no clipping
+  // hyper-parameters: exec/hparams.hpp's defaults (with_hparams sets them)
+  float lr = default_hparams.lr, weight_decay = default_hparams.weight_decay, momentum = default_hparams.momentum,
+        beta1 = default_hparams.beta1, beta2 = default_hparams.beta2, eps = default_hparams.eps;
+  float max_grad_norm = default_hparams.max_grad_norm;  ///< ≤ 0: no clipping
   std::uint64_t seed = 1;
-  // block variant (GPT-2's by default; the reference gpt_trainer reads none of these)
+  // block variant (GPT-2's by default)
   std::size_t kv_heads = 0;     ///< key/value heads (0: heads; fewer: grouped-query attention)
   std::size_t head_dim = 0;     ///< 0: hidden / heads
   bool rms_norm = false;        ///< RMSNorm instead of LayerNorm

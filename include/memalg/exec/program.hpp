@@ -36,6 +36,7 @@
 #include "memalg/exec/arena_layout.hpp"
 #include "memalg/exec/communicator.hpp"
 #include "memalg/exec/config.hpp"
+#include "memalg/exec/hparams.hpp"
 #include "memalg/plan/breakdown.hpp"
 #include "memalg/train/optimizer.hpp"
 
@@ -271,19 +272,6 @@ struct param_unit {
   std::vector<param_init> init;
 };
 
-/// The optimizer's hyper-parameters a run chooses: the training binaries' flags
-/// (examples/train_common.hpp, docs/runtime.md), with these defaults. None changes a byte of
-/// memory, so none is part of a plan: a plan fixes the optimizer's kind and states, not its step.
-struct optimizer_hparams {
-  float lr = 3e-3f;            ///< learning rate (≥ 0; 0 leaves the weights as they are)
-  float weight_decay = 0.0f;   ///< decoupled (AdamW) or L2 (SGD, momentum, Adam) decay (≥ 0)
-  float beta1 = 0.9f;          ///< Adam's first-moment decay, in [0, 1)
-  float beta2 = 0.95f;         ///< Adam's second-moment decay, in [0, 1)
-  float eps = 1e-8f;           ///< Adam's denominator term (> 0)
-  float momentum = 0.9f;       ///< heavy-ball momentum, in [0, 1)
-  float max_grad_norm = 1.0f;  ///< clip the global gradient norm to this (≥ 0; 0: no clipping)
-};
-
 /// `c` (a gpt_config, a speech_config: a runtime configuration) with the hyper-parameters `h`
 /// (what the builders copy into program::hp).
 template <class Config>
@@ -297,6 +285,21 @@ constexpr Config with_hparams(Config c, const optimizer_hparams& h) {
   c.momentum = h.momentum;
   c.max_grad_norm = h.max_grad_norm;
   return c;
+}
+
+/// Optimizer states with one element per parameter, as the planner counts them
+/// (train/optimizer.hpp's descriptors: optimizer_desc::full_states).
+constexpr std::uint32_t full_states_of(optimizer_kind k) {
+  switch (k) {
+    case optimizer_kind::sgd: return optim::sgd<>::value.full_states;
+    case optimizer_kind::momentum: return optim::momentum<>::value.full_states;
+    case optimizer_kind::adam: return optim::adam<>::value.full_states;
+    case optimizer_kind::adamw: return optim::adamw<>::value.full_states;
+    case optimizer_kind::adam8bit: return optim::adam8bit<>::value.full_states;
+    case optimizer_kind::adafactor: return optim::adafactor<>::value.full_states;
+    case optimizer_kind::lion: return optim::lion<>::value.full_states;
+  }
+  return 0;
 }
 
 /// The optimizers the runtime implements (its builders refuse the others).

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/program_trainer.hpp — gpt_trainer's API over the step program and any step backend.
+// memalg/exec/program_trainer.hpp — a trainer's API over the step program and any step backend.
 //
 // `program_trainer<Backend>` builds the step program of a `gpt_config` for this rank
 // (exec/build_program.hpp) in the plan's arena sizes, hands it to `Backend` (which allocates that
 // arena and initialises the parameters) and runs one program per `train_step` through
-// exec::run. It keeps the API the GPT trainer's users call — train_step, memory(), state
+// exec::run. It offers the API a training loop calls — train_step, memory(), state
 // sections with store/restore_counters for checkpoints, unit_weights, last_grad_norm,
 // step_count, skipped_steps — so `gpt_run<Plan, Comm>::trainer` (backend/cpu/gpt_run.hpp) names it
 // over backend::cpu::step_backend and train_gpt_cpu runs the program.
@@ -16,8 +16,7 @@
 //
 // memory() reports the program's layout of the arena: the bytes the backend allocated, the
 // persistent region, the high-water mark and its breakdown by category. The layout is laid out
-// by the builder with the trainer's own arena bookkeeping (exec/arena_layout.hpp) and does not
-// depend on data, so it is what gpt_trainer's arena measures during a step, known before any
+// by the builder (exec/arena_layout.hpp) and does not depend on data, so it is known before any
 // kernel runs; the backend checks every operand it resolves against the capacity.
 #pragma once
 
@@ -56,7 +55,7 @@ concept trainer_backend =
       { b.capacity() } -> std::convertible_to<std::size_t>;
     };
 
-/// The memory a program_trainer holds, as its program lays it out (the names of exec::arena's report).
+/// The memory a program_trainer holds, as its program lays it out.
 class program_memory {
  public:
   program_memory() = default;
@@ -147,7 +146,7 @@ class program_trainer {
   }
 
   /// The rank's state, for checkpoints: weights (or weight shards), master weights, optimizer
-  /// states, the loss scaler and the counters, in gpt_trainer's order and names.
+  /// states, the loss scaler and the counters, in a fixed order and names (tests/data/golden holds their digests).
   std::vector<checkpoint_section> state_sections() { return backend_.state_sections(); }
   /// Call after loading a checkpoint into state_sections().
   void restore_counters() { backend_.restore_counters(state_); }

@@ -5,12 +5,10 @@
 // prints the numbers) or that the CPU runtime does not implement (find_cpu_runtime_issue; the
 // static_assert carries the sentence of exec/runtime_issues.hpp). It allocates the arena at the
 // plan's size (exec/gpt_plan.hpp's planned_arena). Its `trainer` runs the plan's step program on
-// the CPU step backend (exec/program_trainer.hpp over backend/cpu/step_backend.hpp);
-// `reference_trainer` is the fixed gpt_trainer (backend/cpu/gpt_trainer.hpp) the program is
-// checked against bit for bit. The name stays in memalg::exec, where the plan side lives.
+// the CPU step backend (exec/program_trainer.hpp over backend/cpu/step_backend.hpp). The name stays
+// in memalg::exec, where the plan side lives.
 #pragma once
 
-#include "memalg/backend/cpu/gpt_trainer.hpp"
 #include "memalg/backend/cpu/step_backend.hpp"
 #include "memalg/core/float16.hpp"
 #include "memalg/exec/gpt_plan.hpp"
@@ -45,10 +43,6 @@ class gpt_run {
   using storage = typename detail::storage_of<Plan>::type;
   /// The step program of the plan on the CPU step backend (exec/program_trainer.hpp).
   using trainer = program_trainer<backend::cpu::step_backend<storage, Comm>>;
-  /// The fixed CPU trainer the program is checked against, bit for bit (backend/cpu/gpt_trainer.hpp);
-  /// GPT-2-style plans only (it ignores gpt_config's block variant: see llama_style), with
-  /// replicated embeddings (tp plans over runtime_gpt_replicated) and no sequence parallelism.
-  using reference_trainer = gpt_trainer<storage, Comm>;
 
   static constexpr lm_config model_config = detail::config_of<typename Plan::model_type>::value;
   static constexpr runtime_issue issue = find_cpu_plan_issue<Plan>();

@@ -3,7 +3,7 @@
 //
 //   local:  Σ g² over the gradient elements this rank owns (accum_t<T>)
 //   global: norm = sqrt(all_reduce_sum(local)) through any memalg::exec::communicator
-//   clip:   coef = min(1, max_norm / (norm + 1e-6)), folded into the optimizer's grad_scale
+//   clip:   coef = min(1, max_norm / (norm + ε)), ε = exec::clip_epsilon, folded into the optimizer's grad_scale
 // Each element must be counted on exactly one rank of the group: with tensor parallelism the
 // caller passes only sharded gradients plus replicated ones on a single rank.
 #pragma once
@@ -14,6 +14,7 @@
 
 #include "memalg/core/float16.hpp"
 #include "memalg/exec/communicator.hpp"
+#include "memalg/exec/hparams.hpp"
 
 namespace memalg::backend::cpu {
 
@@ -43,11 +44,11 @@ accum_t<T> global_grad_norm(Comm& comm, const T* g, std::size_t n) {
   return global_grad_norm(comm, grad_sum_squares(g, n));
 }
 
-/// min(1, max_norm / (norm + 1e-6)). A non-finite norm must be handled (step skipped) by the
+/// min(1, max_norm / (norm + exec::clip_epsilon)). A non-finite norm must be handled (step skipped) by the
 /// caller before clipping.
 template <class A>
 A clip_coefficient(A norm, A max_norm) {
-  return std::min(A(1), max_norm / (norm + static_cast<A>(1e-6)));
+  return std::min(A(1), max_norm / (norm + static_cast<A>(exec::clip_epsilon)));
 }
 
 }  // namespace memalg::backend::cpu

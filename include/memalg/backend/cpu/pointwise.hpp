@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/pointwise.hpp — the GPT runtime's small host helpers: adds, LayerNorm statistics, dropout rows, init.
 //
-// What gpt_trainer (backend/cpu/gpt_trainer.hpp) and the CPU step backend (backend/cpu/step_backend.hpp)
-// both compute outside the kernels, in one place so the two stay bit-identical:
+// What the CPU step backend (backend/cpu/step_backend.hpp) computes outside the kernels:
 //   add(out, a, b)         out = a + b, accumulated in accum_t<T> and rounded once (out may alias a or b)
 //   add_bias(x, bias)      x[N, C] += bias[C], rounded once per element
 //   layernorm_stats        the row mean and 1/√(var + ε) of layernorm.hpp's forward, for its backward

@@ -2,9 +2,8 @@
 // memalg/backend/cpu/step_backend.hpp — the CPU reference backend of the step program (exec/run.hpp's step_backend).
 //
 // `step_backend<T, Comm>` executes a `program` (exec/program.hpp) with the kernels of
-// backend/cpu, bit for bit as gpt_trainer (backend/cpu/gpt_trainer.hpp) does: the same kernels in the
-// same order on the same bytes, the same roundings (backend/cpu/pointwise.hpp holds the helpers
-// both use), the same dropout streams, the same serial gradient-norm sum, the same dynamic loss
+// backend/cpu, bit for bit as the golden trajectories (tests/data/golden) record: the same kernels
+// in the same order on the same bytes, the same roundings (backend/cpu/pointwise.hpp's helpers), the same dropout streams, the same serial gradient-norm sum, the same dynamic loss
 // scaler and the same fused optimizer runs. It owns
 //   * one aligned block of the program's capacities (sizes.persistent + sizes.stack): every arena
 //     operand is a byte offset into it, checked against the capacity as it is resolved;
@@ -710,7 +709,7 @@ class step_backend {
     std::memcpy(raw(o), bytes.data(), bytes.size());
   }
 
-  /// The rank's state in gpt_trainer's checkpoint layout: per unit weights, master, state1,
+  /// The rank's state in the checkpoint layout: per unit weights, master, state1,
   /// state2, then the loss scaler and the counters {step, updates}.
   std::vector<exec::checkpoint_section> state_sections() {
     std::vector<exec::checkpoint_section> s;

@@ -5,7 +5,8 @@
 // order (a device-independent number of partial blocks, then one block over the partials), so
 // the same gradients give the same bits on any GPU. For a sharded model: accumulate every local
 // shard, all_reduce(sum) the float over the group, then clip_from_squared_norm() computes
-//   norm = sqrt(Σ g²),  coef = min(1, max_norm / (norm + 1e-6)),  nonfinite = !isfinite(norm)
+//   norm = sqrt(Σ g²),  coef = min(1, max_norm / (norm + ε)),  nonfinite = !isfinite(norm)
+// with ε = exec::clip_epsilon (exec/hparams.hpp)
 // on the device; coef can feed the optimizer's device_grad_scale, and nonfinite drives the fp16
 // loss scaler (skip the step, halve the scale).
 #pragma once
@@ -19,16 +20,17 @@
 #include "memalg/backend/cuda/dtype.cuh"
 #include "memalg/backend/cuda/launch.cuh"
 #include "memalg/backend/cuda/reduce.cuh"
+#include "memalg/exec/hparams.hpp"
 
 namespace memalg::backend::cuda {
 
 /// Floats of scratch squared_norm_accumulate needs.
 inline constexpr std::size_t grad_norm_scratch_floats = norm_max_blocks;
 
-/// Clip coefficient of the contract: min(1, max_norm / (norm + 1e-6)); max_norm ≤ 0 disables it.
+/// Clip coefficient of the contract: min(1, max_norm / (norm + exec::clip_epsilon)); max_norm ≤ 0 disables it.
 MEMALG_HOST_DEVICE constexpr float clip_coefficient(float norm, float max_norm) noexcept {
   if (!(max_norm > 0.0f)) return 1.0f;
-  const float c = max_norm / (norm + 1e-6f);
+  const float c = max_norm / (norm + exec::clip_epsilon);
   return c < 1.0f ? c : 1.0f;
 }
 

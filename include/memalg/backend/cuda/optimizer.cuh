@@ -21,26 +21,28 @@
 #include "memalg/backend/cuda/check.cuh"
 #include "memalg/backend/cuda/dtype.cuh"
 #include "memalg/backend/cuda/launch.cuh"
+#include "memalg/exec/hparams.hpp"
 
 namespace memalg::backend::cuda {
 
+// The kernels' hyper-parameters, defaulting to the runtime's (exec/hparams.hpp).
 struct sgd_hparams {
-  float lr = 1e-2f;
-  float weight_decay = 0.0f;
+  float lr = exec::default_hparams.lr;
+  float weight_decay = exec::default_hparams.weight_decay;
 };
 
 struct momentum_hparams {
-  float lr = 1e-2f;
-  float momentum = 0.9f;
-  float weight_decay = 0.0f;
+  float lr = exec::default_hparams.lr;
+  float momentum = exec::default_hparams.momentum;
+  float weight_decay = exec::default_hparams.weight_decay;
 };
 
 struct adamw_hparams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
+  float lr = exec::default_hparams.lr;
+  float beta1 = exec::default_hparams.beta1;
+  float beta2 = exec::default_hparams.beta2;
+  float eps = exec::default_hparams.eps;
+  float weight_decay = exec::default_hparams.weight_decay;
 };
 
 /// 1 − βᵗ in float, as the CPU backend computes it.
