@@ -3,6 +3,8 @@
 #include "cli.hpp"
 #include "planner.hpp"
 
+#include "memalg/plan/envelope.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -367,7 +369,9 @@ plan_inputs make_inputs(const plan_flags& f) {
       throw usage_error("--config describes the model: use it without --params, --preset or layer-shape flags");
     import_options options{};  // the Hugging Face default, SDPA, unless --attention says otherwise
     if (!f.attention.empty()) options.flash = parse_flash(f.attention);
-    in.model = load_hf_config(f.config, options).model;
+    const hf_model hf = load_hf_config(f.config, options);
+    in.model = hf.model;
+    in.family = std::string(hf.family);
   } else if (!f.preset.empty() || layer_shape_given(f) || !f.attention.empty()) {
     if (!f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
       throw usage_error("--params describes a model by its parameter count alone; use it without --preset and layer-shape flags");
@@ -541,6 +545,33 @@ nlohmann::json plan_json(const plan_inputs& in, const plan_result& r) {
                       {"activations", row.activations.value}});
   j["per_layer"] = layers;
   return j;
+}
+
+envelope_report envelope_report_of(const plan_inputs& in) {
+  std::uint64_t hidden = 0, layers = 0;
+  std::string_view attention;
+  for (const layer_desc& l : in.model)
+    if (l.kind == layer_kind::transformer_block) {
+      hidden = l.shape.hidden;
+      layers += l.count;
+      attention = attention_name(l);
+    }
+  envelope_check c = check_envelope(in.training, in.mesh, in.family, hidden, layers);
+  check_attention(c, in.training.stack, attention);
+  envelope_report r{};
+  r.validated = c.validated;
+  for (std::size_t i = 0; i < c.size && i < envelope_check::max_outside; ++i) {
+    std::string text = std::string(c.axes[i]) + ": ";
+    if (!c.names[i].empty()) {
+      text += c.names[i];
+    } else {
+      text += std::to_string(c.values[i]);
+      if (c.ranges[i].hi != 0)
+        text += " (measured " + std::to_string(c.ranges[i].lo) + ".." + std::to_string(c.ranges[i].hi) + ")";
+    }
+    r.outside.push_back(text);
+  }
+  return r;
 }
 
 }  // namespace memalg::cli

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include <CLI/CLI.hpp>
@@ -80,7 +81,16 @@ struct plan_inputs {
   training_desc training{};
   mesh_desc mesh{};
   device_desc device{};
+  std::string family;  ///< the Hugging Face model_type of --config ("" otherwise)
 };
+
+/// Whether the plan lies inside its stack's measured envelope (plan/envelope.hpp), and if not,
+/// each value outside as "axis: value" ("family: gemma2", "sequence: 8192 (measured 64..2048)").
+struct envelope_report {
+  bool validated = false;
+  std::vector<std::string> outside;
+};
+envelope_report envelope_report_of(const plan_inputs& in);
 
 /// The precision `--precision` takes when not given: autocast-bf16 under the pytorch stack (the
 /// Hugging Face Trainer's bf16=True), mixed-bf16-fp32-grads under the others (Megatron's bf16).

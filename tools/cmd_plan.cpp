@@ -89,6 +89,9 @@ int run_plan(const plan_flags& f, bool json) {
   if (json) {
     nlohmann::json j = plan_json(in, r);
     j["states_only"] = states_only;
+    const envelope_report env = envelope_report_of(in);
+    j["validated"] = env.validated;
+    j["outside"] = env.outside;
     if (differs) j["preset_vs_config"] = {{"config_peak", gap.config_peak.value}, {"reason", gap.reason}};
     std::cout << j.dump(2) << "\n";
   } else {
@@ -111,6 +114,12 @@ int run_plan(const plan_flags& f, bool json) {
       std::cout << "note: --config with this model's Hugging Face config.json plans " << to_string(gap.config_peak)
                 << " under the same flags, not " << to_string(r.peak()) << ": " << gap.reason
                 << " (the preset follows the paper; docs/cli.md, \"Presets and --config\")\n\n";
+    if (const envelope_report env = envelope_report_of(in); !env.validated) {
+      std::string list;
+      for (const std::string& o : env.outside) list += (list.empty() ? "" : ", ") + o;
+      std::cout << "note: outside the " << stack_name(in.training.stack) << " stack's measured envelope (" << list
+                << "): the rules are the same, but no measurement confirms them here (docs/accuracy.md)\n\n";
+    }
     std::cout << phase_table(r);
     if (has_layer_structure(in.model))
       std::cout << "\n" << memalg::layer_table(in.model, in.training, in.mesh, r, in.device);

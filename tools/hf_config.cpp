@@ -342,9 +342,10 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
   // Llama, Mistral, Mixtral, Qwen2: attention_dropout on the probabilities only;
   // GPT-NeoX: attention_dropout; hidden_dropout on the embeddings (emb_dropout) and both
   //   outputs (post_attention_dropout, post_mlp_dropout; modeling_gpt_neox.py);
-  // Falcon: attention_dropout on the probabilities and, without parallel attention, on the
-  //   attention output (dropout_add); hidden_dropout on the MLP output, or on the sum of both
-  //   outputs with parallel attention (one dropout_add); no embedding dropout (modeling_falcon.py).
+  // Falcon: attention_dropout on the probabilities only with ALiBi and, without parallel
+  //   attention, on the attention output (dropout_add); hidden_dropout on the MLP output, or on the
+  //   sum of both outputs with parallel attention (one dropout_add); no embedding dropout
+  //   (modeling_falcon.py).
   const auto site = [&](const char* name) {
     const std::uint64_t p = r.dropout_permille({name});
     return p >= 1000 ? std::uint64_t{999} : p;
@@ -359,8 +360,13 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.embedding_dropout_permille = c.attention_output_dropout_permille = c.mlp_output_dropout_permille =
         site("hidden_dropout");
   } else if (family == "falcon") {
-    c.attention_dropout_permille = site("attention_dropout");
-    c.attention_output_dropout_permille = c.parallel_residual ? 0 : c.attention_dropout_permille;
+    // Without ALiBi neither path drops attention probabilities: SDPA is called with dropout_p=0.0
+    // and the eager path applies none ("It is unclear why dropout is not applied here",
+    // FalconAttention.forward); attention_dropout then acts on a sequential block's attention
+    // output only.
+    const std::uint64_t attention = site("attention_dropout");
+    c.attention_dropout_permille = r.flag_or({"alibi"}, false) ? attention : 0;
+    c.attention_output_dropout_permille = c.parallel_residual ? 0 : attention;
     c.mlp_output_dropout_permille = site("hidden_dropout");
   } else {
     c.attention_dropout_permille = site("attention_dropout");

@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,13 +30,10 @@ using nlohmann::json;
 
 namespace {
 
-const json& measured() {
-  static const json j = [] {
-    std::ifstream in(std::string(MEMALG_SOURCE_DIR) + "/bench/torch/measured.json");
-    REQUIRE_MESSAGE(in.good(), "bench/torch/measured.json is missing");
-    return json::parse(in);
-  }();
-  return j;
+json read_json(const std::string& relative_path) {
+  std::ifstream in(std::string(MEMALG_SOURCE_DIR) + "/" + relative_path);
+  REQUIRE_MESSAGE(in.good(), relative_path << " is missing");
+  return json::parse(in);
 }
 
 bool measured_case(const json& c) { return !c.contains("skipped") || c["skipped"].is_null(); }
@@ -42,35 +41,92 @@ bool measured_case(const json& c) { return !c.contains("skipped") || c["skipped"
 /// Bytes of one parameter element as the case stores its weights.
 std::uint64_t weight_bytes(const std::string& precision) { return precision == "bf16" ? 2 : 4; }
 
+/// The hand-picked cases (bench/torch/measured.json).
+const json& measured() {
+  static const json j = read_json("bench/torch/measured.json");
+  return j;
+}
+
+/// The files of one directory with this extension, sorted.
+std::vector<std::string> files_in(const std::string& dir, const std::string& ext) {
+  std::vector<std::string> out;
+  const std::filesystem::path root = std::filesystem::path(MEMALG_SOURCE_DIR) / dir;
+  if (!std::filesystem::is_directory(root)) return out;
+  for (const auto& e : std::filesystem::directory_iterator(root))
+    if (e.path().extension() == ext) out.push_back(dir + "/" + e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The generated matrix's groups as measured: measured/<group>.json when a group is complete,
+/// its shard files (measured/<group>.shard-K-of-N.json) while it is being measured.
+const std::vector<json>& generated() {
+  static const std::vector<json> v = [] {
+    std::vector<json> out;
+    for (const std::string& f : files_in("bench/torch/measured", ".json")) out.push_back(read_json(f));
+    return out;
+  }();
+  return v;
+}
+
+/// Whether every generated group is measured whole (no shard file stands for one).
+bool matrix_complete() {
+  for (const std::string& f : files_in("bench/torch/measured", ".json"))
+    if (f.find(".shard-") != std::string::npos) return false;
+  return !files_in("bench/torch/measured", ".json").empty();
+}
+
+/// Every measured case, hand-picked and generated.
+const std::vector<json>& all_cases() {
+  static const std::vector<json> v = [] {
+    std::vector<json> out(measured()["cases"].begin(), measured()["cases"].end());
+    for (const json& g : generated())
+      for (const json& c : g["cases"]) out.push_back(c);
+    return out;
+  }();
+  return v;
+}
+
 }  // namespace
 
-TEST_CASE("measured.json: the pinned versions, the command and a matrix that covers every axis") {
-  const json& m = measured();
+namespace {
+/// The checks every measured file passes: the pinned versions, the command, and cases whose
+/// bookkeeping adds up.
+void check_file(const json& m, std::set<std::string>& names, std::size_t& measured_cases) {
   CHECK(m["torch"].get<std::string>().rfind("2.11.0", 0) == 0);
   CHECK(m["transformers"].get<std::string>() == "5.17.0");
   CHECK(m["device"].get<std::string>() == "cpu");
-  CHECK(!m["command"].get<std::string>().empty());
-  const json& cases = m["cases"];
-  std::size_t n = 0;
-  std::map<std::string, std::set<std::string>> axes;
-  std::set<std::string> names;
-  for (const json& c : cases) {
+  CHECK((m.contains("command") ? !m["command"].get<std::string>().empty() : !m["commands"].empty()));
+  for (const json& c : m["cases"]) {
     CAPTURE(c["name"].get<std::string>());
     CHECK(names.insert(c["name"].get<std::string>()).second);
     if (!measured_case(c)) continue;
-    ++n;
-    CHECK(c["peak_bytes"].get<std::uint64_t>() >= 200'000'000ULL);  // bookkeeping cannot hide an error
+    ++measured_cases;
+    // Per rank between 200 MB (bookkeeping cannot hide an error) and 4 GB.
+    CHECK(c["peak_bytes"].get<std::uint64_t>() >= 200'000'000ULL);
+    CHECK(c["peak_bytes"].get<std::uint64_t>() <= 4'000'000'000ULL);
     CHECK(c["checks_failed"].empty());
     // The breakdown at the peak adds up to the peak.
     std::uint64_t sum = 0;
     for (const auto& [category, value] : c["peak_breakdown"].items()) sum += value.get<std::uint64_t>();
     CHECK(sum == c["peak_bytes"].get<std::uint64_t>());
     CHECK(c["steady_bytes"].get<std::uint64_t>() <= c["peak_bytes"].get<std::uint64_t>());
+  }
+}
+}  // namespace
+
+TEST_CASE("measured.json and measured/*.json: the pinned versions, the commands and cases that add up") {
+  std::set<std::string> names;
+  std::size_t n = 0;
+  check_file(measured(), names, n);
+  CHECK(n >= 40);
+  std::map<std::string, std::set<std::string>> axes;
+  for (const json& c : measured()["cases"]) {
+    if (!measured_case(c)) continue;
     for (const char* axis : {"family", "attention", "precision", "optimizer", "foreach", "gradient_checkpointing",
                              "micro_batch", "seq", "layers", "parallel", "dropout"})
       axes[axis].insert(c[axis].dump());
   }
-  CHECK(n >= 40);
   for (const auto& [axis, values] : axes) {
     CAPTURE(axis);
     CHECK(values.size() >= 2);
@@ -78,10 +134,102 @@ TEST_CASE("measured.json: the pinned versions, the command and a matrix that cov
   CHECK(axes["family"].size() >= 7);  // GPT-2, Llama, Mistral, Mixtral, Qwen2, GPT-NeoX, Falcon
   CHECK(axes["precision"].size() >= 3);
   CHECK(axes["parallel"].count("\"ddp\"") == 1);
+  for (const json& g : generated()) {
+    CAPTURE(g["group"].get<std::string>());
+    check_file(g, names, n);
+  }
 }
 
-TEST_CASE("measured.json: memalg's import counts the parameters PyTorch allocated, for every case") {
-  for (const json& c : measured()["cases"]) {
+TEST_CASE("the generated matrix: every valid pair of axis values is measured, every group as drawn") {
+  // bench/torch/matrix/<group>.json lists the axes, the pairs that cannot occur (with their
+  // reasons) and the drawn cases; measured/<group>.json holds each case's result with its
+  // generator parameters. Every pair of values of two axes that is not listed as invalid must be
+  // in a case that was measured (not skipped).
+  const std::vector<std::string> groups = files_in("bench/torch/matrix", ".json");
+  REQUIRE(!groups.empty());
+  std::vector<std::pair<std::string, std::vector<std::string>>> axes;
+  std::set<std::pair<std::string, std::string>> invalid;  // "axis=value" pairs, both orders
+  std::size_t drawn = 0;
+  std::set<std::string> drawn_names;
+  for (const std::string& f : groups) {
+    const json g = read_json(f);
+    CHECK(g["seed"].is_number_integer());
+    axes.clear();  // the newest group's axes: later groups extend the earlier ones
+    for (const json& a : g["axes"]) axes.emplace_back(a["axis"].get<std::string>(), a["values"].get<std::vector<std::string>>());
+    for (const json& p : g["invalid_pairs"]) {
+      const std::string x = p["pair"][0][0].get<std::string>() + "=" + p["pair"][0][1].get<std::string>();
+      const std::string y = p["pair"][1][0].get<std::string>() + "=" + p["pair"][1][1].get<std::string>();
+      CHECK(!p["reason"].get<std::string>().empty());
+      invalid.insert({x, y});
+      invalid.insert({y, x});
+    }
+    for (const json& c : g["cases"]) {
+      drawn_names.insert(c["name"].get<std::string>());
+      ++drawn;
+    }
+  }
+  // Which pairs the drawn and the measured cases hold; every measured case is a drawn one, with
+  // the generator parameters it was drawn with.
+  std::map<std::string, json> drawn_axes;
+  std::set<std::pair<std::string, std::string>> drawn_pairs;
+  for (const std::string& f : groups) {
+    const json g = read_json(f);
+    for (const json& c : g["cases"]) {
+      drawn_axes[c["name"].get<std::string>()] = c;
+      for (const auto& [x, vx] : c["axes"].items())
+        for (const auto& [y, vy] : c["axes"].items())
+          if (x != y) drawn_pairs.insert({x + "=" + vx.get<std::string>(), y + "=" + vy.get<std::string>()});
+    }
+  }
+  std::set<std::pair<std::string, std::string>> covered;
+  std::size_t measured_generated = 0;
+  std::set<std::string> seen;
+  for (const json& g : generated())
+    for (const json& c : g["cases"]) {
+      const std::string name = c["name"].get<std::string>();
+      CAPTURE(name);
+      REQUIRE(drawn_names.count(name) == 1);
+      CHECK(seen.insert(name).second);
+      CHECK(c["generator"]["axes"] == drawn_axes[name]["axes"]);
+      CHECK(c["generator"]["numbers"] == drawn_axes[name]["numbers"]);
+      if (!measured_case(c)) continue;
+      ++measured_generated;
+      std::vector<std::string> values;
+      for (const auto& [axis, value] : c["generator"]["axes"].items()) values.push_back(axis + "=" + value.get<std::string>());
+      for (const std::string& x : values)
+        for (const std::string& y : values)
+          if (x != y) covered.insert({x, y});
+    }
+  std::size_t pairs = 0, missing = 0, undrawn = 0;
+  for (std::size_t i = 0; i < axes.size(); ++i)
+    for (std::size_t j = i + 1; j < axes.size(); ++j)
+      for (const std::string& a : axes[i].second)
+        for (const std::string& b : axes[j].second) {
+          const std::pair<std::string, std::string> p{axes[i].first + "=" + a, axes[j].first + "=" + b};
+          if (invalid.count(p) != 0) continue;
+          ++pairs;
+          if (drawn_pairs.count(p) == 0) {
+            ++undrawn;
+            MESSAGE("pair in no drawn case: " << p.first << ", " << p.second);
+          }
+          if (covered.count(p) == 0) ++missing;
+        }
+  CHECK(undrawn == 0);  // the drawn matrix covers every valid pair
+  if (matrix_complete()) {
+    // Measured whole: every drawn case, at least 120 of them measured, every valid pair measured.
+    CHECK(seen.size() == drawn_names.size());
+    CHECK(measured_generated >= 120);
+    CHECK(missing == 0);
+  } else {
+    MESSAGE("the generated matrix is being measured (shard files): " << seen.size() << " of " << drawn_names.size()
+                                                                      << " drawn cases have results");
+  }
+  MESSAGE(drawn << " generated cases (" << measured_generated << " measured) cover " << pairs - missing << " of "
+                  << pairs << " valid pairs");
+}
+
+TEST_CASE("measured data: memalg's import counts the parameters PyTorch allocated, for every case") {
+  for (const json& c : all_cases()) {
     if (!measured_case(c)) continue;
     const std::string name = c["name"].get<std::string>();
     CAPTURE(name);
@@ -109,8 +257,13 @@ plan_flags flags_of(const json& c) {
   const std::string optimizer = c["optimizer"].get<std::string>();
   f.optimizer = optimizer == "sgd" ? (c["momentum"].get<double>() > 0 ? "momentum" : "sgd") : optimizer;
   f.attention = c["attention"].get<std::string>() == "eager" ? "naive" : "flash";
-  if (!c["foreach"].get<bool>()) f.optimizer_impl = "for-loop";
-  if (c["gradient_checkpointing"].get<bool>()) f.recompute = "full";
+  if (c.value("fused", false)) f.optimizer_impl = "fused";
+  else if (!c["foreach"].get<bool>()) f.optimizer_impl = "for-loop";
+  if (c["gradient_checkpointing"].get<bool>()) {
+    f.recompute = "full";
+    f.checkpointing = c.value("reentrant", false) ? "reentrant" : "non-reentrant";
+  }
+  f.grad_accum = std::to_string(c.value("grad_accum", std::uint64_t{1}));
   const std::string parallel = c["parallel"].get<std::string>();
   if (parallel != "none") f.dp = std::to_string(c["world"].get<std::uint64_t>());
   if (parallel == "fsdp2") f.zero = "3";
@@ -131,14 +284,46 @@ double relative(std::uint64_t predicted, std::uint64_t measured) {
   return (static_cast<double>(predicted) - static_cast<double>(measured)) / static_cast<double>(measured);
 }
 
+/// The measured phase of the planner's phase (the loss runs inside the forward).
+bool same_phase(phase p, const std::string& measured) {
+  switch (p) {
+    case phase::forward: return measured == "forward" || measured == "loss";
+    case phase::backward: return measured == "backward";
+    case phase::optimizer_step: return measured == "optimizer";
+    case phase::steady: return measured == "other" || measured == "zero_grad";
+  }
+  return false;
+}
+
+/// The largest measured moment of the measured phases that correspond to `p`.
+std::uint64_t measured_phase_peak(const json& c, phase p) {
+  std::uint64_t m = 0;
+  for (const auto& [name, value] : c["phase_peak_bytes"].items())
+    if (same_phase(p, name)) m = std::max(m, value.get<std::uint64_t>());
+  return m;
+}
+
+/// Cases more than 2 % over, each with its reason (bench/torch/over.json; docs/accuracy.md).
+const json& known_over() {
+  static const json j = read_json("bench/torch/over.json");
+  return j;
+}
+
 }  // namespace
 
-TEST_CASE("the pytorch stack bounds every measured PyTorch step: within 2 %, never below by more than 0.1 %") {
+TEST_CASE("the pytorch stack bounds every measured PyTorch step: median within 0.1 %, within 2 %, never below by more than 0.1 %") {
   // The stack is the default: the flags name none. The prediction is the tensor peak, the plan's
   // peak without the device's runtime reserve (the CPU run has no CUDA context).
-  std::size_t checked = 0;
+  std::size_t checked = 0, over = 0;
   double worst_under = 0, worst_over = 0;
-  for (const json& c : measured()["cases"]) {
+  std::vector<double> errors;
+  std::set<std::string> listed;
+  for (const auto& [name, reason] : known_over()["cases"].items()) {
+    CHECK(!reason.get<std::string>().empty());
+    listed.insert(name);
+  }
+  std::set<std::string> listed_and_over;
+  for (const json& c : all_cases()) {
     if (!measured_case(c)) continue;
     const std::string name = c["name"].get<std::string>();
     CAPTURE(name);
@@ -151,21 +336,41 @@ TEST_CASE("the pytorch stack bounds every measured PyTorch step: within 2 %, nev
     CAPTURE(predicted);
     CAPTURE(measured);
     CAPTURE(e);
-    CHECK(e <= 0.02);
+    errors.push_back(std::abs(e));
+    if (e > 0.02) {
+      ++over;
+      // Beyond 2 % over only with a reason on record.
+      CHECK_MESSAGE(listed.count(name) == 1, name << " is " << e * 100 << " % over and not in bench/torch/over.json");
+      listed_and_over.insert(name);
+    }
     CHECK(e >= -0.001);
-    // Right for the right reasons: model states and everything else, each within 5 %.
+    // Right for the right reasons: model states and everything else, each within 5 %, and the
+    // peak in the same phase (or in one whose own measured peak is within 0.5 % of the peak:
+    // a tie the planner may break either way).
     const std::uint64_t states = r.per_rank.weights.value + r.per_rank.master_weights.value +
                                  r.per_rank.optimizer_states.value;
     const std::uint64_t measured_states = measured_model_states(c);
     CHECK(std::abs(relative(states, measured_states)) <= 0.05);
     CHECK(std::abs(relative(predicted - states, measured - measured_states)) <= 0.05);
+    const std::string measured_phase = c["peak_phase"].get<std::string>();
+    CAPTURE(measured_phase);
+    CAPTURE(phase_name(r.peak_phase));
+    CHECK((same_phase(r.peak_phase, measured_phase) ||
+           relative(measured_phase_peak(c, r.peak_phase), measured) >= -0.005));
     worst_under = std::min(worst_under, e);
     worst_over = std::max(worst_over, e);
     ++checked;
   }
-  CHECK(checked >= 40);
+  // No stale reasons: every listed case is one that is more than 2 % over.
+  for (const std::string& name : listed) CHECK_MESSAGE(listed_and_over.count(name) == 1, name << " in over.json is within 2 %");
+  if (matrix_complete()) CHECK(checked >= 176);
+  CHECK(static_cast<double>(over) <= 0.03 * static_cast<double>(checked));
+  std::sort(errors.begin(), errors.end());
+  const double median = errors.empty() ? 0 : (errors[(errors.size() - 1) / 2] + errors[errors.size() / 2]) / 2;
+  CHECK(median <= 0.001);
   MESSAGE("pytorch stack over " << checked << " measured cases: error from " << worst_under * 100 << " % to "
-                                << worst_over * 100 << " %");
+                                << worst_over * 100 << " %, median |error| " << median * 100 << " %, " << over
+                                << " more than 2 % over");
 }
 
 TEST_CASE("the paper accounting is not a bound for PyTorch: the pytorch stack is needed") {
@@ -276,4 +481,167 @@ TEST_CASE("the megatron stack reproduces Megatron-LM's measured memory (golden v
   }
   CHECK(cases >= 3);
   CHECK(both >= 2);
+}
+
+namespace {
+
+/// The values a stack's data covers, gathered case by case.
+struct observed_envelope {
+  std::set<std::string> families, precisions, attentions, recomputations, optimizers;
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> ranges;
+  std::set<int> zero_stages;
+  void number(const std::string& axis, std::uint64_t v) {
+    auto [it, fresh] = ranges.try_emplace(axis, v, v);
+    if (!fresh) it->second = {std::min(it->second.first, v), std::max(it->second.second, v)};
+  }
+};
+
+/// The table of `envelope_of(s)` against what the data covers.
+void check_table(stack_kind s, const observed_envelope& o) {
+  const stack_envelope e = envelope_of(s);
+  CHECK(e.validated);
+  std::set<std::string> families;
+  for (std::string_view f : e.families)
+    if (!f.empty() || o.families.count("") != 0) families.insert(std::string(f));
+  CHECK(families == o.families);
+  const auto listed = [](const auto& a) {
+    std::set<std::string> out;
+    for (std::string_view v : a)
+      if (!v.empty()) out.insert(std::string(v));
+    return out;
+  };
+  CHECK(listed(e.precisions) == o.precisions);
+  CHECK(listed(e.attentions) == o.attentions);
+  CHECK(listed(e.recomputations) == o.recomputations);
+  CHECK(listed(e.optimizers) == o.optimizers);
+  const auto range = [&](const char* axis, measured_range r) {
+    CAPTURE(axis);
+    REQUIRE(o.ranges.count(axis) == 1);
+    CHECK(r.lo == o.ranges.at(axis).first);
+    CHECK(r.hi == o.ranges.at(axis).second);
+  };
+  range("sequence", e.sequence);
+  range("micro_batch", e.micro_batch);
+  range("hidden", e.hidden);
+  range("layers", e.layers);
+  range("grad_accum", e.grad_accum);
+  range("dp", e.dp);
+  range("tp", e.tp);
+  range("pp", e.pp);
+  std::set<int> zero;
+  for (int z : e.zero_stages)
+    if (z >= 0) zero.insert(z);
+  CHECK(zero == o.zero_stages);
+}
+
+}  // namespace
+
+TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers") {
+  // pytorch: the hand-picked cases and the generated ones (as drawn, less any measured as skipped).
+  observed_envelope p;
+  std::set<std::string> skipped;
+  for (const json& g : generated())
+    for (const json& c : g["cases"])
+      if (!measured_case(c)) skipped.insert(c["name"].get<std::string>());
+  for (const json& c : measured()["cases"]) {
+    if (!measured_case(c)) continue;
+    p.families.insert(c["family"].get<std::string>());
+    p.precisions.insert(c["precision"].get<std::string>());
+    p.attentions.insert(c["attention"].get<std::string>() == "eager" ? "naive" : "flash");
+    p.recomputations.insert(c["gradient_checkpointing"].get<bool>() ? "full" : "none");
+    const std::string o = c["optimizer"].get<std::string>();
+    p.optimizers.insert(o == "sgd" ? (c["momentum"].get<double>() > 0 ? "momentum" : "sgd")
+                                   : o + (c["foreach"].get<bool>() ? "/foreach" : "/for-loop"));
+    const json cfg = read_json(c["config"].get<std::string>());
+    p.number("hidden", cfg.contains("n_embd") ? cfg["n_embd"].get<std::uint64_t>() : cfg["hidden_size"].get<std::uint64_t>());
+    p.number("layers", c["layers"].get<std::uint64_t>());
+    p.number("sequence", c["seq"].get<std::uint64_t>());
+    p.number("micro_batch", c["micro_batch"].get<std::uint64_t>());
+    p.number("grad_accum", 1);
+    p.number("dp", c["world"].get<std::uint64_t>());
+    p.number("tp", 1);
+    p.number("pp", 1);
+    p.zero_stages.insert(c["parallel"].get<std::string>() == "fsdp2" ? 3 : 0);
+  }
+  std::vector<json> drawn_groups;
+  for (const std::string& f : files_in("bench/torch/matrix", ".json")) drawn_groups.push_back(read_json(f));
+  for (const json& g : drawn_groups)
+    for (const json& c : g["cases"]) {
+      if (skipped.count(c["name"].get<std::string>()) != 0) continue;
+      const json& a = c["axes"];
+      const json& n = c["numbers"];
+      p.families.insert(a["family"].get<std::string>());
+      p.precisions.insert(a["precision"].get<std::string>());
+      p.attentions.insert(a["attention"].get<std::string>() == "eager" ? "naive" : "flash");
+      const std::string k = a["checkpointing"].get<std::string>();
+      p.recomputations.insert(k == "off" ? "none" : k == "reentrant" ? "full-reentrant" : "full");
+      const std::string o = a["optimizer"].get<std::string>();
+      p.optimizers.insert(o == "sgd-momentum" ? "momentum" : o == "sgd" ? "sgd" : "adamw/" + o.substr(6));
+      p.number("hidden", n["hidden"].get<std::uint64_t>());
+      p.number("layers", n["layers"].get<std::uint64_t>());
+      p.number("sequence", n["seq"].get<std::uint64_t>());
+      p.number("micro_batch", n["micro_batch"].get<std::uint64_t>());
+      p.number("grad_accum", n["grad_accum"].get<std::uint64_t>());
+      const std::string r = a["ranks"].get<std::string>();
+      p.number("dp", r == "1" ? 1 : 2);
+      p.number("tp", 1);
+      p.number("pp", 1);
+      p.zero_stages.insert(r == "fsdp2-2" ? 3 : 0);
+    }
+  check_table(stack_kind::pytorch, p);
+
+  observed_envelope m;
+  for (const json& c : megatron_golden()["cases"]) {
+    const json& d = c["derived"];
+    m.families.insert("");
+    m.precisions.insert("mixed-bf16-fp32-grads");
+    m.attentions.insert("flash");
+    m.recomputations.insert(d["recompute"].is_object() ? "every" : "none");
+    m.optimizers.insert("adam");
+    m.number("hidden", d["hidden"].get<std::uint64_t>());
+    m.number("layers", d["num_layers"].get<std::uint64_t>());
+    m.number("sequence", d["seq_length"].get<std::uint64_t>());
+    m.number("micro_batch", d["micro_batch"].get<std::uint64_t>());
+    m.number("grad_accum", d["grad_accum"].get<std::uint64_t>());
+    m.number("dp", d["dp"].get<std::uint64_t>());
+    m.number("tp", d["tp"].get<std::uint64_t>());
+    m.number("pp", d["pp"].get<std::uint64_t>());
+    m.zero_stages.insert(d["distributed_optimizer"].get<bool>() ? 1 : 0);
+  }
+  check_table(stack_kind::megatron, m);
+}
+
+TEST_CASE("memalg plan says where a configuration leaves the measured envelope") {
+  const auto outside = [](plan_flags f) { return envelope_report_of(make_inputs(f)); };
+  plan_flags f{};
+  f.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/llama.json";
+  f.seq = "256";
+  f.micro_batch = "2";
+  f.precision = "fp32";
+  f.device = "cpu";
+  const envelope_report inside = outside(f);
+  CHECK(inside.validated);
+  CHECK(inside.outside.empty());
+  plan_flags g = f;
+  g.seq = "8192";
+  g.tp = "2";
+  const envelope_report far = outside(g);
+  CHECK(!far.validated);
+  REQUIRE(far.outside.size() == 2);
+  CHECK(far.outside[0].rfind("sequence: 8192 (measured ", 0) == 0);
+  CHECK(far.outside[1] == "tp: 2 (measured 1..1)");
+  plan_flags h = f;
+  h.stack = "paper";
+  CHECK(!outside(h).validated);
+  plan_flags shape{};
+  shape.layers = "2";
+  shape.hidden = "256";
+  shape.heads = "4";
+  shape.vocab = "1000";
+  shape.seq = "128";
+  shape.precision = "fp32";
+  const envelope_report s = outside(shape);
+  CHECK(!s.validated);
+  REQUIRE(!s.outside.empty());
+  CHECK(s.outside[0] == "family: a shape, not a Hugging Face config");
 }

@@ -6,7 +6,8 @@ For every case of `measured.json` this runs
 
     memalg plan --config <config> --seq S --micro-batch B --precision P --optimizer O \
         --attention flash|naive --device cpu --stack STACK [--optimizer-impl for-loop] \
-        [--recompute full] [--dp 2 [--zero 3]] --json
+        [--optimizer-impl fused] [--recompute full --checkpointing KIND] [--grad-accum K] \
+        [--dp 2 [--zero 3]] --json
 
 and compares memalg's tensor peak with the measured peak of live tensor bytes. The stack is the
 default, `pytorch`, unless `--stack` names another (`paper` gives the accounting memalg had before
@@ -83,10 +84,15 @@ def memalg_args(case, with_dropout=True, stack="pytorch"):
             "--micro-batch", str(case["micro_batch"]), "--precision", PRECISION[case["precision"]],
             "--optimizer", optimizer_flag(case), "--attention", ATTENTION[case["attention"]],
             "--device", "cpu", "--stack", stack]
-    if not case.get("foreach", True):
+    if case.get("fused", False):
+        args += ["--optimizer-impl", "fused"]
+    elif not case.get("foreach", True):
         args += ["--optimizer-impl", "for-loop"]
     if case["gradient_checkpointing"]:
-        args += ["--recompute", "full"]
+        args += ["--recompute", "full",
+                 "--checkpointing", "reentrant" if case.get("reentrant", False) else "non-reentrant"]
+    if case.get("grad_accum", 1) > 1:
+        args += ["--grad-accum", str(case["grad_accum"])]
     if case["parallel"] == "ddp":
         args += ["--dp", str(case["world"])]
     elif case["parallel"] == "fsdp2":

@@ -59,7 +59,8 @@ MB = 1e6
 
 
 def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, vocab=None, ffn=None, sites=None,
-                  kv_heads=None, head_dim=None, parallel=None, experts=None, top_k=None, rotary_pct=None):
+                  kv_heads=None, head_dim=None, parallel=None, experts=None, top_k=None, rotary_pct=None,
+                  positions=None):
     """The config.json dictionary of a small model of `family` (a variant name). `dropout` is every
     site's probability; `sites` ({"embedding", "attention", "residual"} -> p), when given, each
     site's own (absent: 0). `kv_heads`, `head_dim`, `parallel` (the parallel-residual block),
@@ -71,7 +72,7 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
     p_emb, p_att, p_res = (sites.get(k, 0.0) for k in ("embedding", "attention", "residual"))
     if family == "gpt2":
         c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 50257,
-             "n_positions": 1024, "n_embd": h, "n_layer": layers, "n_head": heads, "n_inner": f,
+             "n_positions": positions or 1024, "n_embd": h, "n_layer": layers, "n_head": heads, "n_inner": f,
              "activation_function": "gelu_new", "resid_pdrop": p_res, "embd_pdrop": p_emb,
              "attn_pdrop": p_att, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
              "tie_word_embeddings": True if tied is None else tied}
@@ -139,6 +140,7 @@ DEFAULTS = {"attention": "sdpa", "precision": "fp32", "optimizer": "adamw", "for
             # Axes of the generated matrix (generate.py); these defaults are the hand-picked cases'.
             "reentrant": False, "fused": False, "grad_accum": 1, "sites": None, "kv_heads": None,
             "head_dim": None, "parallel_residual": None, "experts": None, "top_k": None, "rotary_pct": None,
+            "positions": None,
             "group": "base", "generator": None}
 
 
@@ -249,7 +251,9 @@ def generated_case(group, g):
                 tied=a["embeddings"] == "tied", hidden=n["hidden"], heads=n["heads"], vocab=n["vocab"], ffn=n["ffn"],
                 kv_heads=n["kv_heads"], head_dim=n["head_dim"],
                 parallel_residual=(a["residual"] == "parallel") if fam in ("gpt_neox", "falcon") else None,
-                experts=n.get("experts"), top_k=n.get("top_k"), rotary_pct=n.get("rotary_pct"))
+                experts=n.get("experts"), top_k=n.get("top_k"), rotary_pct=n.get("rotary_pct"),
+                # GPT-2's learned positions must hold the sequence (n_positions 1024 otherwise).
+                positions=max(1024, n["seq"]) if fam == "gpt2" else None)
 
 
 def generated_cases():
@@ -275,7 +279,7 @@ def config_path(c):
 def config_dict(c):
     return family_config(c["variant"], c["layers"], c["dropout"], c["tied"], c["hidden"], c["heads"], c["vocab"],
                          c["ffn"], c["sites"], c["kv_heads"], c["head_dim"], c["parallel_residual"], c["experts"],
-                         c["top_k"], c["rotary_pct"])
+                         c["top_k"], c["rotary_pct"], c["positions"])
 
 
 def write_config(c):

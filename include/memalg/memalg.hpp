@@ -16,6 +16,7 @@
 #include "memalg/model/transformer.hpp"
 #include "memalg/parallel/mesh.hpp"
 #include "memalg/plan/activations.hpp"
+#include "memalg/plan/envelope.hpp"
 #include "memalg/plan/breakdown.hpp"
 #include "memalg/plan/comm.hpp"
 #include "memalg/plan/diagnostics.hpp"

@@ -379,8 +379,12 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           const bytes one_kept{detail::ceil_div(kept[j].value, n)};
           backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary,
                          (accumulating ? all_grads : done) + one_grad);
+          // With accumulation every gradient exists from the first micro-batch on, and each
+          // instance's new gradient is added into its .grad and freed (AccumulateGrad,
+          // torch/csrc/autograd/functions/accumulate_grad.h: `variable_grad += new_grad`): one
+          // instance's new gradient at a time.
           backward.offer(on_device(prior + cumulative - kept[j] + one_kept), temporary, a.comm + boundary,
-                         (accumulating ? all_grads : done) + own);
+                         accumulating ? all_grads + one_grad : done + own);
         } else {
           gradients = accumulating ? all_grads + own : done + own;
           backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);

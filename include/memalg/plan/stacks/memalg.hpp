@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/plan/stacks/memalg.hpp — the `memalg` stack: the exact profile of memalg's own runtime
-// (exec/build_program.hpp, exec/build_speech_program.hpp, backend/cpu/gpt_trainer.hpp), which
+// (exec/build_program.hpp, exec/build_speech_program.hpp, exec/lowering.hpp), which
 // docs/runtime.md checks against its measured arena. It is the paper's accounting
 // (stacks/paper.hpp) with the runtime's deviations, each below with the code it follows: no
 // attention scores (row-by-row kernels), the gradient buffers every backward holds, a block's
@@ -116,7 +116,7 @@ constexpr raw_activations memalg_activations(const layer_desc& l, const activati
     case layer_kind::embedding:
     case layer_kind::position_embedding:
       // Backward holds both of the runtime's gradient buffers, and the embeddings' output (the
-      // first residual) until the embedding backward has run (backend/cpu/gpt_trainer.hpp pops it
+      // first residual) until the embedding backward has run (exec/build_program.hpp pops it
       // last).
       r.backward_temporary = gradients + hidden_input;
       // Under sequence parallelism a vocabulary-parallel lookup writes every token's row (zero
@@ -230,7 +230,7 @@ constexpr unit_transients entry_unit_transients(const model_desc& model, const l
   if (l.kind == layer_kind::embedding || l.kind == layer_kind::position_embedding) {
     // The runtime runs the token and position embeddings as one unit pair: forward gathers both
     // (ZeRO-3), backward holds both unsharded gradients at once and gathers nothing
-    // (backend/cpu/gpt_trainer.hpp: embedding_backward). So either entry's moment holds both.
+    // (exec/build_program.hpp: the embedding backward). So either entry's moment holds both.
     for (const layer_desc& e : model) {
       if (e.kind != layer_kind::embedding && e.kind != layer_kind::position_embedding) continue;
       const std::uint64_t n = elements_per_rank(e, m).total();

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: BSL-1.0
+// memalg/plan/envelope.hpp — where each stack's predictions were checked against measurements of
+// the real stack, and whether a configuration lies inside.
+//
+// A configuration is outside a stack's envelope when it has a categorical value (the model's
+// family, the precision, the attention, the recomputation and its checkpoint kind, the optimizer
+// and its implementation, a mesh axis's degree) that no measured case of that stack contains, or a
+// numeric value (sequence, micro-batch, width, depth, gradient accumulation) outside the measured
+// range (docs/accuracy.md, "The envelope"). Outside, the prediction follows the same cited rules,
+// but nothing measured confirms it. `require_fits` does not read the envelope.
+//
+// * pytorch: the cases of bench/torch/measured.json and bench/torch/measured/*.json (the planner's
+//   test planner.measured derives this table from that data and fails when the two differ);
+// * megatron: the Megatron-LM functional tests of bench/megatron/golden.json (checked the same way);
+// * memalg: the named plans that memalg's runtime trains in CI, whose arenas equal their plans to
+//   the byte (examples/train_gpt_cpu.cpp);
+// * paper: Korthikanti et al.'s accounting, never validated.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "memalg/model/layer.hpp"
+#include "memalg/parallel/mesh.hpp"
+#include "memalg/train/recipe.hpp"
+
+namespace memalg {
+
+/// An inclusive range of measured values.
+struct measured_range {
+  std::uint64_t lo = 0, hi = 0;
+  constexpr bool holds(std::uint64_t v) const { return lo <= v && v <= hi; }
+};
+
+/// The values a stack's measurements cover. An empty name list means the axis is not measured
+/// by name (every value is outside).
+struct stack_envelope {
+  bool validated = false;
+  std::array<std::string_view, 12> families{};     ///< Hugging Face model_type (pytorch); "" for a shape
+  std::array<std::string_view, 8> precisions{};    ///< precision_policy::name
+  std::array<std::string_view, 2> attentions{};    ///< "naive", "flash"
+  std::array<std::string_view, 8> recomputations{};  ///< none, selective, full, full-reentrant, every
+  std::array<std::string_view, 8> optimizers{};    ///< optimizer name / implementation
+  measured_range sequence, micro_batch, hidden, layers, grad_accum;
+  measured_range dp, tp, pp, cp, ep;
+  std::array<int, 4> zero_stages{-1, -1, -1, -1};  ///< measured ZeRO / FSDP stages (-1: none)
+  bool sequence_parallel = false;                   ///< measured with sequence parallelism
+};
+
+namespace detail {
+template <std::size_t N>
+constexpr bool listed(const std::array<std::string_view, N>& names, std::string_view v) {
+  for (std::string_view n : names)
+    if (!n.empty() && n == v) return true;
+  return false;
+}
+}  // namespace detail
+
+/// The recomputation as the envelope names it.
+constexpr std::string_view recomputation_name(const training_desc& t) {
+  switch (t.recompute) {
+    case recompute_kind::none: return "none";
+    case recompute_kind::selective: return "selective";
+    case recompute_kind::full:
+      return t.checkpoint == checkpoint_kind::reentrant && t.stack == stack_kind::pytorch ? "full-reentrant" : "full";
+    case recompute_kind::every_k:
+      return t.checkpoint == checkpoint_kind::reentrant && t.stack == stack_kind::pytorch ? "every-reentrant" : "every";
+  }
+  return "none";
+}
+
+/// The optimizer as the envelope names it: the name, and under the pytorch stack its
+/// implementation (the temporaries differ).
+constexpr std::string_view optimizer_envelope_name(const training_desc& t) {
+  if (t.stack != stack_kind::pytorch) return t.optimizer.name;
+  const std::string_view n = t.optimizer.name;
+  if (n == "adamw" || n == "adam") {
+    const bool adam = n == "adam";
+    switch (t.optimizer_kind) {
+      case optimizer_impl::foreach: return adam ? "adam/foreach" : "adamw/foreach";
+      case optimizer_impl::for_loop: return adam ? "adam/for-loop" : "adamw/for-loop";
+      case optimizer_impl::fused: return adam ? "adam/fused" : "adamw/fused";
+    }
+  }
+  return n;
+}
+
+/// The measured envelope of each stack. Keep in step with the data (see the header).
+constexpr stack_envelope envelope_of(stack_kind s) {
+  stack_envelope e{};
+  switch (s) {
+    case stack_kind::pytorch:
+      e.validated = true;
+      e.families = {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon"};
+      e.precisions = {"fp32", "bf16", "autocast-bf16"};
+      e.attentions = {"naive", "flash"};
+      e.recomputations = {"none", "full", "full-reentrant"};
+      e.optimizers = {"adamw/foreach", "adamw/for-loop", "adamw/fused", "sgd", "momentum"};
+      e.sequence = {64, 2048};
+      e.micro_batch = {1, 8};
+      e.hidden = {256, 1024};
+      e.layers = {1, 8};
+      e.grad_accum = {1, 3};
+      e.dp = {1, 2};
+      e.tp = e.pp = e.cp = e.ep = {1, 1};
+      e.zero_stages = {0, 3, -1, -1};  // DDP, FSDP2
+      break;
+    case stack_kind::megatron:
+      e.validated = true;
+      e.families = {""};
+      e.precisions = {"mixed-bf16-fp32-grads"};
+      e.attentions = {"flash"};
+      e.recomputations = {"none", "every"};
+      e.optimizers = {"adam"};
+      e.sequence = {1024, 8192};
+      e.micro_batch = {1, 4};
+      e.hidden = {512, 4096};
+      e.layers = {12, 32};
+      e.grad_accum = {1, 4};
+      e.dp = {2, 8};
+      e.tp = {1, 4};
+      e.pp = {1, 4};
+      e.cp = e.ep = {1, 1};
+      e.zero_stages = {0, 1, -1, -1};
+      break;
+    case stack_kind::memalg:
+      e.validated = true;
+      e.families = {""};
+      e.precisions = {"fp32", "mixed-bf16", "amp-fp16", "mixed-fp16"};
+      e.attentions = {"naive", "flash"};
+      e.recomputations = {"none", "selective", "full"};
+      e.optimizers = {"adamw", "momentum", "sgd"};
+      e.sequence = {16, 64};
+      e.micro_batch = {1, 8};
+      e.hidden = {32, 128};
+      e.layers = {1, 4};
+      e.grad_accum = {1, 4};
+      e.dp = {1, 4};
+      e.tp = {1, 2};
+      e.pp = {1, 4};
+      e.cp = e.ep = {1, 1};
+      e.zero_stages = {0, 1, 2, 3};
+      e.sequence_parallel = true;
+      break;
+    case stack_kind::paper:
+      break;  // never validated
+  }
+  return e;
+}
+
+/// Where a configuration leaves its stack's envelope: up to `max_outside` reasons, each an axis
+/// and its value ("family: gemma2", "ep: 4", "sequence: 8192 (measured 64..2048)").
+struct envelope_check {
+  static constexpr std::size_t max_outside = 16;
+  bool validated = false;
+  std::array<std::string_view, max_outside> axes{};   ///< the axis of each reason
+  std::array<std::string_view, max_outside> names{};  ///< a categorical value ("" for numbers)
+  std::array<std::uint64_t, max_outside> values{};    ///< a numeric value
+  std::array<measured_range, max_outside> ranges{};   ///< its measured range
+  std::size_t size = 0;
+  constexpr void add(std::string_view axis, std::string_view name, std::uint64_t value = 0, measured_range r = {}) {
+    if (size < max_outside) {
+      axes[size] = axis;
+      names[size] = name;
+      values[size] = value;
+      ranges[size] = r;
+    }
+    ++size;
+  }
+};
+
+/// `family`: the Hugging Face model_type the model was read from ("" for a shape or preset).
+/// `hidden` and `layers`: the model's width and blocks (0 when it has none).
+constexpr envelope_check check_envelope(const training_desc& t, const mesh_desc& m, std::string_view family,
+                                        std::uint64_t hidden, std::uint64_t layers) {
+  envelope_check out{};
+  const stack_envelope e = envelope_of(t.stack);
+  if (!e.validated) {
+    out.add("stack", "paper (never validated)");
+    return out;
+  }
+  if (!detail::listed(e.families, family)) out.add("family", family.empty() ? "a shape, not a Hugging Face config" : family);
+  if (!detail::listed(e.precisions, t.precision.name)) out.add("precision", t.precision.name);
+  // (Attention is a property of the model's blocks; the caller adds it.)
+  if (!detail::listed(e.recomputations, recomputation_name(t))) out.add("recompute", recomputation_name(t));
+  if (!detail::listed(e.optimizers, optimizer_envelope_name(t))) out.add("optimizer", optimizer_envelope_name(t));
+  const auto number = [&](std::string_view axis, std::uint64_t v, measured_range r) {
+    if (!r.holds(v)) out.add(axis, "", v, r);
+  };
+  if (t.sequence != 0) number("sequence", t.sequence, e.sequence);
+  if (t.sequence != 0) number("micro-batch", t.micro_batch, e.micro_batch);
+  if (hidden != 0) number("hidden", hidden, e.hidden);
+  if (layers != 0) number("layers", layers, e.layers);
+  number("grad-accum", t.grad_accum, e.grad_accum);
+  number("dp", m.dp, e.dp);
+  number("tp", m.tp, e.tp);
+  number("pp", m.pp, e.pp);
+  number("cp", m.cp, e.cp);
+  number("ep", m.ep, e.ep);
+  bool zero = false;
+  for (int z : e.zero_stages) zero = zero || z == m.zero_stage;
+  if (!zero) out.add("zero", "", static_cast<std::uint64_t>(m.zero_stage));
+  if (m.sequence_parallel && !e.sequence_parallel) out.add("sp", "on");
+  out.validated = out.size == 0;
+  return out;
+}
+
+/// The attention of a model's blocks as the envelope names it ("" when it has none).
+constexpr std::string_view attention_name(const layer_desc& block) {
+  return (block.shape.flags & layer_flags::flash) != 0 ? "flash" : "naive";
+}
+
+/// Adds the attention of `attention` ("naive" / "flash" / "") when the stack's measurements lack it.
+constexpr void check_attention(envelope_check& c, stack_kind s, std::string_view attention) {
+  const stack_envelope e = envelope_of(s);
+  if (!e.validated || attention.empty()) return;
+  if (!detail::listed(e.attentions, attention)) {
+    c.add("attention", attention);
+    c.validated = false;
+  }
+}
+
+}  // namespace memalg
