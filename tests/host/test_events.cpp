@@ -84,6 +84,33 @@ TEST_CASE("the step's moments have the plan's phases as their maxima, stack by s
   check_events(llama, training(stack_kind::megatron, 1, 4096, recompute_kind::selective), mesh(2, 2, 2, 1), h200);
 }
 
+TEST_CASE("pytorch: the loss's backward is its own moment, before the output's, and can be the peak") {
+  // Llama 2 7B at 4096 tokens, autocast, ZeRO-1 over 8 ranks (docs/cli.md's picture): the loss's
+  // backward holds the fp32 log-softmax and the two logits-sized gradients on all the saved
+  // activations.
+  const model_desc llama = transformer_lm(presets::llama2_7b::config);
+  training_desc t = train::recipe<precision::autocast_bf16, optim::adamw<>>::value;
+  t.micro_batch = 1;
+  t.sequence = 4096;
+  check_events(llama, t, mesh(8, 1, 1, 1), device::a100_80gb::value);
+  const plan_result r = evaluate(llama, t, mesh(8, 1, 1, 1), device::a100_80gb::value);
+  const step_events e = plan_events(llama, t, mesh(8, 1, 1, 1), device::a100_80gb::value, r);
+  std::size_t losses = 0, at = 0;
+  for (std::size_t i = 0; i < e.size; ++i)
+    if (e.events[i].kind == step_event_kind::loss) {
+      ++losses;
+      at = i;
+    }
+  REQUIRE(losses == 1);
+  CHECK(e.events[at + 1].kind == step_event_kind::backward);
+  CHECK(e.events[at + 1].entry == e.events[at].entry);
+  CHECK(llama.entries[e.events[at].entry].kind == layer_kind::output);
+  CHECK(e.peak == at);
+  // The moments before it in backward: none; after it the output's own backward, lower.
+  CHECK(e.events[at - 1].in_phase == phase::forward);
+  CHECK(e.events[at + 1].bytes_at.total() < e.events[at].bytes_at.total());
+}
+
 TEST_CASE("a model given by its parameter count: the four phases and the reduction") {
   const model_desc m = parameter_count_model(7'000'000'000);
   training_desc t = training(stack_kind::paper, 1, 0);
