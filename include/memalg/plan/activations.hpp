@@ -251,11 +251,6 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
                                                  sweep_log* log = nullptr) {
   stage_activations out{};
   detail::peak_moment forward{}, backward{};
-  const auto offer = [log](detail::peak_moment& p, sweep_step step, std::size_t entry, bytes a, bytes tmp, bytes c,
-                           bytes g = bytes{}) {
-    p.offer(a, tmp, c, g);
-    if (log != nullptr) log->push(sweep_moment{step, entry, a, tmp, c, g});
-  };
   bytes kept[max_model_entries]{};     // per entry on this stage, one micro-batch
   bytes rebuilt[max_model_entries]{};  // recomputed in backward (transient)
   std::uint64_t held[max_model_entries]{};  // instances on this stage
@@ -371,7 +366,8 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     const layer_desc& l = model.entries[i];
     if (l.group != layer_group::teacher || held[i] == 0) continue;
     const layer_activations& a = table.entries[i];
-    offer(forward, sweep_step::teacher, i, on_device(prior), a.forward_temporary, a.comm + boundary);
+    forward.offer(on_device(prior), a.forward_temporary, a.comm + boundary);
+    if (log != nullptr) log->push({sweep_step::teacher, i, on_device(prior), a.forward_temporary, a.comm + boundary});
   }
   bytes cumulative{};
   for (std::size_t i = 0; i < model.size; ++i) {
@@ -384,7 +380,8 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     if (rk == recompute_kind::selective) temporary += a.recompute_core;  // computed, then dropped
     bytes saved = on_device(prior + cumulative);
     if (!stash && !offload) saved -= a.forward_released;  // (memalg's runtime, stacks/memalg.hpp)
-    offer(forward, sweep_step::forward, i, saved, temporary, a.comm + boundary, forward_grads);
+    forward.offer(saved, temporary, a.comm + boundary, forward_grads);
+    if (log != nullptr) log->push({sweep_step::forward, i, saved, temporary, a.comm + boundary, forward_grads});
   }
   bytes done{};  // pytorch: gradients of the entries whose backward has run
   for (std::size_t j = model.size; j-- > 0;) {
@@ -398,9 +395,12 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
       bytes gradients{};
       if (torch) {
         const bool tied = l.kind == layer_kind::output && (l.shape.flags & layer_flags::tied) != 0;
-        if (l.kind == layer_kind::output && a.loss_temporary > bytes{})  // the loss's backward comes first
-          offer(backward, sweep_step::loss, j, on_device(prior + cumulative), a.loss_temporary + teacher_logits,
-                a.comm + boundary, accumulating ? all_grads : done);
+        if (l.kind == layer_kind::output && a.loss_temporary > bytes{}) {  // the loss's backward comes first
+          const bytes held_now = on_device(prior + cumulative), loss = a.loss_temporary + teacher_logits;
+          backward.offer(held_now, loss, a.comm + boundary, accumulating ? all_grads : done);
+          if (log != nullptr)
+            log->push({sweep_step::loss, j, held_now, loss, a.comm + boundary, accumulating ? all_grads : done});
+        }
         // A tied output projection writes the embedding's gradient (which exists from then on);
         // the embedding's own backward adds its dense gradient to it out of place (two more of
         // its size for a moment).
@@ -417,13 +417,19 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         if (n > 1) {
           const bytes one_grad{detail::ceil_div(own.value, n)};
           const bytes one_kept{detail::ceil_div(kept[j].value, n)};
-          offer(backward, sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary,
-                (accumulating ? all_grads : done) + one_grad);
-          offer(backward, sweep_step::backward_last, j, on_device(prior + cumulative - kept[j] + one_kept), temporary,
-                a.comm + boundary, (accumulating ? all_grads : done) + own);
+          const bytes first = on_device(prior + cumulative), last = on_device(prior + cumulative - kept[j] + one_kept);
+          const bytes before = accumulating ? all_grads : done;
+          backward.offer(first, temporary, a.comm + boundary, before + one_grad);
+          backward.offer(last, temporary, a.comm + boundary, before + own);
+          if (log != nullptr) {
+            log->push({sweep_step::backward, j, first, temporary, a.comm + boundary, before + one_grad});
+            log->push({sweep_step::backward_last, j, last, temporary, a.comm + boundary, before + own});
+          }
         } else {
           gradients = accumulating ? all_grads + own : done + own;
-          offer(backward, sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+          backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+          if (log != nullptr)
+            log->push({sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary, gradients});
         }
         done += own;
         if (tied && tied_model) done += tied_grads;
@@ -440,8 +446,10 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
                                    (rk == recompute_kind::full || rk == recompute_kind::every_k);
         const auto moment = [&](sweep_step step, bytes temps, bytes freed) {
           if (!release) freed = bytes{};
-          if (rebuilt_layer) offer(backward, step, j, saved, temps - freed, a.comm + boundary, gradients);
-          else offer(backward, step, j, saved - freed, temps, a.comm + boundary, gradients);
+          const bytes held_now = rebuilt_layer ? saved : saved - freed;
+          const bytes temps_now = rebuilt_layer ? temps - freed : temps;
+          backward.offer(held_now, temps_now, a.comm + boundary, gradients);
+          if (log != nullptr) log->push({step, j, held_now, temps_now, a.comm + boundary, gradients});
         };
         if (a.backward_tail > bytes{}) {
           moment(sweep_step::backward, rk == recompute_kind::selective ? temporary - rebuilt[j] : temporary,
