@@ -278,6 +278,7 @@ std::string render_timeline_svg(const timeline_chart& c) {
   constexpr double gib = 1073741824.0;
   double highest = static_cast<double>(c.capacity.value) / gib;
   for (const step_event& e : ev) highest = std::max(highest, static_cast<double>(e.bytes_at.total().value) / gib);
+  highest *= 1.06;  // room above the limit's line and the peak's mark, below the phase bands
   const double step = nice_step(highest);
   const double top = std::ceil(highest / step) * step;
 
