@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build libboost-dev doctest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev dpkg-dev espeak-ng libkissfft-dev)
+          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev dpkg-dev espeak-ng libkissfft-dev librsvg2-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

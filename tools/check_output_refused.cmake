@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSL-1.0
-# `--svg FILE` (plan, sweep) and `emit -o FILE` write only a regular file or a new path: a symbolic
+# `--svg FILE` (plan, sweep), `--timeline FILE` (plan) and `emit -o FILE` write only a regular file or a new path: a symbolic
 # link, a named pipe and an empty name are refused with one line and exit status 2, and are left
 # as they were (the link's target is not created). Runs EXE in WORKDIR.
 file(REMOVE_RECURSE ${WORKDIR})
@@ -16,8 +16,10 @@ foreach(path link fifo "")
   else()
     set(_path ${WORKDIR}/${path})
   endif()
-  foreach(kind plan sweep emit)
-    if(kind STREQUAL "plan")
+  foreach(kind plan timeline sweep emit)
+    if(kind STREQUAL "timeline")
+      execute_process(COMMAND ${EXE} plan ${_model} --timeline "${_path}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    elseif(kind STREQUAL "plan")
       execute_process(COMMAND ${EXE} plan ${_model} --svg "${_path}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     elseif(kind STREQUAL "sweep")
       execute_process(COMMAND ${EXE} sweep ${_model} --world 2 --svg "${_path}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

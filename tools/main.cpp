@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   plan->add_option("--stage", flags.stage, "report pipeline stage N (0 first) instead of the most loaded one");
   std::string plan_svg;
   plan->add_option("--svg", plan_svg, "also write a stacked-bar chart of the rank's memory to FILE");
+  std::string plan_timeline;
+  plan->add_option("--timeline", plan_timeline,
+                   "also write the rank's memory through one step (by category, the peak marked) to FILE as SVG");
 
   plan_flags fit_model;
   fit_flags fit;
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (*plan) {
       if (plan->count("--svg") != 0) write_plan_svg(flags, plan_svg);  // before any output: an error leaves none
+      if (plan->count("--timeline") != 0) write_plan_timeline(flags, plan_timeline);
       return run_plan(flags, json);
     }
     if (*fit_cmd) {

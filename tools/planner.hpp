@@ -205,6 +205,25 @@ chart plan_chart(const plan_inputs& in, const plan_result& r);
 /// `memalg plan --svg FILE`: computes the plan of the flags and writes its chart.
 void write_plan_svg(const plan_flags& f, const std::string& path);
 
+/// The moments of one step on one rank, for `memalg plan --timeline` (plan/events.hpp).
+struct timeline_chart {
+  std::string title;
+  std::string subtitle;
+  model_desc model{};               ///< for the entries' names
+  std::uint64_t pipeline_stages = 1;
+  step_events events{};
+  bytes capacity{};
+  bytes limit{};
+  std::string device;
+};
+/// The step as a standalone SVG document: one stacked column per moment, the phases above, the
+/// peak marked, the limit as a line; every moment's bytes in its data attributes.
+std::string render_timeline_svg(const timeline_chart& c);
+timeline_chart plan_timeline_chart(const plan_inputs& in, const plan_result& r);
+/// `memalg plan --timeline FILE`: the timeline of the most loaded rank (or of --stage), written
+/// under the rules of --svg.
+void write_plan_timeline(const plan_flags& f, const std::string& path);
+
 // ---- emit ---------------------------------------------------------------------------------------
 
 struct emit_flags {

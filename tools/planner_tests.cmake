@@ -105,6 +105,45 @@ foreach(kind plan sweep)
   set_tests_properties(planner.svg_${kind} PROPERTIES LABELS "host;cli")
 endforeach()
 
+# The step as a picture (--timeline): rendered by rsvg-convert (librsvg2-bin), the peak's marker on
+# the peak's moment; and every moment's bytes against plan --json. Skipped, saying so, without
+# rsvg-convert or Python.
+find_program(MEMALG_RSVG_CONVERT rsvg-convert)
+find_package(Python3 COMPONENTS Interpreter QUIET)
+set(_timeline_render_args "--config ${_hf}/llama-2-7b.json --seq 4096 --dp 8 --zero 1")
+set(_timeline_json_cases
+  "llama_zero1|--config ${_hf}/llama-2-7b.json --seq 4096 --dp 8 --zero 1"
+  "gpt2_checkpointed|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 8 --recompute full --grad-accum 2 --dp 2"
+  "speech_64|--preset speech-tts-500m --precision fp32 --optimizer adam --dp 4 --micro-batch 64 --seq 1024"
+  "llama_pipeline|--config ${_hf}/llama-2-7b.json --seq 4096 --tp 2 --pp 4 --grad-accum 8 --stack megatron --recompute selective"
+  "gpt2_memalg_zero3|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 4 --stack memalg --dp 4 --zero 3"
+  "params_only|--params 7B --dp 8 --zero 2")
+if(Python3_Interpreter_FOUND AND MEMALG_RSVG_CONVERT)
+  separate_arguments(_a UNIX_COMMAND "${_timeline_render_args}")
+  add_test(NAME planner.timeline_render
+    COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/check_timeline.py render $<TARGET_FILE:memalg_tool>
+            ${MEMALG_RSVG_CONVERT} ${_out}/timeline_render ${_a})
+else()
+  add_test(NAME planner.timeline_render COMMAND ${CMAKE_COMMAND} -E echo "skipped: needs rsvg-convert and python3")
+  set_tests_properties(planner.timeline_render PROPERTIES SKIP_REGULAR_EXPRESSION "skipped:")
+endif()
+set_tests_properties(planner.timeline_render PROPERTIES LABELS "host;cli")
+foreach(case IN LISTS _timeline_json_cases)
+  string(REPLACE "|" ";" _parts "${case}")
+  list(GET _parts 0 _name)
+  list(GET _parts 1 _args)
+  if(Python3_Interpreter_FOUND)
+    separate_arguments(_a UNIX_COMMAND "${_args}")
+    add_test(NAME planner.timeline_json_${_name}
+      COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/check_timeline.py json $<TARGET_FILE:memalg_tool>
+              ${_out}/timeline_${_name} ${_a})
+  else()
+    add_test(NAME planner.timeline_json_${_name} COMMAND ${CMAKE_COMMAND} -E echo "skipped: needs python3")
+    set_tests_properties(planner.timeline_json_${_name} PROPERTIES SKIP_REGULAR_EXPRESSION "skipped:")
+  endif()
+  set_tests_properties(planner.timeline_json_${_name} PROPERTIES LABELS "host;cli")
+endforeach()
+
 # Emitted headers compile when the plan fits and fail with its numbers when it does not.
 set(_emit_cases
   "fits_params|--params 7.5e9 --precision mixed-fp16 --optimizer adam --dp 64 --zero 2|fits"

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -233,6 +234,221 @@ chart plan_chart(const plan_inputs& in, const plan_result& r) {
   if (in.mesh.ep > 1) label += " ep=" + std::to_string(in.mesh.ep);
   c.bars.push_back({label, r.per_rank, r.fits});
   return c;
+}
+
+// ---- the step as a picture (`--timeline FILE`) ---------------------------------------------------
+
+namespace {
+std::string event_label(const timeline_chart& c, const step_event& e) {
+  switch (e.kind) {
+    case step_event_kind::steady: return "step start";
+    case step_event_kind::reduction: return "gradient reduction";
+    case step_event_kind::optimizer_step: return "optimizer step";
+    case step_event_kind::loss: return "loss";
+    default: break;
+  }
+  if (e.entry >= c.model.size) return std::string(phase_name(e.in_phase));
+  const layer_desc& l = c.model.entries[e.entry];
+  const std::uint64_t n = instances_on_stage(l, c.events.stage, c.pipeline_stages);
+  std::string name(l.name);
+  if (n > 1) name += " x" + std::to_string(n);
+  switch (e.kind) {
+    case step_event_kind::teacher: return name + " (teacher)";
+    case step_event_kind::backward_last: return name + ", last";
+    case step_event_kind::backward_tail: return name + ", 2nd part";
+    default: return name;
+  }
+}
+const char* event_phase_text(const step_event& e) {
+  if (e.kind == step_event_kind::reduction) return "gradient reduction";
+  switch (e.in_phase) {
+    case phase::steady: return "steady";
+    case phase::forward: return "forward";
+    case phase::backward: return "backward";
+    case phase::optimizer_step: return "optimizer step";
+  }
+  return "";
+}
+}  // namespace
+
+std::string render_timeline_svg(const timeline_chart& c) {
+  const step_events& ev = c.events;
+  if (ev.size == 0) throw usage_error("nothing to draw: the step has no moments");
+  if (c.capacity.value == 0 || c.limit.value == 0) throw usage_error("cannot draw against a device without capacity");
+  constexpr double gib = 1073741824.0;
+  double highest = static_cast<double>(c.capacity.value) / gib;
+  for (const step_event& e : ev) highest = std::max(highest, static_cast<double>(e.bytes_at.total().value) / gib);
+  highest *= 1.06;  // room above the limit's line and the peak's mark, below the phase bands
+  const double step = nice_step(highest);
+  const double top = std::ceil(highest / step) * step;
+
+  // Layout (px): plot left 80, top 96 (title, subtitle, peak text, phase band); one column per
+  // moment, its entry's name written under it; legend to the right.
+  const double n = static_cast<double>(ev.size);
+  const double pitch = std::clamp(760.0 / n, 7.0, 44.0);
+  const double left = 80, plot_top = 110, plot_h = 340, legend_w = 190;
+  const double plot_w = pitch * n;
+  const double label_h = 150;
+  const double width = std::max(left + plot_w + legend_w, 720.0);
+  const double height = plot_top + plot_h + label_h + 20;
+  const auto y_of = [&](double g) { return plot_top + plot_h - g / top * plot_h; };
+  const auto x_of = [&](std::size_t i) { return left + pitch * static_cast<double>(i); };
+  const step_event& peak = ev.events[ev.peak];
+
+  std::ostringstream s;
+  s << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    << "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" << num(width) << "\" height=\""
+    << num(height) << "\" viewBox=\"0 0 " << num(width) << " " << num(height)
+    << "\" font-family=\"DejaVu Sans, Arial, sans-serif\" font-size=\"12\" data-events=\"" << ev.size
+    << "\" data-peak-index=\"" << ev.peak << "\" data-peak-bytes=\"" << peak.bytes_at.total().value
+    << "\" data-peak-phase=\"" << phase_name(peak.in_phase) << "\" data-limit=\"" << c.limit.value
+    << "\" data-stage=\"" << ev.stage << "\">\n"
+    << "<title>" << escape(c.title) << "</title>\n"
+    << "<rect x=\"0\" y=\"0\" width=\"" << num(width) << "\" height=\"" << num(height) << "\" fill=\"#ffffff\"/>\n"
+    << "<text x=\"" << num(left) << "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" << escape(c.title)
+    << "</text>\n"
+    << "<text x=\"" << num(left) << "\" y=\"44\" fill=\"#555555\">" << escape(c.subtitle) << "</text>\n";
+
+  // Axis and grid.
+  for (double g = 0; g <= top + step / 2; g += step) {
+    const double y = y_of(g);
+    s << "<line x1=\"" << num(left) << "\" y1=\"" << num(y) << "\" x2=\"" << num(left + plot_w) << "\" y2=\"" << num(y)
+      << "\" stroke=\"#dddddd\"/>\n"
+      << "<text x=\"" << num(left - 6) << "\" y=\"" << num(y + 4) << "\" text-anchor=\"end\">" << num(g) << "</text>\n";
+  }
+  s << "<text x=\"16\" y=\"" << num(plot_top + plot_h / 2) << "\" transform=\"rotate(-90 16 "
+    << num(plot_top + plot_h / 2) << ")\" text-anchor=\"middle\">GiB on the rank</text>\n";
+
+  // Phase bands above the plot, and a dotted line where a phase begins.
+  const char* band_colors[] = {"#eeeeee", "#dbe8f5", "#f7e3d3", "#e3f0dc", "#eadcf0"};
+  for (std::size_t i = 0; i < ev.size;) {
+    std::size_t j = i;
+    const std::string name = event_phase_text(ev.events[i]);
+    while (j < ev.size && event_phase_text(ev.events[j]) == name) ++j;
+    const std::size_t colour = ev.events[i].kind == step_event_kind::reduction
+                                   ? 4
+                                   : static_cast<std::size_t>(ev.events[i].in_phase);
+    const double x0 = x_of(i), x1 = x_of(j);
+    s << "<g class=\"phase\" data-phase=\"" << name << "\" data-first=\"" << i << "\" data-last=\"" << j - 1
+      << "\">\n<rect x=\"" << num(x0) << "\" y=\"" << num(plot_top - 20) << "\" width=\"" << num(x1 - x0)
+      << "\" height=\"16\" fill=\"" << band_colors[colour] << "\"/>\n";
+    if (x1 - x0 >= 6.5 * static_cast<double>(name.size()))
+      s << "<text x=\"" << num((x0 + x1) / 2) << "\" y=\"" << num(plot_top - 8) << "\" text-anchor=\"middle\" font-size=\"11\">"
+        << name << "</text>\n";
+    s << "</g>\n";
+    if (i > 0)
+      s << "<line x1=\"" << num(x0) << "\" y1=\"" << num(plot_top - 20) << "\" x2=\"" << num(x0) << "\" y2=\""
+        << num(plot_top + plot_h) << "\" stroke=\"#999999\" stroke-dasharray=\"2 3\"/>\n";
+    i = j;
+  }
+
+  // One stacked column per moment, bottom-up in category order, its bytes in data attributes.
+  const std::size_t label_every = static_cast<std::size_t>(std::ceil(11.0 / pitch));
+  for (std::size_t i = 0; i < ev.size; ++i) {
+    const step_event& e = ev.events[i];
+    const std::string label = event_label(c, e);
+    const double x = x_of(i);
+    s << "<g class=\"event\" data-index=\"" << i << "\" data-kind=\"" << step_event_kind_name(e.kind)
+      << "\" data-phase=\"" << phase_name(e.in_phase) << "\" data-entry=\"" << escape(label) << "\" data-x0=\""
+      << num(x) << "\" data-x1=\"" << num(x + pitch) << "\" data-total=\"" << e.bytes_at.total().value << "\"";
+    for (std::size_t k = 0; k < category_count; ++k)
+      s << " data-" << category_name(category(k)) << "=\"" << e.bytes_at[category(k)].value << "\"";
+    s << ">\n<title>" << escape(label) << " (" << event_phase_text(e) << "): "
+      << escape(to_string(e.bytes_at.total(), byte_unit::GiB)) << "</title>\n";
+    double base = 0;
+    for (std::size_t k = 0; k < category_count; ++k) {
+      const double g = static_cast<double>(e.bytes_at[category(k)].value) / gib;
+      if (g <= 0) continue;
+      s << "<rect x=\"" << num(x) << "\" y=\"" << num(y_of(base + g)) << "\" width=\"" << num(pitch)
+        << "\" height=\"" << num(y_of(base) - y_of(base + g)) << "\" fill=\"" << category_colors[k] << "\"/>\n";
+      base += g;
+    }
+    s << "</g>\n";
+    if (i % label_every == 0 || i == ev.peak) {
+      const double lx = x + pitch / 2 + 4, ly = plot_top + plot_h + 8;
+      s << "<text x=\"" << num(lx) << "\" y=\"" << num(ly) << "\" transform=\"rotate(-60 " << num(lx) << " " << num(ly)
+        << ")\" text-anchor=\"end\" font-size=\"10\"" << (i == ev.peak ? " font-weight=\"bold\"" : "") << ">"
+        << escape(label) << "</text>\n";
+    }
+  }
+  s << "<line x1=\"" << num(left) << "\" y1=\"" << num(plot_top) << "\" x2=\"" << num(left) << "\" y2=\""
+    << num(plot_top + plot_h) << "\" stroke=\"#333333\"/>\n"
+    << "<line x1=\"" << num(left) << "\" y1=\"" << num(plot_top + plot_h) << "\" x2=\"" << num(left + plot_w)
+    << "\" y2=\"" << num(plot_top + plot_h) << "\" stroke=\"#333333\"/>\n";
+
+  // The device's limit (and capacity when a cap lowers it).
+  const auto line = [&](bytes at, const char* color, const std::string& label) {
+    const double y = y_of(static_cast<double>(at.value) / gib);
+    s << "<line x1=\"" << num(left) << "\" y1=\"" << num(y) << "\" x2=\"" << num(left + plot_w) << "\" y2=\"" << num(y)
+      << "\" stroke=\"" << color << "\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/>\n"
+      << "<text x=\"" << num(left + 4) << "\" y=\"" << num(y - 5) << "\" fill=\"" << color << "\">" << escape(label)
+      << "</text>\n";
+  };
+  if (c.limit.value < c.capacity.value) line(c.capacity, "#777777", c.device + " capacity " + to_string(c.capacity, byte_unit::GiB));
+  line(c.limit, "#b00020", c.device + (c.limit.value < c.capacity.value ? " limit " : " capacity ") +
+                               to_string(c.limit, byte_unit::GiB));
+
+  // The peak: a magenta triangle on top of its column, and what it is.
+  const double px = x_of(ev.peak) + pitch / 2;
+  const double py = y_of(static_cast<double>(peak.bytes_at.total().value) / gib);
+  const double half = std::max(4.0, std::min(8.0, pitch / 2));
+  s << "<g id=\"peak\" data-index=\"" << ev.peak << "\">\n<polygon points=\"" << num(px - half) << "," << num(py - 12)
+    << " " << num(px + half) << "," << num(py - 12) << " " << num(px) << "," << num(py - 1)
+    << "\" fill=\"#ff00ff\" stroke=\"#ff00ff\"/>\n"
+    << "<text x=\"" << num(left) << "\" y=\"66\" font-weight=\"bold\">peak " << escape(to_string(peak.bytes_at.total(), byte_unit::GiB))
+    << " in " << event_phase_text(peak) << ", at " << escape(event_label(c, peak))
+    << (peak.bytes_at.total().value > c.limit.value ? " (does not fit)" : " (fits)") << "</text>\n</g>\n";
+
+  // Legend.
+  const double lx = left + plot_w + 20;
+  for (std::size_t k = 0; k < category_count; ++k) {
+    const double y = plot_top + 20 * static_cast<double>(category_count - 1 - k);
+    s << "<rect x=\"" << num(lx) << "\" y=\"" << num(y) << "\" width=\"12\" height=\"12\" fill=\"" << category_colors[k]
+      << "\"/>\n<text x=\"" << num(lx + 18) << "\" y=\"" << num(y + 10) << "\">" << category_name(category(k))
+      << "</text>\n";
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+timeline_chart plan_timeline_chart(const plan_inputs& in, const plan_result& r) {
+  timeline_chart c{};
+  c.model = in.model;
+  c.pipeline_stages = in.mesh.pp;
+  c.events = plan_events(in.model, in.training, in.mesh, in.device, r);
+  c.title = "memalg plan: ";
+  if (!in.model.name.empty()) c.title += std::string(in.model.name) + ", ";
+  c.title += parameter_count_text(r.parameters) + " parameters, one step";
+  std::string mesh = "dp=" + std::to_string(in.mesh.dp) + " zero=" + std::to_string(in.mesh.zero_stage) +
+                     " tp=" + std::to_string(in.mesh.tp) + " pp=" + std::to_string(in.mesh.pp);
+  if (in.mesh.cp > 1) mesh += " cp=" + std::to_string(in.mesh.cp);
+  if (in.mesh.ep > 1) mesh += " ep=" + std::to_string(in.mesh.ep);
+  c.subtitle = mesh + ", micro-batch " + std::to_string(in.training.micro_batch) + ", stack " +
+               std::string(stack_name(in.training.stack)) + " on " + std::string(in.device.name) + "; rank of stage " +
+               std::to_string(r.most_loaded_stage);
+  if (in.mesh.pp > 1)
+    c.subtitle += " of " + std::to_string(in.mesh.pp) + ": its newest micro-batch over " +
+                  std::to_string(c.events.tl.chunks_in_flight) + " in flight";
+  c.device = std::string(in.device.name);
+  c.capacity = in.device.capacity;
+  c.limit = r.limit;
+  return c;
+}
+
+void write_plan_timeline(const plan_flags& f, const std::string& path) {
+  if (path.empty()) throw usage_error("--timeline needs a file name, not an empty one");
+  const plan_inputs in = make_inputs(f);
+  long long stage = -1;
+  if (!f.stage.empty()) {  // (the same checks as run_plan, which then prints the same stage)
+    if (f.stage.size() > 9 || f.stage.find_first_not_of("0123456789") != std::string::npos)
+      throw usage_error("--stage must be a pipeline stage number (0 is the first), not '" + f.stage + "'");
+    stage = std::stoll(f.stage);
+    if (static_cast<std::uint64_t>(stage) >= in.mesh.pp)
+      throw usage_error("--stage " + f.stage + " is not a pipeline stage (there are " + std::to_string(in.mesh.pp) + ")");
+  }
+  const plan_result r = evaluate_inputs(in, f, stage);
+  require_sequence(in, f, &r);
+  write_output_file(path, render_timeline_svg(plan_timeline_chart(in, r)), "--timeline");  // rendered whole first
 }
 
 void write_plan_svg(const plan_flags& f, const std::string& path) {

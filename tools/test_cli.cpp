@@ -2,7 +2,11 @@
 // Unit tests of the command-line tool's parsing and JSON (the binary itself is tested by ctest).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <string>
+
 #include "cli.hpp"
+#include "planner.hpp"
 
 using namespace memalg;
 using namespace memalg::cli;
@@ -386,4 +390,41 @@ TEST_CASE("argument-parser errors become memalg's own sentences") {
     CHECK(s.find("not expected") == std::string::npos);
     CHECK(s.find('\n') == std::string::npos);
   }
+}
+
+TEST_CASE("--timeline: one column per moment, the phases as their maxima, the peak marked") {
+  plan_flags f = layer_flags_for("gpt2-350m");
+  f.seq = "1024";
+  f.micro_batch = "8";
+  f.dp = "4";
+  f.zero = "2";
+  const plan_inputs in = make_inputs(f);
+  const plan_result r = evaluate(in.model, in.training, in.mesh, in.device);
+  const timeline_chart c = plan_timeline_chart(in, r);
+  const std::string svg = render_timeline_svg(c);
+  // The columns' data attributes, read back from the document.
+  std::size_t columns = 0;
+  std::uint64_t highest[phase_count]{};
+  for (std::size_t at = svg.find("<g class=\"event\""); at != std::string::npos;
+       at = svg.find("<g class=\"event\"", at + 1)) {
+    ++columns;
+    const auto attribute = [&](const std::string& name) {
+      const std::size_t p = svg.find(name + "=\"", at);
+      return svg.substr(p + name.size() + 2, svg.find('"', p + name.size() + 2) - p - name.size() - 2);
+    };
+    if (attribute("data-kind") == "reduction") continue;
+    const std::string ph = attribute("data-phase");
+    for (std::size_t p = 0; p < phase_count; ++p)
+      if (ph == phase_name(phase(p))) highest[p] = std::max<std::uint64_t>(highest[p], std::stoull(attribute("data-total")));
+  }
+  CHECK(columns == c.events.size);
+  CHECK(columns > 2 * 4);  // more than one moment per entry of forward and backward
+  for (std::size_t p = 0; p < phase_count; ++p) CHECK(highest[p] == r.most_loaded.at[p].total().value);
+  CHECK(svg.find("data-peak-bytes=\"" + std::to_string(r.peak().value) + "\"") != std::string::npos);
+  CHECK(svg.find("<g id=\"peak\" data-index=\"" + std::to_string(c.events.peak) + "\">") != std::string::npos);
+  CHECK(svg.find("peak " + to_string(r.peak(), byte_unit::GiB) + " in " + std::string(phase_name(r.peak_phase))) !=
+        std::string::npos);
+  timeline_chart none = c;
+  none.capacity = bytes{};
+  CHECK_THROWS_AS(render_timeline_svg(none), usage_error);
 }

@@ -21,6 +21,7 @@
 #include "memalg/plan/comm.hpp"
 #include "memalg/plan/diagnostics.hpp"
 #include "memalg/plan/evaluate.hpp"
+#include "memalg/plan/events.hpp"
 #include "memalg/plan/issues.hpp"
 #include "memalg/plan/model_states.hpp"
 #include "memalg/plan/plan.hpp"

@@ -201,6 +201,39 @@ struct peak_moment {
 };
 }  // namespace detail
 
+/// The kinds of moment a stage's sweep evaluates (what `sweep_log` records, plan/events.hpp).
+enum class sweep_step : std::uint8_t {
+  teacher,        ///< a teacher entry's forward (no autograd)
+  forward,        ///< after the entry's forward (all its instances), its transients on top
+  loss,           ///< pytorch: the loss's backward, before the output entry's own
+  backward,       ///< the entry's backward (a repeated entry: its first instance)
+  backward_last,  ///< pytorch, a repeated entry: the backward of its last instance
+  backward_tail,  ///< memalg's runtime: the second part of a backward in two
+};
+
+/// One moment offered by activations_on_stage: the entry and the four counts it offered.
+struct sweep_moment {
+  sweep_step step = sweep_step::forward;
+  std::size_t entry = 0;
+  bytes activations{};
+  bytes temporaries{};
+  bytes comm{};
+  bytes gradients{};
+};
+
+/// The moments of one sweep in the order the step runs them, and the gradients that exist when
+/// backward has ended (pytorch; the other stacks count gradients in the model states). Recorded
+/// only when activations_on_stage is given one: the planner's numbers never read it.
+struct sweep_log {
+  static constexpr std::size_t capacity = 3 * max_model_entries + 2;
+  std::array<sweep_moment, capacity> moments{};
+  std::size_t size = 0;
+  bytes gradients_after_backward{};
+  constexpr void push(const sweep_moment& m) {
+    if (size < capacity) moments[size++] = m;
+  }
+};
+
 /// Does the model's output layer share the token embedding's weights?
 constexpr bool tied_embedding(const model_desc& model) {
   for (const layer_desc& l : model)
@@ -212,8 +245,10 @@ constexpr bool tied_embedding(const model_desc& model) {
 /// and the backward sweep (the loss's buffers first, then entries in reverse, each freeing its
 /// saved tensors after its backward) of the newest micro-batch, on top of the earlier micro-batches
 /// in flight. Recomputation and offload as in the header.
+/// `log`, when given, records every moment offered (plan/events.hpp draws them); it changes no number.
 constexpr stage_activations activations_on_stage(const model_desc& model, const activation_table& table,
-                                                 const training_desc& t, const mesh_desc& m, std::uint64_t stage) {
+                                                 const training_desc& t, const mesh_desc& m, std::uint64_t stage,
+                                                 sweep_log* log = nullptr) {
   stage_activations out{};
   detail::peak_moment forward{}, backward{};
   bytes kept[max_model_entries]{};     // per entry on this stage, one micro-batch
@@ -332,6 +367,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     if (l.group != layer_group::teacher || held[i] == 0) continue;
     const layer_activations& a = table.entries[i];
     forward.offer(on_device(prior), a.forward_temporary, a.comm + boundary);
+    if (log != nullptr) log->push({sweep_step::teacher, i, on_device(prior), a.forward_temporary, a.comm + boundary});
   }
   bytes cumulative{};
   for (std::size_t i = 0; i < model.size; ++i) {
@@ -345,6 +381,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     bytes saved = on_device(prior + cumulative);
     if (!stash && !offload) saved -= a.forward_released;  // (memalg's runtime, stacks/memalg.hpp)
     forward.offer(saved, temporary, a.comm + boundary, forward_grads);
+    if (log != nullptr) log->push({sweep_step::forward, i, saved, temporary, a.comm + boundary, forward_grads});
   }
   bytes done{};  // pytorch: gradients of the entries whose backward has run
   for (std::size_t j = model.size; j-- > 0;) {
@@ -358,9 +395,12 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
       bytes gradients{};
       if (torch) {
         const bool tied = l.kind == layer_kind::output && (l.shape.flags & layer_flags::tied) != 0;
-        if (l.kind == layer_kind::output && a.loss_temporary > bytes{})  // the loss's backward comes first
-          backward.offer(on_device(prior + cumulative), a.loss_temporary + teacher_logits, a.comm + boundary,
-                         accumulating ? all_grads : done);
+        if (l.kind == layer_kind::output && a.loss_temporary > bytes{}) {  // the loss's backward comes first
+          const bytes held_now = on_device(prior + cumulative), loss = a.loss_temporary + teacher_logits;
+          backward.offer(held_now, loss, a.comm + boundary, accumulating ? all_grads : done);
+          if (log != nullptr)
+            log->push({sweep_step::loss, j, held_now, loss, a.comm + boundary, accumulating ? all_grads : done});
+        }
         // A tied output projection writes the embedding's gradient (which exists from then on);
         // the embedding's own backward adds its dense gradient to it out of place (two more of
         // its size for a moment).
@@ -377,17 +417,24 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         if (n > 1) {
           const bytes one_grad{detail::ceil_div(own.value, n)};
           const bytes one_kept{detail::ceil_div(kept[j].value, n)};
-          backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary,
-                         (accumulating ? all_grads : done) + one_grad);
+          const bytes first = on_device(prior + cumulative), last = on_device(prior + cumulative - kept[j] + one_kept);
+          const bytes before = accumulating ? all_grads : done;
           // With accumulation every gradient exists from the first micro-batch on, and each
           // instance's new gradient is added into its .grad and freed (AccumulateGrad,
           // torch/csrc/autograd/functions/accumulate_grad.h: `variable_grad += new_grad`): one
           // instance's new gradient at a time.
-          backward.offer(on_device(prior + cumulative - kept[j] + one_kept), temporary, a.comm + boundary,
-                         accumulating ? all_grads + one_grad : done + own);
+          const bytes at_last = accumulating ? all_grads + one_grad : done + own;
+          backward.offer(first, temporary, a.comm + boundary, before + one_grad);
+          backward.offer(last, temporary, a.comm + boundary, at_last);
+          if (log != nullptr) {
+            log->push({sweep_step::backward, j, first, temporary, a.comm + boundary, before + one_grad});
+            log->push({sweep_step::backward_last, j, last, temporary, a.comm + boundary, at_last});
+          }
         } else {
           gradients = accumulating ? all_grads + own : done + own;
           backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+          if (log != nullptr)
+            log->push({sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary, gradients});
         }
         done += own;
         if (tied && tied_model) done += tied_grads;
@@ -402,21 +449,26 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bool release = !stash && !offload;
         const bool rebuilt_layer = l.place == placement::repeated &&
                                    (rk == recompute_kind::full || rk == recompute_kind::every_k);
-        const auto moment = [&](bytes temps, bytes freed) {
+        const auto moment = [&](sweep_step step, bytes temps, bytes freed) {
           if (!release) freed = bytes{};
-          if (rebuilt_layer) backward.offer(saved, temps - freed, a.comm + boundary, gradients);
-          else backward.offer(saved - freed, temps, a.comm + boundary, gradients);
+          const bytes held_now = rebuilt_layer ? saved : saved - freed;
+          const bytes temps_now = rebuilt_layer ? temps - freed : temps;
+          backward.offer(held_now, temps_now, a.comm + boundary, gradients);
+          if (log != nullptr) log->push({step, j, held_now, temps_now, a.comm + boundary, gradients});
         };
         if (a.backward_tail > bytes{}) {
-          moment(rk == recompute_kind::selective ? temporary - rebuilt[j] : temporary, a.backward_released);
-          moment(temporary - a.backward_temporary + a.backward_tail, a.backward_released + a.tail_released);
+          moment(sweep_step::backward, rk == recompute_kind::selective ? temporary - rebuilt[j] : temporary,
+                 a.backward_released);
+          moment(sweep_step::backward_tail, temporary - a.backward_temporary + a.backward_tail,
+                 a.backward_released + a.tail_released);
         } else {
-          moment(temporary, a.backward_released);
+          moment(sweep_step::backward, temporary, a.backward_released);
         }
       }
     }
     cumulative -= kept[j];
   }
+  if (log != nullptr) log->gradients_after_backward = accumulating ? all_grads : done;
   out.forward = forward.as_breakdown();
   out.backward = backward.as_breakdown();
   return out;
