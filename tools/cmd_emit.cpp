@@ -68,7 +68,8 @@ bool same_dtype(const dtype& a, const dtype& b) {
 #define MEMALG_EMIT_SHAPE_FIELDS(X)                                                                                   \
   X(hidden) X(heads) X(kv_heads) X(head_dim) X(ffn) X(vocab) X(in) X(out) X(kernel) X(experts) X(top_k)              \
   X(capacity_factor_percent) X(chunk) X(dropout_permille) X(sequence) X(kv_sequence) X(positions) X(rank)           \
-  X(saved_per_token) X(rotary_dim)
+  X(saved_per_token) X(rotary_dim) X(attention_dropout_permille) X(attention_output_dropout_permille)                \
+  X(mlp_output_dropout_permille)
 
 layer_desc known_fields(const layer_desc& l) {
   layer_desc c{};
@@ -110,7 +111,11 @@ std::string flags_expression(std::uint32_t flags) {
       {layer_flags::gelu_tanh, "gelu_tanh"},
       {layer_flags::shared_norm, "shared_norm"},
       {layer_flags::unfused_attention, "unfused_attention"},
-      {layer_flags::residual_dropout, "residual_dropout"}};
+      {layer_flags::residual_dropout, "residual_dropout"},
+      {layer_flags::qkv_bias, "qkv_bias"},
+      {layer_flags::tanh, "tanh"},
+      {layer_flags::encoder_output, "encoder_output"},
+      {layer_flags::per_site_dropout, "per_site_dropout"}};
   std::string out;
   for (const auto& [bit, name] : names)
     if ((flags & bit) != 0) {
@@ -222,6 +227,10 @@ training_text training_type(const training_desc& t) {
       break;
   }
   r.recompute = t.recompute;
+  if (t.checkpoint == checkpoint_kind::reentrant && t.recompute != recompute_kind::none) {
+    args += ", memalg::train::recompute::reentrant";
+    r.checkpoint = t.checkpoint;
+  }
   if (t.offload_activations) {
     args += ", memalg::train::offload_activations";
     r.offload_activations = true;

@@ -406,10 +406,27 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // its size for a moment).
         const bool tied_embedding_entry = tied_model && j == tied_entry;
         const detail::entry_gradients g = grads_of(j);
+        // A block's backward in two phases (stacks/pytorch.hpp): the second frees the MLP's saved
+        // tensors (from the rebuilt set under recomputation) and holds the attention's transients.
+        const bool rebuilt_block = l.place == placement::repeated &&
+                                   (rk == recompute_kind::full || rk == recompute_kind::every_k);
+        const auto torch_tail = [&](bytes held_now, bytes temps, bytes grads) {
+          if (a.backward_tail == bytes{}) return;
+          const bytes second = temps - a.backward_temporary + a.backward_tail;
+          const bytes held_then = rebuilt_block ? held_now : held_now - a.tail_released;
+          const bytes temps_then = rebuilt_block ? second - a.tail_released : second;
+          backward.offer(held_then, temps_then, a.comm + boundary, grads);
+          if (log != nullptr) log->push({sweep_step::backward_tail, j, held_then, temps_then, a.comm + boundary, grads});
+        };
         if (tied && tied_model) temporary += tied_weight_grad;
         if (tied_embedding_entry) temporary += tied_weight_grad * 2;
         if (m.zero_stage >= 2) temporary += g.full;  // FSDP: the unit's full gradient before its reduce-scatter
         const bytes own = tied_embedding_entry ? bytes{} : g.shard;
+        // With accumulation a new gradient is added into .grad as soon as it is made, parameter by
+        // parameter: at most the largest tensor's new gradient exists at once (unsharded runs).
+        const bytes newest = m.zero_stage >= 2 ? own
+                             : detail::max_b(bytes{}, storage_bytes(t.precision.gradients, detail::largest_tensor(l)));
+        const auto accumulated = [&](bytes part) { return all_grads + (newest < part ? newest : part); };
         // A repeated entry's instances run their backward one after another: the first holds
         // every instance's saved tensors and one instance's gradients, the last one instance's
         // saved tensors and all their gradients; the moments in between lie below one of them.
@@ -423,16 +440,20 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           // instance's new gradient is added into its .grad and freed (AccumulateGrad,
           // torch/csrc/autograd/functions/accumulate_grad.h: `variable_grad += new_grad`): one
           // instance's new gradient at a time.
-          const bytes at_last = accumulating ? all_grads + one_grad : done + own;
-          backward.offer(first, temporary, a.comm + boundary, before + one_grad);
+          const bytes at_first = accumulating ? accumulated(one_grad) : before + one_grad;
+          const bytes at_last = accumulating ? accumulated(one_grad) : done + own;
+          backward.offer(first, temporary, a.comm + boundary, at_first);
           backward.offer(last, temporary, a.comm + boundary, at_last);
+          torch_tail(first, temporary, at_first);
+          torch_tail(last, temporary, at_last);
           if (log != nullptr) {
-            log->push({sweep_step::backward, j, first, temporary, a.comm + boundary, before + one_grad});
+            log->push({sweep_step::backward, j, first, temporary, a.comm + boundary, at_first});
             log->push({sweep_step::backward_last, j, last, temporary, a.comm + boundary, at_last});
           }
         } else {
-          gradients = accumulating ? all_grads + own : done + own;
+          gradients = accumulating ? accumulated(own) : done + own;
           backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+          torch_tail(on_device(prior + cumulative), temporary, gradients);
           if (log != nullptr)
             log->push({sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary, gradients});
         }

@@ -202,7 +202,13 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       r.input = stream;
       r.input_in_saved = torch_residual_bytes(t, rms) == t.en;
       r.forward_temporary = max_b(fwd, stream);
-      r.backward_temporary = max_b(bwd, m.backward_temporary) + stream * 2;
+      // The block's backward in two phases: the MLP's first (its nodes were made last, and the
+      // attention's backward needs the gradient that comes through it), then the attention's,
+      // once the MLP's saved tensors are freed (torch/csrc/autograd/engine.cpp runs ready nodes
+      // in decreasing sequence number; each SavedVariable is released after its node runs).
+      r.backward_temporary = m.backward_temporary + stream * 2;
+      r.backward_tail = bwd + stream * 2;
+      r.tail_released = m.saved.total();
       r.comm = max_b(comm, m.comm);
       break;
     }
