@@ -436,10 +436,10 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           const bytes one_kept{detail::ceil_div(kept[j].value, n)};
           const bytes first = on_device(prior + cumulative), last = on_device(prior + cumulative - kept[j] + one_kept);
           const bytes before = accumulating ? all_grads : done;
-          // With accumulation every gradient exists from the first micro-batch on, and each
-          // instance's new gradient is added into its .grad and freed (AccumulateGrad,
-          // torch/csrc/autograd/functions/accumulate_grad.h: `variable_grad += new_grad`): one
-          // instance's new gradient at a time.
+          // With accumulation every gradient exists from the first micro-batch on, and each new
+          // gradient is added into its .grad and freed (AccumulateGrad,
+          // torch/csrc/autograd/functions/accumulate_grad.h: `variable_grad += new_grad`):
+          // `accumulated` above.
           const bytes at_first = accumulating ? accumulated(one_grad) : before + one_grad;
           const bytes at_last = accumulating ? accumulated(one_grad) : done + own;
           backward.offer(first, temporary, a.comm + boundary, at_first);
