@@ -39,7 +39,10 @@ static_assert(m::require_fits<sharded>());
 // gradient buffers (Megatron-LM, DeepSpeed, memalg's runtime) shows exactly the peak of 16.
 using accumulated = speech_plan<16, p::mesh<p::data<4>>, m::precision::fp32, m::optim::adam<>, m::train::grad_accum<4>>;
 static_assert(m::require_fits<accumulated>());
-static_assert(accumulated::per_rank.activations == sharded::per_rank.activations,
+// (The forward holds the same saved tensors either way; which moment of the backward is the peak
+// may differ, as the gradients live longer with accumulation.)
+static_assert(accumulated::result.most_loaded.at[static_cast<int>(m::phase::forward)].activations ==
+                  sharded::result.most_loaded.at[static_cast<int>(m::phase::forward)].activations,
               "gradient accumulation adds no activations");
 static_assert(accumulated::peak - sharded::peak <=
                   accumulated::result.most_loaded.at[static_cast<int>(m::phase::optimizer_step)].gradients,
