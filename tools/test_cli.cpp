@@ -185,9 +185,13 @@ TEST_CASE("JSON: per_layer rows of one instance and the phases of the step") {
   CHECK(block["weights"].get<std::uint64_t>() == 2 * (12ULL * 1024 * 1024 + 13 * 1024));
   CHECK(block["activations"].get<std::uint64_t>() > 0);
   CHECK(j["per_layer"][5]["count"] == 0);  // the output layer lives on the last stage
-  // per_rank.activations are the saved activations at the peak: 4 micro-batches of 6 blocks and the embedding dropout.
+  // per_rank.activations are the saved activations at the peak: 4 micro-batches of 6 blocks and the
+  // embedding dropout, less at most one block's (the pytorch stack's block backward frees its MLP's
+  // saved tensors before the attention's, whose transients may make that moment the peak).
   const std::uint64_t block_bytes = block["activations"].get<std::uint64_t>();
-  CHECK(j["per_rank"]["activations"].get<std::uint64_t>() == 4 * (6 * block_bytes + 4ULL * 1024 * 1024));
+  const std::uint64_t all_saved = 4 * (6 * block_bytes + 4ULL * 1024 * 1024);
+  CHECK(j["per_rank"]["activations"].get<std::uint64_t>() <= all_saved);
+  CHECK(j["per_rank"]["activations"].get<std::uint64_t>() > all_saved - block_bytes);
   for (const char* k : {"parameters", "fits", "device", "per_rank", "host_per_rank", "peak_phase", "most_loaded_stage"})
     CHECK(j.contains(k));
 }
