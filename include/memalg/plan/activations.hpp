@@ -424,8 +424,8 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bytes own = tied_embedding_entry ? bytes{} : g.shard;
         // With accumulation a new gradient is added into .grad as soon as it is made, parameter by
         // parameter: at most the largest tensor's new gradient exists at once (unsharded runs).
-        const bytes newest = m.zero_stage >= 2 ? own
-                             : detail::max_b(bytes{}, storage_bytes(t.precision.gradients, detail::largest_tensor(l)));
+        const bytes newest =
+            m.zero_stage >= 2 ? own : storage_bytes(t.precision.gradients, detail::largest_tensor(l));
         const auto accumulated = [&](bytes part) { return all_grads + (newest < part ? newest : part); };
         // A repeated entry's instances run their backward one after another: the first holds
         // every instance's saved tensors and one instance's gradients, the last one instance's
