@@ -15,6 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 namespace memalg::cli {
 
 namespace {

@@ -11,10 +11,16 @@
 #include <vector>
 #include <string_view>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
+// Declarations only: CLI11 (about 5 s of parsing) and nlohmann/json are included by the sources
+// that use them, not by every file of the tool and its tests.
+#include <nlohmann/json_fwd.hpp>
 
 #include <memalg/memalg.hpp>
+
+namespace CLI {
+class App;
+class ParseError;
+}  // namespace CLI
 
 namespace memalg::cli {
 

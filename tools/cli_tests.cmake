@@ -3,6 +3,7 @@
 add_executable(test_cli test_cli.cpp)
 target_link_libraries(test_cli PRIVATE memalg_cli memalg_doctest_main doctest::doctest)
 add_test(NAME cli.unit COMMAND test_cli)
+memalg_cli_test_flags(test_cli cli.unit)
 set_tests_properties(cli.unit PROPERTIES LABELS "host;cli")
 
 # Bad input: non-zero exit, exactly one line on stderr, nothing on stdout.

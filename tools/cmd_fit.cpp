@@ -14,6 +14,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "planner.hpp"
 
 namespace memalg::cli {

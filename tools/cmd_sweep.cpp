@@ -11,6 +11,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "planner.hpp"
 
 namespace memalg::cli {

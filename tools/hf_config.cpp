@@ -20,6 +20,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "planner.hpp"
 
 namespace memalg::cli {

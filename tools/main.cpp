@@ -9,6 +9,8 @@
 
 #include <memalg/version.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include "cli.hpp"
 #include "planner.hpp"
 

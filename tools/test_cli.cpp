@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <string>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
 #include "planner.hpp"
 
