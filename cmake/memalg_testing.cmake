@@ -2,9 +2,10 @@
 # How memalg's own test executables are compiled. The library, the `memalg` tool and the examples
 # (what users build and run) keep the build type's flags; only test programs are affected.
 #
-#   MEMALG_TEST_OPTIMIZE  optimisation flags of the test executables (default -O1): the runtime
-#                         tests instantiate the CPU backend for many plans, and -O1 halves their
-#                         compile time against -O3 while they still run in seconds.
+#   MEMALG_TEST_OPTIMIZE  optimisation flags of the test executables (default -Og): the runtime
+#                         tests instantiate the CPU backend for many plans; -Og compiles them in
+#                         about half the time of -O1 and they still run in seconds (-O0 compiles
+#                         faster again but runs them 5 times slower; bench/RESULTS.md).
 #   MEMALG_TEST_SANITIZE  ON: build the host test executables with AddressSanitizer and the
 #                         value checks of UndefinedBehaviorSanitizer (listed below). scripts/test.sh
 #                         turns it on: the test suite's only build is also its sanitizer build.
@@ -15,7 +16,7 @@
 # double the compile time of the template-heavy tests again, and AddressSanitizer reports the
 # invalid accesses they would lead to. The fuzz targets (fuzz/) run clang's full
 # -fsanitize=address,undefined over the command-line tool.
-set(MEMALG_TEST_OPTIMIZE "-O1" CACHE STRING "Optimisation flags of memalg's test executables")
+set(MEMALG_TEST_OPTIMIZE "-Og" CACHE STRING "Optimisation flags of memalg's test executables")
 option(MEMALG_TEST_SANITIZE "Build and run memalg's host test executables under ASan and UBSan" OFF)
 set(MEMALG_TEST_UBSAN_CHECKS
   signed-integer-overflow shift integer-divide-by-zero float-cast-overflow bounds bool enum return

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSL-1.0
 # The whole test suite: set up and build (with the CUDA backend when nvcc is present), then run
-# every test with ctest. The test executables are built at -O1 and, on the host, with
+# every test with ctest. The test executables are built at -Og and, on the host, with
 # AddressSanitizer and UndefinedBehaviorSanitizer's value checks (MEMALG_TEST_SANITIZE,
 # cmake/memalg_testing.cmake); the library, the tool and the examples are built as users get them.
 # GPU tests report themselves as skipped on machines without a GPU.

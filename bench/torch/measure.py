@@ -1464,8 +1464,11 @@ def run_cases(result, cases, device, out_path):
         result["cases"].append(r)
         print(summary(r), flush=True)
         if out_path:
+            # The cases measured before and not reached yet stay in the file.
+            have = {r["name"] for r in result["cases"]}
+            pending = [r for n, r in done.items() if n not in have]
             result["wall_seconds"] = round(time.time() - t0, 1)
-            write_result(result, out_path)
+            write_result(dict(result, cases=result["cases"] + pending), out_path)
     result["wall_seconds"] = round(time.time() - t0, 1)
     print("%d cases in %.0f s" % (len(result["cases"]), result["wall_seconds"]))
     if out_path:
