@@ -1465,8 +1465,8 @@ def run_cases(result, cases, device, out_path):
         print(summary(r), flush=True)
         if out_path:
             # The cases measured before and not reached yet stay in the file.
-            have = {r["name"] for r in result["cases"]}
-            pending = [r for n, r in done.items() if n not in have]
+            have = {x["name"] for x in result["cases"]}
+            pending = [x for n, x in done.items() if n not in have]
             result["wall_seconds"] = round(time.time() - t0, 1)
             write_result(dict(result, cases=result["cases"] + pending), out_path)
     result["wall_seconds"] = round(time.time() - t0, 1)
