@@ -115,7 +115,9 @@ std::string flags_expression(std::uint32_t flags) {
       {layer_flags::qkv_bias, "qkv_bias"},
       {layer_flags::tanh, "tanh"},
       {layer_flags::encoder_output, "encoder_output"},
-      {layer_flags::per_site_dropout, "per_site_dropout"}};
+      {layer_flags::per_site_dropout, "per_site_dropout"},
+      {layer_flags::softmax_scores_dtype, "softmax_scores_dtype"},
+      {layer_flags::softmax_stream_dtype, "softmax_stream_dtype"}};
   std::string out;
   for (const auto& [bit, name] : names)
     if ((flags & bit) != 0) {

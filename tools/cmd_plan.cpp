@@ -54,7 +54,7 @@ preset_gap preset_config_gap(const plan_flags& f, const plan_inputs& in) {
     if (!hf.gelu_tanh) why.push_back("it writes gelu_new as its tanh formula, whose intermediates autograd saves");
     if (!hf.residual_dropout && hf.dropout_permille != 0)
       why.push_back("it drops out the embeddings and every sub-layer output (embd_pdrop, resid_pdrop)");
-    hf.fused_qkv = hf.gelu_tanh = hf.residual_dropout = true;
+    hf.fused_qkv = hf.gelu_tanh = hf.residual_dropout = hf.softmax_scores_dtype = true;
   } else if (!hf.rotary) {
     why.push_back("transformers' rotary embedding keeps its cos and sin tables");
     hf.rotary = true;

@@ -269,6 +269,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.tied = r.flag_or({"tie_word_embeddings"}, true);
     c.fused_qkv = true;  // c_attn
     c.gelu_tanh = r.string_or({"activation_function"}, "gelu_new") == "gelu_new";
+    c.softmax_scores_dtype = true;  // eager_attention_forward: softmax(attn_weights), no dtype
     c.residual_dropout = true;  // resid_pdrop, embd_pdrop
     const std::uint64_t h = c.hidden, f = c.ffn;
     // ln_1, ln_2 (2h each); c_attn h·3h + 3h; c_proj h·h + h; c_fc h·f + f; c_proj f·h + h.
@@ -324,6 +325,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     // Falcon-7B's layout builds its query, key and value by reshapes that SDPA's fused CPU kernels
     // do not take: the math path keeps the scores (measured, bench/torch: falcon, falcon-eager).
     c.unfused_attention = !new_arch;
+    c.softmax_stream_dtype = true;  // eager: F.softmax(..., dtype=hidden_states.dtype)
     const std::uint64_t h = c.hidden, f = c.ffn, d = c.head_dim;
     // Norms: LayerNorm with bias (2h); ln_attn + ln_mlp in the new architecture, input_layernorm
     // (+ post_attention_layernorm without parallel attention) in the old one.

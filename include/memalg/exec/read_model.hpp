@@ -103,6 +103,8 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
   c.gelu_tanh = detail::has(f, gelu_tanh);
   c.shared_norm = detail::has(f, shared_norm);
   c.unfused_attention = detail::has(f, unfused_attention);
+  c.softmax_scores_dtype = detail::has(f, softmax_scores_dtype);
+  c.softmax_stream_dtype = detail::has(f, softmax_stream_dtype);
   c.residual_dropout = detail::has(f, residual_dropout);
   if (embedding_dropout != c.dropout_permille)
     return refuse("the embedding dropout must equal the blocks' dropout (the runtime has one dropout probability)");

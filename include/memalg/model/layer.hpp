@@ -116,6 +116,12 @@ inline constexpr std::uint32_t encoder_output = 1u << 21;
 /// Hugging Face config names them: GPT-2's attn_pdrop and resid_pdrop, GPT-NeoX's and Falcon's
 /// attention_dropout and hidden_dropout); without it `dropout_permille` is every site's.
 inline constexpr std::uint32_t per_site_dropout = 1u << 22;
+/// block: eager attention's softmax runs in the scores' dtype (GPT-2's `softmax(attn_weights)`),
+/// not in fp32 with a cast back (Llama's `softmax(..., dtype=torch.float32).to(query.dtype)`).
+inline constexpr std::uint32_t softmax_scores_dtype = 1u << 23;
+/// block: eager attention's softmax runs in the residual stream's dtype (Falcon's
+/// `F.softmax(..., dtype=hidden_states.dtype)`), not in fp32.
+inline constexpr std::uint32_t softmax_stream_dtype = 1u << 24;
 }  // namespace layer_flags
 
 /// A block's dropout probability (× 1000) at each site: on the attention probabilities, and on

@@ -338,6 +338,8 @@ struct rotary { static constexpr void apply(layer_options& o) { o.flags |= layer
 struct parallel_residual { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::parallel_residual; } };
 struct fused_qkv { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::fused_qkv; } };
 struct gelu_tanh { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::gelu_tanh; } };
+struct softmax_scores_dtype { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::softmax_scores_dtype; } };
+struct softmax_stream_dtype { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::softmax_stream_dtype; } };
 struct untied { static constexpr void apply(layer_options& o) { o.flags &= ~layer_flags::tied; } };
 /// Dropout probability in thousandths (100 = p 0.1).
 template <std::uint64_t Permille>

@@ -106,6 +106,8 @@ struct lm_config {
   bool gelu_tanh = false;          ///< GPT-2's gelu_new, written out as its tanh formula
   bool shared_norm = false;        ///< one norm feeds attention and MLP (Falcon-7B's layout)
   bool unfused_attention = false;  ///< attention keeps its scores even when SDPA is asked (Falcon-7B)
+  bool softmax_scores_dtype = false;  ///< eager softmax in the scores' dtype, not fp32 (GPT-2)
+  bool softmax_stream_dtype = false;  ///< eager softmax in the residual stream's dtype, not fp32 (Falcon)
   bool residual_dropout = false;   ///< dropout on every sub-layer output and on the embeddings
   /// Each dropout site's own probability (× 1000), as a Hugging Face config gives them: with it,
   /// the four fields below are used and `dropout_permille` and `residual_dropout` are not.
@@ -142,6 +144,8 @@ constexpr layer_shape block_shape(const lm_config& c) {
             (c.fused_qkv ? layer_flags::fused_qkv : 0u) | (c.gelu_tanh ? layer_flags::gelu_tanh : 0u) |
             (c.shared_norm ? layer_flags::shared_norm : 0u) |
             (c.unfused_attention ? layer_flags::unfused_attention : 0u) |
+            (c.softmax_scores_dtype ? layer_flags::softmax_scores_dtype : 0u) |
+            (c.softmax_stream_dtype ? layer_flags::softmax_stream_dtype : 0u) |
             (residual_dropout ? layer_flags::residual_dropout : 0u) |
             (c.qkv_bias ? layer_flags::qkv_bias : 0u);
   s.rotary_dim = c.rotary ? c.rotary_dim : 0;

@@ -357,6 +357,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         }
   }
   const bool tied_model = torch && tied_entry < model.size && tied_weight_grad > bytes{};
+  const bool autocast = activation_context_of(t, m).autocast();
   const bool accumulating = torch && t.grad_accum > 1;
   const bytes forward_grads = accumulating ? all_grads : bytes{};
   if (offload) out.host = at_end;
@@ -383,7 +384,8 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     forward.offer(saved, temporary, a.comm + boundary, forward_grads);
     if (log != nullptr) log->push({sweep_step::forward, i, saved, temporary, a.comm + boundary, forward_grads});
   }
-  bytes done{};  // pytorch: gradients of the entries whose backward has run
+  bytes done{};     // pytorch: gradients of the entries whose backward has run
+  bytes pending{};  // pytorch, accumulating: a tied output's new gradient, not yet in .grad
   for (std::size_t j = model.size; j-- > 0;) {
     const layer_desc& l = model.entries[j];
     if (l.group == layer_group::teacher || l.place == placement::spread || held[j] == 0) continue;
@@ -402,8 +404,14 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
             log->push({sweep_step::loss, j, held_now, loss, a.comm + boundary, accumulating ? all_grads : done});
         }
         // A tied output projection writes the embedding's gradient (which exists from then on);
-        // the embedding's own backward adds its dense gradient to it out of place (two more of
-        // its size for a moment).
+        // the embedding's own backward adds its dense gradient to it (the engine's input buffer
+        // of the shared weight, torch/csrc/autograd/input_buffer.cpp). The projection's gradient
+        // is the transpose of an mm's, a view whose base holds its storage, so the sum is out
+        // of place (two more of its size for a moment); under autocast it comes from the
+        // weight's cast (ToCopyBackward0), a tensor of its own, and the dense gradient is added
+        // into it in place (one more). With accumulation the projection's gradient waits in
+        // that buffer, beside the .grad of the earlier micro-batches, until the embedding's
+        // backward (`pending`).
         const bool tied_embedding_entry = tied_model && j == tied_entry;
         const detail::entry_gradients g = grads_of(j);
         // A block's backward in two phases (stacks/pytorch.hpp): the second frees the MLP's saved
@@ -419,18 +427,26 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           if (log != nullptr) log->push({sweep_step::backward_tail, j, held_then, temps_then, a.comm + boundary, grads});
         };
         if (tied && tied_model) temporary += tied_weight_grad;
-        if (tied_embedding_entry) temporary += tied_weight_grad * 2;
+        if (tied_embedding_entry) temporary += tied_weight_grad * (autocast ? 1 : 2);
         if (m.zero_stage >= 2) temporary += g.full;  // FSDP: the unit's full gradient before its reduce-scatter
         const bytes own = tied_embedding_entry ? bytes{} : g.shard;
         // With accumulation a new gradient is added into .grad as soon as it is made, parameter by
         // parameter: at most the largest tensor's new gradient exists at once (unsharded runs).
         const bytes newest =
             m.zero_stage >= 2 ? own : storage_bytes(t.precision.gradients, detail::largest_tensor(l));
-        const auto accumulated = [&](bytes part) { return all_grads + (newest < part ? newest : part); };
+        const auto accumulated = [&](bytes part) { return all_grads + pending + (newest < part ? newest : part); };
         // A repeated entry's instances run their backward one after another: the first holds
         // every instance's saved tensors and one instance's gradients, the last one instance's
         // saved tensors and all their gradients; the moments in between lie below one of them.
         const std::uint64_t n = held[j];
+        // A block's first phase (the MLP's backward, before torch_tail's) has not made its
+        // attention's gradients yet (stacks/pytorch.hpp, second_phase_params): unsharded,
+        // unaccumulated runs, where an instance's gradients appear within its own backward.
+        const bytes late =
+            a.backward_tail > bytes{} && !accumulating && m.zero_stage < 2 && m.tp == 1
+                ? storage_bytes(t.precision.gradients, detail::second_phase_params(l))
+                : bytes{};
+        const auto first_phase = [&](bytes grads) { return grads - (late < own ? late : bytes{}); };
         if (n > 1) {
           const bytes one_grad{detail::ceil_div(own.value, n)};
           const bytes one_kept{detail::ceil_div(kept[j].value, n)};
@@ -442,23 +458,25 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           // `accumulated` above.
           const bytes at_first = accumulating ? accumulated(one_grad) : before + one_grad;
           const bytes at_last = accumulating ? accumulated(one_grad) : done + own;
-          backward.offer(first, temporary, a.comm + boundary, at_first);
-          backward.offer(last, temporary, a.comm + boundary, at_last);
+          backward.offer(first, temporary, a.comm + boundary, first_phase(at_first));
+          backward.offer(last, temporary, a.comm + boundary, first_phase(at_last));
           torch_tail(first, temporary, at_first);
           torch_tail(last, temporary, at_last);
           if (log != nullptr) {
-            log->push({sweep_step::backward, j, first, temporary, a.comm + boundary, at_first});
-            log->push({sweep_step::backward_last, j, last, temporary, a.comm + boundary, at_last});
+            log->push({sweep_step::backward, j, first, temporary, a.comm + boundary, first_phase(at_first)});
+            log->push({sweep_step::backward_last, j, last, temporary, a.comm + boundary, first_phase(at_last)});
           }
         } else {
           gradients = accumulating ? accumulated(own) : done + own;
-          backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, gradients);
+          backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, first_phase(gradients));
           torch_tail(on_device(prior + cumulative), temporary, gradients);
           if (log != nullptr)
-            log->push({sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary, gradients});
+            log->push({sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary,
+                       first_phase(gradients)});
         }
         done += own;
         if (tied && tied_model) done += tied_grads;
+        if (tied && tied_model && accumulating) pending = tied_weight_grad;
       } else {
         // memalg's runtime frees some saved bytes as its backward begins (a block's MLP dropout
         // mask, stacks/memalg.hpp); the whole backward after that holds the rest. Rebuilt

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "memalg/model/layers.hpp"
 #include "memalg/plan/model_states.hpp"
 #include "memalg/plan/stacks/common.hpp"
 
@@ -78,14 +79,33 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
   const bool unfused = (s.flags & layer_flags::flash) == 0 || (s.flags & layer_flags::unfused_attention) != 0 ||
                        (drop && a.c.cpu);
   if (unfused) {
-    bytes saved{checked_mul(S, 4)};
-    if (em != 4) saved += bytes{checked_mul(S, em)};
-    if (drop) saved += bytes{checked_mul(S, t.mask + em)};  // dropout mask and output
-    r.saved.core = a.split(saved);
+    // The softmax's output, in fp32 (Llama, Mistral, Qwen2, Mixtral, GPT-NeoX:
+    // `softmax(..., dtype=torch.float32).to(query.dtype)`), in the scores' dtype (GPT-2's
+    // `softmax(attn_weights)`) or in the residual stream's (Falcon's `dtype=hidden_states.dtype`),
+    // and its cast to the product's dtype when they differ (the `.to`, or autocast's cast for
+    // the product with V); SDPA's math path as the fp32 case. Each is saved: the softmax's
+    // backward reads its output, the product its input.
+    const bool eager = (s.flags & layer_flags::flash) == 0;
+    const std::uint64_t sm = !eager                                             ? 4
+                             : (s.flags & layer_flags::softmax_scores_dtype) != 0 ? em
+                             : (s.flags & layer_flags::softmax_stream_dtype) != 0 ? t.en
+                                                                                  : 4;
+    bytes saved{checked_mul(S, sm)};
+    if (em != sm) saved += bytes{checked_mul(S, em)};
+    // The dropout on the probabilities (in their dtype, em): its mask (CUDA's bool; on the CPU
+    // aten/src/ATen/native/Dropout.cpp `_dropout` multiplies by a noise tensor `empty_like` the
+    // input) and its output, which the product with V saves.
+    const bytes dropout{drop ? checked_mul(S, (a.c.cpu ? em : 1) + em) : 0};
+    r.saved.core = a.split(saved + dropout);
     r.saved.input_grad = a.split(bytes{checked_mul(checked_mul(Q, 3), em)});  // query, expanded key and value
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
-    r.backward_temporary = a.split(bytes{checked_mul(S, 8)});                // gradients of probabilities and scores
+    // The gradients of the probabilities and of the scores, in the softmax's dtype (S·2·sm).
+    // With dropout the product's backward first makes the dropped probabilities' gradient (at
+    // most S·sm) while the dropout's tensors are held; each node's saved tensors are released
+    // after it runs (torch/csrc/autograd/engine.cpp), so they are gone by the softmax's backward.
+    const bytes both{checked_mul(S, 2 * sm)}, first{checked_mul(S, sm)};
+    r.backward_temporary = a.split(drop ? max_b(first, both > dropout ? both - dropout : bytes{}) : both);
   } else {
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
     // fused projection's output is one storage that Q, K and V view; rotary positions save the
@@ -304,6 +324,17 @@ constexpr std::uint64_t largest_tensor(const layer_desc& l) {
     }
     default: return l.params;
   }
+}
+
+/// The parameters of a block whose gradients its backward makes in its second phase (the
+/// attention's projections, self and cross), 0 for any other entry: the first phase, the MLP's,
+/// has made only the MLP's and the norms' (the engine runs the block's nodes in decreasing
+/// sequence number, torch/csrc/autograd/engine.cpp, and the MLP's were made last).
+constexpr std::uint64_t second_phase_params(const layer_desc& l) {
+  if (l.kind != layer_kind::transformer_block) return 0;
+  const std::uint64_t self = attention_params(l.shape).params;
+  const std::uint64_t all = (l.shape.flags & layer_flags::cross_attention) != 0 ? self * 2 : self;
+  return all < l.params ? all : 0;
 }
 
 /// The pytorch stack's optimizer-step temporaries (torch.optim, docs/algebra.md): foreach Adam /
