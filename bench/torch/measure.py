@@ -943,9 +943,11 @@ class Contexts:
         return ctx
 
 
-def explain_profile(prof, s, device_type="cpu", moments="all"):
+def explain_profile(prof, s, device_type="cpu", moments="all", maxima=0):
     """The live storages at the measured step's peak and at each phase's largest moment, from the
-    same profile and the same event-by-event accounting as `analyse` (whose results it includes)."""
+    same profile and the same event-by-event accounting as `analyse` (whose results it includes);
+    with `maxima` N, also at the N largest local maxima of the step's total (where one entry's
+    backward tops out while another's peak is the step's)."""
     from torch._C._profiler import _EventType
     from torch.profiler._memory_profiler import Action, TensorKey
 
@@ -1040,6 +1042,15 @@ def explain_profile(prof, s, device_type="cpu", moments="all"):
     if moments == "all":  # (the peak is also its phase's largest moment)
         wanted += [(ph, phase_best[ph][0]) for ph in PHASES + ("other",)
                    if ph in phase_best and phase_best[ph][0] != peak_t]
+    at_maxima = {}  # moment name -> its total, for the check below
+    if maxima:
+        tops = [(total, t) for i, (t, total) in enumerate(totals)
+                if (i == 0 or totals[i - 1][1] < total) and (i + 1 == len(totals) or totals[i + 1][1] <= total)
+                and t != peak_t]
+        tops.sort(key=lambda x: (-x[0], x[1]))
+        for k, (total, t) in enumerate(sorted(tops[:maxima], key=lambda x: x[1])):
+            at_maxima["maximum %d" % (k + 1)] = total
+            wanted.append(("maximum %d" % (k + 1), t))
     _, shots = replay({t for _, t in wanted})
 
     # Names of the resident tensors (by storage pointer: they are live all along, so no other
@@ -1149,7 +1160,7 @@ def explain_profile(prof, s, device_type="cpu", moments="all"):
             if total != r["peak_bytes"] or breakdown != r["peak_breakdown"]:
                 checks_failed.append("the storages at the peak sum to %d %s, not peak_bytes %d %s"
                                      % (total, breakdown, r["peak_bytes"], r["peak_breakdown"]))
-        elif total != r["phase_peak_bytes"].get(what):
+        elif total != at_maxima.get(what, r["phase_peak_bytes"].get(what)):
             checks_failed.append("the storages at the %s maximum sum to %d, not %s"
                                  % (what, total, r["phase_peak_bytes"].get(what)))
         at = []
@@ -1187,7 +1198,7 @@ def group_storages(rows):
     return out
 
 
-def explain_case(c, moments="all"):
+def explain_case(c, moments="all", maxima=0):
     """Runs one single-process case as the matrix does (the same warm-up, the same two profiled
     steps, the second measured) and explains its live storages."""
     if c["world"] > 1:
@@ -1195,7 +1206,7 @@ def explain_case(c, moments="all"):
     t0 = time.time()
     s = warmed_up(c, "cpu")
     prof = profile_steps(s)
-    e = explain_profile(prof, s, "cpu", moments)
+    e = explain_profile(prof, s, "cpu", moments, maxima)
     out = describe(c, s)
     out.update(e)
     out["seconds"] = round(time.time() - t0, 2)
@@ -1208,7 +1219,8 @@ def explain_text(r, top, recorded=None):
     """The human-readable form of one explained case."""
     lines = []
     for m in r["moments"]:
-        head = "the peak" if m["moment"] == "peak" else "the largest moment of %s" % m["moment"]
+        head = ("the peak" if m["moment"] == "peak" else "local %s" % m["moment"] if m["moment"].startswith("maximum")
+                else "the largest moment of %s" % m["moment"])
         lines.append("%s: %s, %s bytes, in %s, %.3f ms into the measured step"
                      % (r["name"], head, format(m["bytes"], ","), m["phase"], m["time_ms"]))
         for a in m["at"]:
@@ -1332,6 +1344,8 @@ def main():
     ap.add_argument("--phases", action="store_true",
                     help="with --explain: print the largest moment of every phase too (always in --json)")
     ap.add_argument("--json", metavar="FILE", help="with --explain: write every storage of every moment to FILE")
+    ap.add_argument("--maxima", type=int, default=0, metavar="N",
+                    help="with --explain: also print the N largest local maxima of the step, in time order")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -1351,8 +1365,8 @@ def main():
         return merge_shards(args.merge, cases)
     if args.explain:
         return explain_main(args, ap, cases)
-    if args.json or args.phases or args.top:
-        ap.error("--json, --phases and --top go with --explain")
+    if args.json or args.phases or args.top or args.maxima:
+        ap.error("--json, --phases, --top and --maxima go with --explain")
     if args.list:
         for c in cases:
             print(c["name"])
@@ -1545,12 +1559,13 @@ def explain_main(args, ap, cases):
               "command": shlex.join(argv), "cases": []}
     bad = []
     for c in cases:
-        r = explain_case(c)
+        r = explain_case(c, maxima=args.maxima)
         rec = recorded.get(c["name"])
         if rec is not None:
             r["matches_measured"] = (rec.get("peak_bytes") == r["peak_bytes"]
                                      and rec.get("peak_breakdown") == r["peak_breakdown"])
-        shown = dict(r, moments=[m for m in r["moments"] if args.phases or m["moment"] == "peak"])
+        shown = dict(r, moments=[m for m in r["moments"]
+                                 if args.phases or m["moment"] == "peak" or m["moment"].startswith("maximum")])
         print(explain_text(shown, args.top, rec), flush=True)
         if r["checks_failed"]:
             bad.append(c["name"])
