@@ -322,9 +322,11 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.rotary = !r.flag_or({"alibi"}, false);
     c.parallel_residual = parallel;
     c.shared_norm = parallel && !new_arch;  // input_layernorm feeds both
-    // Falcon-7B's layout builds its query, key and value by reshapes that SDPA's fused CPU kernels
-    // do not take: the math path keeps the scores (measured, bench/torch: falcon, falcon-eager).
-    c.unfused_attention = !new_arch;
+    // Falcon-7B's multi-query layout hands SDPA one key and value head for all query heads, a
+    // broadcast SDPA's fused CPU kernels do not take (no enable_gqa): the math path keeps the
+    // scores (measured, bench/torch: falcon, falcon-eager, pw1-012-falcon). With as many key and
+    // value heads as query heads the fused kernel runs (measured: pw1-120-falcon).
+    c.unfused_attention = !new_arch && multi_query;
     c.softmax_stream_dtype = true;  // eager: F.softmax(..., dtype=hidden_states.dtype)
     const std::uint64_t h = c.hidden, f = c.ffn, d = c.head_dim;
     // Norms: LayerNorm with bias (2h); ln_attn + ln_mlp in the new architecture, input_layernorm

@@ -109,6 +109,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.forward_released = r.forward_released;
   a.backward_tail = r.backward_tail;
   a.tail_released = r.tail_released;
+  a.last_released = trains ? r.last_released : bytes{};
   // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
   if (!trains && a.tail_released > bytes{}) a.tail_released -= r.parts.mlp.weight_grad;
   return a;
@@ -418,14 +419,6 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // tensors (from the rebuilt set under recomputation) and holds the attention's transients.
         const bool rebuilt_block = l.place == placement::repeated &&
                                    (rk == recompute_kind::full || rk == recompute_kind::every_k);
-        const auto torch_tail = [&](bytes held_now, bytes temps, bytes grads) {
-          if (a.backward_tail == bytes{}) return;
-          const bytes second = temps - a.backward_temporary + a.backward_tail;
-          const bytes held_then = rebuilt_block ? held_now : held_now - a.tail_released;
-          const bytes temps_then = rebuilt_block ? second - a.tail_released : second;
-          backward.offer(held_then, temps_then, a.comm + boundary, grads);
-          if (log != nullptr) log->push({sweep_step::backward_tail, j, held_then, temps_then, a.comm + boundary, grads});
-        };
         if (tied && tied_model) temporary += tied_weight_grad;
         if (tied_embedding_entry) temporary += tied_weight_grad * (autocast ? 1 : 2);
         if (m.zero_stage >= 2) temporary += g.full;  // FSDP: the unit's full gradient before its reduce-scatter
@@ -435,18 +428,40 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bytes newest =
             m.zero_stage >= 2 ? own : storage_bytes(t.precision.gradients, detail::largest_tensor(l));
         const auto accumulated = [&](bytes part) { return all_grads + pending + (newest < part ? newest : part); };
+        // Which gradients a block's phases have made (stacks/pytorch.hpp, later_phase_params):
+        // the first (the MLP's) not its attention's, the second (the attention core's) not its
+        // input projections'. Unsharded runs only, where an instance's gradients appear within its
+        // own backward. With accumulation each new gradient is added into .grad as soon as it is
+        // made (AccumulateGrad runs first among the ready nodes: its sequence number is the
+        // largest), so none is new while the core's transients exist.
+        const bool phased = a.backward_tail > bytes{} && m.zero_stage < 2 && m.tp == 1;
+        const auto less = [](bytes x, bytes y) { return x > y ? x - y : bytes{}; };
+        const bytes late_attention =
+            phased && !accumulating ? storage_bytes(t.precision.gradients, detail::later_phase_params(l, false)) : bytes{};
+        const bytes late_inputs =
+            phased && !accumulating ? storage_bytes(t.precision.gradients, detail::later_phase_params(l, true)) : bytes{};
+        const auto first_phase = [&](bytes grads) { return less(grads, late_attention); };
+        // The second phase frees the MLP's saved tensors (from the rebuilt set under
+        // recomputation) and holds the attention's transients; the third frees the attention's
+        // saved tensors too, and holds the same transients at most.
+        const auto torch_tail = [&](bytes held_now, bytes temps, bytes grads) {
+          if (a.backward_tail == bytes{}) return;
+          const bytes second = temps - a.backward_temporary + a.backward_tail;
+          const bytes held_then = rebuilt_block ? held_now : held_now - a.tail_released;
+          const bytes temps_then = rebuilt_block ? second - a.tail_released : second;
+          const bytes grads_then = !phased ? grads : accumulating ? all_grads + pending : less(grads, late_inputs);
+          backward.offer(held_then, temps_then, a.comm + boundary, grads_then);
+          if (log != nullptr) log->push({sweep_step::backward_tail, j, held_then, temps_then, a.comm + boundary, grads_then});
+          if (grads_then == grads) return;
+          const bytes held_last = rebuilt_block ? held_then : less(held_then, a.last_released);
+          const bytes temps_last = rebuilt_block ? less(temps_then, a.last_released) : temps_then;
+          backward.offer(held_last, temps_last, a.comm + boundary, grads);
+          if (log != nullptr) log->push({sweep_step::backward_tail, j, held_last, temps_last, a.comm + boundary, grads});
+        };
         // A repeated entry's instances run their backward one after another: the first holds
         // every instance's saved tensors and one instance's gradients, the last one instance's
         // saved tensors and all their gradients; the moments in between lie below one of them.
         const std::uint64_t n = held[j];
-        // A block's first phase (the MLP's backward, before torch_tail's) has not made its
-        // attention's gradients yet (stacks/pytorch.hpp, second_phase_params): unsharded,
-        // unaccumulated runs, where an instance's gradients appear within its own backward.
-        const bytes late =
-            a.backward_tail > bytes{} && !accumulating && m.zero_stage < 2 && m.tp == 1
-                ? storage_bytes(t.precision.gradients, detail::second_phase_params(l))
-                : bytes{};
-        const auto first_phase = [&](bytes grads) { return grads - (late < own ? late : bytes{}); };
         if (n > 1) {
           const bytes one_grad{detail::ceil_div(own.value, n)};
           const bytes one_kept{detail::ceil_div(kept[j].value, n)};

@@ -112,6 +112,7 @@ struct layer_activations {
   bytes forward_released{};    ///< memalg's runtime: its own saved bytes it frees before its forward's transients
   bytes backward_tail{};       ///< memalg's runtime: a second phase of its backward (none when 0), its transients
   bytes tail_released{};       ///< memalg's runtime: saved bytes freed before that second phase
+  bytes last_released{};       ///< pytorch: saved bytes a block frees before its third phase (its attention's input projections)
 };
 
 /// Per-instance activations of every entry, in model order (computed once per plan; stages only
@@ -182,6 +183,7 @@ struct raw_activations {
   bytes forward_released{};   ///< memalg's runtime: its own saved bytes freed before its forward's transients
   bytes backward_tail{};      ///< memalg's runtime: the transients of a second phase of the backward
   bytes tail_released{};      ///< memalg's runtime: saved bytes freed before that phase
+  bytes last_released{};      ///< pytorch: saved bytes a block frees before its third phase
 };
 
 

@@ -97,7 +97,13 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // input) and its output, which the product with V saves.
     const bytes dropout{drop ? checked_mul(S, (a.c.cpu ? em : 1) + em) : 0};
     r.saved.core = a.split(saved + dropout);
-    r.saved.input_grad = a.split(bytes{checked_mul(checked_mul(Q, 3), em)});  // query, expanded key and value
+    // The query and the key and value expanded to all heads (repeat_kv; SDPA's math path keeps
+    // its own copies of the three). Eager attention after a fused projection (GPT-NeoX's,
+    // Falcon's query_key_value) with rotary positions keeps the projection's whole output, which
+    // V views, beside the rotated copies of Q and K that the scores' product saves.
+    std::uint64_t qkv = checked_mul(Q, 3);
+    if (eager && fused && rotary) qkv += checked_mul(Q, 2);
+    r.saved.input_grad = a.split(bytes{checked_mul(qkv, em)});
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
     // The gradients of the probabilities and of the scores, in the softmax's dtype (S·2·sm).
@@ -145,7 +151,12 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
   const std::uint64_t inner = gated ? 4 : (s.flags & layer_flags::gelu_tanh) != 0 ? 5 : 2;
   r.saved.input_grad = a.split(bytes{checked_mul(F, (inner - 1) * em)});
   r.saved.weight_grad = a.split(bytes{checked_mul(F, em)});  // down-projection input
-  r.backward_temporary = a.split(bytes{checked_mul(F, (gated ? 3 : 2) * em)});
+  // Backward: the down projection's input gradient (F) while all is held; then, its saved input
+  // released (each node's saved tensors go after it runs, torch/csrc/autograd/engine.cpp), the
+  // elementwise nodes' input gradient and their outputs: SwiGLU's product makes two (gate and up
+  // sides, 3F with its input gradient), gelu_new's products too, a fused GeLU one (2F).
+  const std::uint64_t transient = gated || (s.flags & layer_flags::gelu_tanh) != 0 ? 2 : 1;
+  r.backward_temporary = a.split(bytes{checked_mul(F, transient * em)});
   if (a.c.sp) r.comm += a.values_per_token(h);
   return r;
 }
@@ -229,6 +240,9 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       r.backward_temporary = m.backward_temporary + stream * 2;
       r.backward_tail = bwd + stream * 2;
       r.tail_released = m.saved.total();
+      // A third phase: the attention's input projections (and the norm before them), once the
+      // attention's own saved tensors are freed, its core's gradients with them.
+      r.last_released = r.parts.attention.total() + r.parts.cross_attention.total();
       r.comm = max_b(comm, m.comm);
       break;
     }
@@ -326,14 +340,20 @@ constexpr std::uint64_t largest_tensor(const layer_desc& l) {
   }
 }
 
-/// The parameters of a block whose gradients its backward makes in its second phase (the
-/// attention's projections, self and cross), 0 for any other entry: the first phase, the MLP's,
-/// has made only the MLP's and the norms' (the engine runs the block's nodes in decreasing
-/// sequence number, torch/csrc/autograd/engine.cpp, and the MLP's were made last).
-constexpr std::uint64_t second_phase_params(const layer_desc& l) {
+/// The parameters of a block whose gradients its backward has not made by its second phase
+/// (`input_projections` false: the attention's projections, self and cross) or by its third
+/// (true: their query, key and value projections), 0 for any other entry. The first phase, the
+/// MLP's, makes the MLP's and the norms' gradients; the second, the attention's core, follows the
+/// output projection's; the third the input projections' (the engine runs the block's nodes in
+/// decreasing sequence number, torch/csrc/autograd/engine.cpp, and each was made after those
+/// it reads).
+constexpr std::uint64_t later_phase_params(const layer_desc& l, bool input_projections) {
   if (l.kind != layer_kind::transformer_block) return 0;
-  const std::uint64_t self = attention_params(l.shape).params;
-  const std::uint64_t all = (l.shape.flags & layer_flags::cross_attention) != 0 ? self * 2 : self;
+  const layer_shape& s = l.shape;
+  std::uint64_t self = attention_params(s).params;
+  if (input_projections)  // less the output projection: q·h and its bias
+    self -= checked_mul(s.heads * s.head_dim, s.hidden) + ((s.flags & layer_flags::bias) != 0 ? s.hidden : 0);
+  const std::uint64_t all = (s.flags & layer_flags::cross_attention) != 0 ? self * 2 : self;
   return all < l.params ? all : 0;
 }
 
