@@ -111,7 +111,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.tail_released = r.tail_released;
   a.last_released = trains ? r.last_released : bytes{};
   // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
-  if (!trains && a.tail_released > bytes{}) a.tail_released -= r.parts.mlp.weight_grad;
+  if (!trains && a.tail_released > bytes{}) a.tail_released -= r.parts.mlp.weight_grad + r.parts.attention.weight_grad;
   return a;
 }
 
@@ -278,6 +278,11 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
       one = a.input;
       rebuilt[i] = a.saved - reuse;
     }
+    // The reentrant checkpoint reruns the block and keeps the rerun's output while its backward
+    // runs (torch/utils/checkpoint.py, CheckpointFunction.backward: `outputs =
+    // ctx.run_function(*detached_inputs)`, then `torch.autograd.backward(outputs_with_grad, ...)`).
+    const bool rerun_output = t.stack == stack_kind::pytorch && layer && t.checkpoint == checkpoint_kind::reentrant &&
+                              (rk == recompute_kind::full || rk == recompute_kind::every_k);
     if (layer && rk == recompute_kind::every_k) {
       const std::uint64_t k = t.recompute_every == 0 ? 1 : t.recompute_every;
       // Segments of k layers from the first, the last one shorter when k does not divide n.
@@ -294,6 +299,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     } else {
       kept[i] = one * n;
     }
+    if (rerun_output) rebuilt[i] += a.input;
     largest_instance = detail::max_b(largest_instance, one);
     total += kept[i];
   }

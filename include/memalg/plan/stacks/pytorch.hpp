@@ -106,12 +106,16 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     r.saved.input_grad = a.split(bytes{checked_mul(qkv, em)});
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
-    // The gradients of the probabilities and of the scores, in the softmax's dtype (S·2·sm).
-    // With dropout the product's backward first makes the dropped probabilities' gradient (at
-    // most S·sm) while the dropout's tensors are held; each node's saved tensors are released
-    // after it runs (torch/csrc/autograd/engine.cpp), so they are gone by the softmax's backward.
+    // The gradients of the probabilities and of the scores, in the softmax's dtype (S·2·sm),
+    // beside the value's gradient that the product's backward makes with the first (Q·em, the
+    // expanded value's). With dropout the product's backward first makes the dropped
+    // probabilities' gradient (at most S·sm) while the dropout's tensors are held; each node's
+    // saved tensors are released after it runs (torch/csrc/autograd/engine.cpp), so they are
+    // gone by the softmax's backward.
+    const bytes value{checked_mul(Q, em)};
     const bytes both{checked_mul(S, 2 * sm)}, first{checked_mul(S, sm)};
-    r.backward_temporary = a.split(drop ? max_b(first, both > dropout ? both - dropout : bytes{}) : both);
+    r.backward_temporary =
+        a.split(value + (drop ? max_b(first, both > dropout ? both - dropout : bytes{}) : both));
   } else {
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
     // fused projection's output is one storage that Q, K and V view; rotary positions save the
@@ -239,10 +243,18 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // in decreasing sequence number; each SavedVariable is released after its node runs).
       r.backward_temporary = m.backward_temporary + stream * 2;
       r.backward_tail = bwd + stream * 2;
-      r.tail_released = m.saved.total();
+      // Before the attention's core the output projection's backward has run too, and in a
+      // sequential block the MLP's norm's (its input, the sum after attention, its statistics and
+      // output); in a parallel block that norm's input is the block's input, kept for the other.
+      bytes before_core = self.saved.weight_grad;
+      if (!shared) {
+        before_core += torch_norm(a, t, rms, s.hidden, into_mlp);
+        if (!parallel) before_core += a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
+      }
+      r.tail_released = m.saved.total() + before_core;
       // A third phase: the attention's input projections (and the norm before them), once the
       // attention's own saved tensors are freed, its core's gradients with them.
-      r.last_released = r.parts.attention.total() + r.parts.cross_attention.total();
+      r.last_released = r.parts.attention.total() + r.parts.cross_attention.total() - self.saved.weight_grad;
       r.comm = max_b(comm, m.comm);
       break;
     }
