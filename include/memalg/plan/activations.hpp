@@ -110,6 +110,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.backward_tail = r.backward_tail;
   a.tail_released = r.tail_released;
   a.last_released = trains ? r.last_released : bytes{};
+  a.grad_temporary = r.grad_temporary;
   // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
   if (!trains && a.tail_released > bytes{}) a.tail_released -= r.parts.mlp.weight_grad + r.parts.attention.weight_grad;
   return a;
@@ -447,6 +448,20 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bytes late_inputs =
             phased && !accumulating ? storage_bytes(t.precision.gradients, detail::later_phase_params(l, true)) : bytes{};
         const auto first_phase = [&](bytes grads) { return less(grads, late_attention); };
+        // The first phase's moments. With accumulation a new weight gradient exists only inside a
+        // projection's backward, beside that node's transients (a block's grad_temporary: the
+        // down projection's input gradient, or the gate and up sides' gradients), not beside the
+        // elementwise nodes' larger set.
+        const auto offer_first = [&](sweep_step step, bytes held_now, bytes grads) {
+          const bool split = accumulating && phased && a.grad_temporary > bytes{} && a.grad_temporary < a.backward_temporary;
+          const bytes settled = split ? all_grads + pending : first_phase(grads);
+          backward.offer(held_now, temporary, a.comm + boundary, settled);
+          if (log != nullptr) log->push({step, j, held_now, temporary, a.comm + boundary, settled});
+          if (!split) return;
+          const bytes narrow = temporary - a.backward_temporary + a.grad_temporary;
+          backward.offer(held_now, narrow, a.comm + boundary, grads);
+          if (log != nullptr) log->push({step, j, held_now, narrow, a.comm + boundary, grads});
+        };
         // The second phase frees the MLP's saved tensors (from the rebuilt set under
         // recomputation) and holds the attention's transients; the third frees the attention's
         // saved tensors too, and holds the same transients at most.
@@ -479,21 +494,14 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           // `accumulated` above.
           const bytes at_first = accumulating ? accumulated(one_grad) : before + one_grad;
           const bytes at_last = accumulating ? accumulated(one_grad) : done + own;
-          backward.offer(first, temporary, a.comm + boundary, first_phase(at_first));
-          backward.offer(last, temporary, a.comm + boundary, first_phase(at_last));
+          offer_first(sweep_step::backward, first, at_first);
+          offer_first(sweep_step::backward_last, last, at_last);
           torch_tail(first, temporary, at_first);
           torch_tail(last, temporary, at_last);
-          if (log != nullptr) {
-            log->push({sweep_step::backward, j, first, temporary, a.comm + boundary, first_phase(at_first)});
-            log->push({sweep_step::backward_last, j, last, temporary, a.comm + boundary, first_phase(at_last)});
-          }
         } else {
           gradients = accumulating ? accumulated(own) : done + own;
-          backward.offer(on_device(prior + cumulative), temporary, a.comm + boundary, first_phase(gradients));
+          offer_first(sweep_step::backward, on_device(prior + cumulative), gradients);
           torch_tail(on_device(prior + cumulative), temporary, gradients);
-          if (log != nullptr)
-            log->push({sweep_step::backward, j, on_device(prior + cumulative), temporary, a.comm + boundary,
-                       first_phase(gradients)});
         }
         done += own;
         if (tied && tied_model) done += tied_grads;

@@ -113,6 +113,7 @@ struct layer_activations {
   bytes backward_tail{};       ///< memalg's runtime: a second phase of its backward (none when 0), its transients
   bytes tail_released{};       ///< memalg's runtime: saved bytes freed before that second phase
   bytes last_released{};       ///< pytorch: saved bytes a block frees before its third phase (its attention's input projections)
+  bytes grad_temporary{};      ///< pytorch: a block's first-phase transients while a weight gradient is new (0: backward_temporary)
 };
 
 /// Per-instance activations of every entry, in model order (computed once per plan; stages only
@@ -152,6 +153,7 @@ struct attention_bytes {
 struct mlp_bytes {
   saved_bytes saved{};
   bytes backward_temporary{};
+  bytes grad_temporary{};  ///< pytorch: the transients while a weight gradient is new (0: backward_temporary)
   bytes comm{};
 };
 
@@ -184,6 +186,7 @@ struct raw_activations {
   bytes backward_tail{};      ///< memalg's runtime: the transients of a second phase of the backward
   bytes tail_released{};      ///< memalg's runtime: saved bytes freed before that phase
   bytes last_released{};      ///< pytorch: saved bytes a block frees before its third phase
+  bytes grad_temporary{};     ///< pytorch: a block's first-phase transients while a weight gradient is new
 };
 
 

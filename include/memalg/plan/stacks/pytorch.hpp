@@ -161,6 +161,9 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
   // sides, 3F with its input gradient), gelu_new's products too, a fused GeLU one (2F).
   const std::uint64_t transient = gated || (s.flags & layer_flags::gelu_tanh) != 0 ? 2 : 1;
   r.backward_temporary = a.split(bytes{checked_mul(F, transient * em)});
+  // While a projection's weight gradient is new: the down projection's input gradient (F), or,
+  // at the gate and up projections, their outputs' gradients (two with SwiGLU).
+  r.grad_temporary = a.split(bytes{checked_mul(F, (gated ? 2 : 1) * em)});
   if (a.c.sp) r.comm += a.values_per_token(h);
   return r;
 }
@@ -242,6 +245,7 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // once the MLP's saved tensors are freed (torch/csrc/autograd/engine.cpp runs ready nodes
       // in decreasing sequence number; each SavedVariable is released after its node runs).
       r.backward_temporary = m.backward_temporary + stream * 2;
+      r.grad_temporary = m.grad_temporary + stream * 2;
       r.backward_tail = bwd + stream * 2;
       // Before the attention's core the output projection's backward has run too, and in a
       // sequential block the MLP's norm's (its input, the sum after attention, its statistics and
