@@ -112,10 +112,13 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // probabilities' gradient (at most S·sm) while the dropout's tensors are held; each node's
     // saved tensors are released after it runs (torch/csrc/autograd/engine.cpp), so they are
     // gone by the softmax's backward.
+    // The product's saved V goes with the dropout's tensors where it has a storage of its own
+    // (a separate projection's, or SDPA's math-path copy; GPT-2's views the fused output that Q and
+    // K view too).
     const bytes value{checked_mul(Q, em)};
     const bytes both{checked_mul(S, 2 * sm)}, first{checked_mul(S, sm)};
-    r.backward_temporary =
-        a.split(value + (drop ? max_b(first, both > dropout ? both - dropout : bytes{}) : both));
+    const bytes gone = dropout + (!eager || !fused ? value : bytes{});
+    r.backward_temporary = a.split(value + max_b(first, both > gone ? both - gone : bytes{}));
   } else {
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
     // fused projection's output is one storage that Q, K and V view; rotary positions save the
@@ -228,10 +231,12 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       }
       const mlp_bytes m = torch_mlp(a, t, s);
       r.parts.mlp = m.saved;
+      bytes output_masks{};
       {  // the attention and MLP output dropouts' masks (one dropout on their sum in Falcon's parallel block)
         const std::uint64_t masks = (attention_output_dropout_permille(s) != 0 ? 1 : 0) +
                                     (mlp_output_dropout_permille(s) != 0 ? 1 : 0);
-        if (masks != 0) r.parts.mlp.input_grad += a.rep(bytes{checked_mul(H, masks * t.mask)});
+        output_masks = a.rep(bytes{checked_mul(H, masks * t.mask)});
+        r.parts.mlp.input_grad += output_masks;
       }
       if (t.autocast)  // autocast's cached bf16/fp16 copies of the block's weights, saved by its products
         r.parts.mlp.weight_grad +=
@@ -250,7 +255,8 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // Before the attention's core the output projection's backward has run too, and in a
       // sequential block the MLP's norm's (its input, the sum after attention, its statistics and
       // output); in a parallel block that norm's input is the block's input, kept for the other.
-      bytes before_core = self.saved.weight_grad;
+      // The output dropouts' backward runs before both sub-layers' (at their residual adds).
+      bytes before_core = self.saved.weight_grad + output_masks;
       if (!shared) {
         before_core += torch_norm(a, t, rms, s.hidden, into_mlp);
         if (!parallel) before_core += a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
