@@ -97,12 +97,17 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // input) and its output, which the product with V saves.
     const bytes dropout{drop ? checked_mul(S, (a.c.cpu ? em : 1) + em) : 0};
     r.saved.core = a.split(saved + dropout);
-    // The query and the key and value expanded to all heads (repeat_kv; SDPA's math path keeps
-    // its own copies of the three). Eager attention after a fused projection (GPT-NeoX's,
-    // Falcon's query_key_value) with rotary positions keeps the projection's whole output, which
-    // V views, beside the rotated copies of Q and K that the scores' product saves.
-    std::uint64_t qkv = checked_mul(Q, 3);
-    if (eager && fused && rotary) qkv += checked_mul(Q, 2);
+    // Eager attention keeps the query, key and value as the products receive them, the key and
+    // value expanded to all heads (repeat_kv's `expand(...).reshape(...)` copies, and so does the
+    // batched product's own reshape) unless the expansion stays a view: one key and value head
+    // and one sequence (measured: pw1-023-llama keeps one head of each), Q + 2K. After a fused
+    // projection (GPT-NeoX's, Falcon's query_key_value) with rotary positions it keeps the
+    // projection's whole output, which V views, beside the rotated copies of Q and K: Q + K more.
+    // SDPA's math path keeps its own copies of the three, expanded to all heads (measured:
+    // pw1-012-falcon), 3Q.
+    const std::uint64_t expanded = s.kv_heads == 1 && b == 1 ? K : Q;
+    std::uint64_t qkv = eager ? Q + 2 * expanded : checked_mul(Q, 3);
+    if (eager && fused && rotary) qkv += Q + K;
     r.saved.input_grad = a.split(bytes{checked_mul(qkv, em)});
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
@@ -117,7 +122,7 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // K view too).
     const bytes value{checked_mul(Q, em)};
     const bytes both{checked_mul(S, 2 * sm)}, first{checked_mul(S, sm)};
-    const bytes gone = dropout + (!eager || !fused ? value : bytes{});
+    const bytes gone = dropout + (!eager ? value : !fused ? bytes{checked_mul(expanded, em)} : bytes{});
     r.backward_temporary = a.split(value + max_b(first, both > gone ? both - gone : bytes{}));
   } else {
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
