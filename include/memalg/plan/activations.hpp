@@ -448,19 +448,23 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bytes late_inputs =
             phased && !accumulating ? storage_bytes(t.precision.gradients, detail::later_phase_params(l, true)) : bytes{};
         const auto first_phase = [&](bytes grads) { return less(grads, late_attention); };
-        // The first phase's moments. With accumulation a new weight gradient exists only inside a
-        // projection's backward, beside that node's transients (a block's grad_temporary: the
-        // down projection's input gradient, or the gate and up sides' gradients), not beside the
-        // elementwise nodes' larger set.
+        // The first phase's moments. A weight gradient is made inside a projection's backward,
+        // beside that node's transients (a block's grad_temporary: the down projection's input
+        // gradient, or the gate and up sides' gradients), not beside the elementwise nodes'
+        // larger set, which come before the first projections' gradients (and, with
+        // accumulation, after the down projection's new gradient is added into .grad).
+        const bytes late_mlp =
+            phased && !accumulating ? storage_bytes(t.precision.gradients, detail::mlp_input_projection_params(l)) : bytes{};
         const auto offer_first = [&](sweep_step step, bytes held_now, bytes grads) {
-          const bool split = accumulating && phased && a.grad_temporary > bytes{} && a.grad_temporary < a.backward_temporary;
-          const bytes settled = split ? all_grads + pending : first_phase(grads);
+          const bool split = phased && a.grad_temporary > bytes{} && a.grad_temporary < a.backward_temporary;
+          const bytes settled = !split ? first_phase(grads) : accumulating ? all_grads + pending : less(first_phase(grads), late_mlp);
           backward.offer(held_now, temporary, a.comm + boundary, settled);
           if (log != nullptr) log->push({step, j, held_now, temporary, a.comm + boundary, settled});
           if (!split) return;
           const bytes narrow = temporary - a.backward_temporary + a.grad_temporary;
-          backward.offer(held_now, narrow, a.comm + boundary, grads);
-          if (log != nullptr) log->push({step, j, held_now, narrow, a.comm + boundary, grads});
+          const bytes made = accumulating ? grads : first_phase(grads);
+          backward.offer(held_now, narrow, a.comm + boundary, made);
+          if (log != nullptr) log->push({step, j, held_now, narrow, a.comm + boundary, made});
         };
         // The second phase frees the MLP's saved tensors (from the rebuilt set under
         // recomputation) and holds the attention's transients; the third frees the attention's

@@ -384,6 +384,18 @@ constexpr std::uint64_t later_phase_params(const layer_desc& l, bool input_proje
   return all < l.params ? all : 0;
 }
 
+/// The parameters of a block's MLP whose gradients come last in its backward: the first
+/// projections' (GeLU's fc1, SwiGLU's gate and up), made after the elementwise nodes' backward;
+/// 0 for other entries and for experts.
+constexpr std::uint64_t mlp_input_projection_params(const layer_desc& l) {
+  const layer_shape& s = l.shape;
+  if (l.kind != layer_kind::transformer_block || (s.flags & layer_flags::moe) != 0) return 0;
+  const bool gated = (s.flags & layer_flags::gated) != 0, bias = (s.flags & layer_flags::bias) != 0;
+  const std::uint64_t per = checked_mul(s.hidden, s.ffn) + (bias ? s.ffn : 0);
+  const std::uint64_t all = gated ? per * 2 : per;
+  return all < l.params ? all : 0;
+}
+
 /// The pytorch stack's optimizer-step temporaries (torch.optim, docs/algebra.md): foreach Adam /
 /// AdamW keep `torch._foreach_sqrt(exp_avg_sqs)`, one state-sized tensor per parameter, for the
 /// whole step; the for-loop keeps `exp_avg_sq.sqrt()` and its quotient for one parameter at a
