@@ -111,6 +111,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.tail_released = r.tail_released;
   a.last_released = trains ? r.last_released : bytes{};
   a.grad_temporary = r.grad_temporary;
+  a.mlp_released = trains ? r.mlp_released : bytes{};
   // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
   if (!trains && a.tail_released > bytes{}) a.tail_released -= r.parts.mlp.weight_grad + r.parts.attention.weight_grad;
   return a;
@@ -393,7 +394,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     if (log != nullptr) log->push({sweep_step::forward, i, saved, temporary, a.comm + boundary, forward_grads});
   }
   bytes done{};     // pytorch: gradients of the entries whose backward has run
-  bytes pending{};  // pytorch, accumulating: a tied output's new gradient, not yet in .grad
+  bytes pending{};  // pytorch, accumulating or FSDP: a tied output's new gradient, not yet in .grad
   for (std::size_t j = model.size; j-- > 0;) {
     const layer_desc& l = model.entries[j];
     if (l.group == layer_group::teacher || l.place == placement::spread || held[j] == 0) continue;
@@ -428,7 +429,9 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
                                    (rk == recompute_kind::full || rk == recompute_kind::every_k);
         if (tied && tied_model) temporary += tied_weight_grad;
         if (tied_embedding_entry) temporary += tied_weight_grad * (autocast ? 1 : 2);
-        if (m.zero_stage >= 2) temporary += g.full;  // FSDP: the unit's full gradient before its reduce-scatter
+        // FSDP: the unit's full gradient before its reduce-scatter (for the tied embedding the
+        // input buffer's sum above is that gradient).
+        if (m.zero_stage >= 2 && !tied_embedding_entry) temporary += g.full;
         const bytes own = tied_embedding_entry ? bytes{} : g.shard;
         // With accumulation a new gradient is added into .grad as soon as it is made, parameter by
         // parameter: at most the largest tensor's new gradient exists at once (unsharded runs).
@@ -456,15 +459,20 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bytes late_mlp =
             phased && !accumulating ? storage_bytes(t.precision.gradients, detail::mlp_input_projection_params(l)) : bytes{};
         const auto offer_first = [&](sweep_step step, bytes held_now, bytes grads) {
-          const bool split = phased && a.grad_temporary > bytes{} && a.grad_temporary < a.backward_temporary;
+          const bool split = phased && a.grad_temporary > bytes{} && a.grad_temporary <= a.backward_temporary;
           const bytes settled = !split ? first_phase(grads) : accumulating ? all_grads + pending : less(first_phase(grads), late_mlp);
           backward.offer(held_now, temporary, a.comm + boundary, settled);
           if (log != nullptr) log->push({step, j, held_now, temporary, a.comm + boundary, settled});
           if (!split) return;
-          const bytes narrow = temporary - a.backward_temporary + a.grad_temporary;
+          // Unaccumulated, that moment is the first projections' backward, the MLP's own saved
+          // tensors freed (from the rebuilt set under recomputation); with accumulation it is also
+          // the down projection's, with all held.
+          const bytes released = accumulating ? bytes{} : a.mlp_released;
+          const bytes narrow = less(temporary - a.backward_temporary + a.grad_temporary, rebuilt_block ? released : bytes{});
+          const bytes held_then = rebuilt_block ? held_now : less(held_now, released);
           const bytes made = accumulating ? grads : first_phase(grads);
-          backward.offer(held_now, narrow, a.comm + boundary, made);
-          if (log != nullptr) log->push({step, j, held_now, narrow, a.comm + boundary, made});
+          backward.offer(held_then, narrow, a.comm + boundary, made);
+          if (log != nullptr) log->push({step, j, held_then, narrow, a.comm + boundary, made});
         };
         // The second phase frees the MLP's saved tensors (from the rebuilt set under
         // recomputation) and holds the attention's transients; the third frees the attention's
@@ -496,20 +504,31 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           // gradient is added into its .grad and freed (AccumulateGrad,
           // torch/csrc/autograd/functions/accumulate_grad.h: `variable_grad += new_grad`):
           // `accumulated` above.
-          const bytes at_first = accumulating ? accumulated(one_grad) : before + one_grad;
-          const bytes at_last = accumulating ? accumulated(one_grad) : done + own;
+          const bytes at_first = accumulating ? accumulated(one_grad) : before + pending + one_grad;
+          const bytes at_last = accumulating ? accumulated(one_grad) : done + pending + own;
           offer_first(sweep_step::backward, first, at_first);
           offer_first(sweep_step::backward_last, last, at_last);
           torch_tail(first, temporary, at_first);
           torch_tail(last, temporary, at_last);
         } else {
-          gradients = accumulating ? accumulated(own) : done + own;
+          gradients = accumulating ? accumulated(own) : done + pending + own;
           offer_first(sweep_step::backward, on_device(prior + cumulative), gradients);
           torch_tail(on_device(prior + cumulative), temporary, gradients);
         }
         done += own;
-        if (tied && tied_model) done += tied_grads;
-        if (tied && tied_model && accumulating) pending = tied_weight_grad;
+        // The tied output's gradient waits in the input buffer, whole, until the embedding's
+        // backward (with accumulation beside the earlier micro-batches' .grad; under FSDP before
+        // the reduce-scatter that leaves its shard); unsharded and unaccumulated it is the
+        // gradient .grad takes.
+        const bool waits = accumulating || m.zero_stage >= 2;
+        if (tied && tied_model) {
+          if (waits) pending = tied_weight_grad;
+          else done += tied_grads;
+        }
+        if (tied_embedding_entry && waits) {
+          pending = bytes{};
+          if (!accumulating) done += tied_grads;
+        }
       } else {
         // memalg's runtime frees some saved bytes as its backward begins (a block's MLP dropout
         // mask, stacks/memalg.hpp); the whole backward after that holds the rest. Rebuilt

@@ -114,6 +114,7 @@ struct layer_activations {
   bytes tail_released{};       ///< memalg's runtime: saved bytes freed before that second phase
   bytes last_released{};       ///< pytorch: saved bytes a block frees before its third phase (its attention's input projections)
   bytes grad_temporary{};      ///< pytorch: a block's first-phase transients while a weight gradient is new (0: backward_temporary)
+  bytes mlp_released{};        ///< pytorch: saved bytes a block frees before its MLP's first projections' backward
 };
 
 /// Per-instance activations of every entry, in model order (computed once per plan; stages only
@@ -187,6 +188,7 @@ struct raw_activations {
   bytes tail_released{};      ///< memalg's runtime: saved bytes freed before that phase
   bytes last_released{};      ///< pytorch: saved bytes a block frees before its third phase
   bytes grad_temporary{};     ///< pytorch: a block's first-phase transients while a weight gradient is new
+  bytes mlp_released{};       ///< pytorch: saved bytes a block frees before its MLP's first projections' backward
 };
 
 

@@ -267,6 +267,9 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         if (!parallel) before_core += a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
       }
       r.tail_released = m.saved.total() + before_core;
+      // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
+      // the norm's output, are the norm's).
+      r.mlp_released = m.saved.total();
       // A third phase: the attention's input projections (and the norm before them), once the
       // attention's own saved tensors are freed, its core's gradients with them.
       r.last_released = r.parts.attention.total() + r.parts.cross_attention.total() - self.saved.weight_grad;
