@@ -92,6 +92,8 @@ const std::vector<json>& all_cases() {
 namespace {
 /// The checks every measured file passes: the pinned versions, the command, and cases whose
 /// bookkeeping adds up.
+const json& known();
+
 void check_file(const json& m, std::set<std::string>& names, std::size_t& measured_cases) {
   CHECK(m["torch"].get<std::string>().rfind("2.11.0", 0) == 0);
   CHECK(m["transformers"].get<std::string>() == "5.17.0");
@@ -102,8 +104,11 @@ void check_file(const json& m, std::set<std::string>& names, std::size_t& measur
     CHECK(names.insert(c["name"].get<std::string>()).second);
     if (!measured_case(c)) continue;
     ++measured_cases;
-    // Per rank between 200 MB (bookkeeping cannot hide an error) and 4 GB.
-    CHECK(c["peak_bytes"].get<std::uint64_t>() >= 200'000'000ULL);
+    // Per rank between 200 MB (bookkeeping cannot hide an error) and 4 GB; a drawn case that
+    // came out smaller is listed in bench/torch/known.json's "small" with why (exactly those).
+    const bool small = known()["small"].contains(c["name"].get<std::string>());
+    CHECK((c["peak_bytes"].get<std::uint64_t>() >= 200'000'000ULL) != small);
+    CHECK(c["peak_bytes"].get<std::uint64_t>() >= 100'000'000ULL);
     CHECK(c["peak_bytes"].get<std::uint64_t>() <= 4'000'000'000ULL);
     CHECK(c["checks_failed"].empty());
     // The breakdown at the peak adds up to the peak.
@@ -270,13 +275,16 @@ plan_flags flags_of(const json& c) {
   return f;
 }
 
-/// Model states at the measured peak: the profiler's PARAMETER + OPTIMIZER_STATE; FSDP2's resident
-/// shards are DTensor storages the profiler leaves uncategorised, and the parameters it gathers
-/// are transients (as memalg's ZeRO-3 gathers are).
+/// Model states at the measured peak: the profiler's PARAMETER + OPTIMIZER_STATE. Under FSDP2 the
+/// profiler leaves the resident shards (DTensor storages) uncategorised in fp32 and calls them
+/// PARAMETER in bf16, beside the parameters it gathers, which are transients (as memalg's ZeRO-3
+/// gathers are): there the model states are the shards as the run measured them at the step's
+/// start (`parameter_bytes` + `optimizer_state_bytes`; resident, so the same at the peak).
 std::uint64_t measured_model_states(const json& c) {
   const json& b = c["peak_breakdown"];
   const auto get = [&](const char* k) { return b.contains(k) ? b[k].get<std::uint64_t>() : 0; };
-  if (c["parallel"].get<std::string>() == "fsdp2") return get("unknown") + get("OPTIMIZER_STATE");
+  if (c["parallel"].get<std::string>() == "fsdp2")
+    return c["parameter_bytes"].get<std::uint64_t>() + c["optimizer_state_bytes"].get<std::uint64_t>();
   return get("PARAMETER") + get("OPTIMIZER_STATE");
 }
 
