@@ -1334,6 +1334,10 @@ def main():
                                     "generated one (matrix/GROUP.json, written to measured/GROUP.json)")
     ap.add_argument("--shard", metavar="K/N", help="with --group: the K-th of N interleaved shards of its cases "
                                                    "(written to measured/GROUP.shard-K-of-N.json)")
+    ap.add_argument("--reverse", action="store_true",
+                    help="with --shard: measure the shard's cases last to first (a second process on a "
+                         "subset of a running shard, e.g. --shard 4/4 beside --shard 2/2, meets it from the "
+                         "other end; --merge keeps each case once)")
     ap.add_argument("--merge", metavar="GROUP", help="join the shard files of GROUP into measured/GROUP.json")
     ap.add_argument("--selftest", action="store_true", help="run the hand-checked tiny model and exit")
     ap.add_argument("--explain", metavar="CASES",
@@ -1365,6 +1369,8 @@ def main():
         return merge_shards(args.merge, cases)
     if args.explain:
         return explain_main(args, ap, cases)
+    if args.reverse and not args.shard:
+        ap.error("--reverse goes with --shard")
     if args.json or args.phases or args.top or args.maxima:
         ap.error("--json, --phases, --top and --maxima go with --explain")
     if args.list:
@@ -1386,6 +1392,8 @@ def main():
             cases = cases[shard[0] - 1::shard[1]]
         # Single-process cases first: a shard stopped early has measured the most cases.
         cases = sorted(cases, key=lambda c: c["world"])
+        if args.reverse:  # a second process on a shard's subset meets the first from the other end
+            cases = cases[::-1]
     elif args.cases:
         pats = [p.strip() for p in args.cases.split(",") if p.strip()]
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
