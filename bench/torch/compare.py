@@ -22,9 +22,11 @@ What compares with what
   `per_rank.total - per_rank.reserve`.
 * Model states. memalg's `weights + master_weights + optimizer_states` against the measured
   `PARAMETER + OPTIMIZER_STATE` at the peak. With FSDP2 the resident shards of the parameters and
-  of the optimizer state are DTensor storages the profiler leaves `unknown`, so they are the
-  measured model states there, and the parameters FSDP2 gathers (its `PARAMETER`) count as
-  "everything else", where memalg's ZeRO-3 gathers are (its `temporaries`).
+  of the optimizer state are DTensor storages the profiler leaves `unknown` in fp32 and calls
+  `PARAMETER` in bf16, beside the parameters FSDP2 gathers: the measured model states there are the
+  shards as the run measured them at the step's start (`parameter_bytes + optimizer_state_bytes`,
+  resident, so the same at the peak), and the gathered parameters count as "everything else",
+  where memalg's ZeRO-3 gathers are (its `temporaries`).
 * Gradients. memalg's `gradients` against the measured `GRADIENT` at the peak. memalg keeps the
   gradient buffers for the whole step; PyTorch frees them (`zero_grad(set_to_none=True)`) and
   makes them during the backward, so at a peak at the start of the backward there are none.
@@ -126,7 +128,7 @@ def measured_split(case):
     get = lambda k: b.get(k, 0)  # noqa: E731
     grads = get("GRADIENT")
     if case["parallel"] == "fsdp2":
-        states = get("unknown") + get("OPTIMIZER_STATE")
+        states = case["parameter_bytes"] + case["optimizer_state_bytes"]
         rest = case["peak_bytes"] - states - grads
     else:
         states = get("PARAMETER") + get("OPTIMIZER_STATE")

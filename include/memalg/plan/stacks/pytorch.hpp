@@ -101,13 +101,16 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // value expanded to all heads (repeat_kv's `expand(...).reshape(...)` copies, and so does the
     // batched product's own reshape) unless the expansion stays a view: one key and value head
     // and one sequence (measured: pw1-023-llama keeps one head of each), Q + 2K. After a fused
-    // projection (GPT-NeoX's, Falcon's query_key_value) with rotary positions it keeps the
-    // projection's whole output, which V views, beside the rotated copies of Q and K: Q + K more.
+    // projection (GPT-NeoX's, Falcon's query_key_value) with rotary positions, V is a strided view
+    // of the projection's output; at micro-batch 1 the product's reshape keeps it a view, so the
+    // whole output is kept beside the rotated copies of Q and K, Q + K more (measured:
+    // pw1-000-falcon); at more sequences the reshape copies V (falcon-eager, neox-eager), and
+    // Falcon's multi-query layout indexes K and V out as copies.
     // SDPA's math path keeps its own copies of the three, expanded to all heads (measured:
     // pw1-012-falcon), 3Q.
     const std::uint64_t expanded = s.kv_heads == 1 && b == 1 ? K : Q;
     std::uint64_t qkv = eager ? Q + 2 * expanded : checked_mul(Q, 3);
-    if (eager && fused && rotary) qkv += Q + K;
+    if (eager && fused && rotary && b == 1 && s.kv_heads == s.heads) qkv += Q + K;
     r.saved.input_grad = a.split(bytes{checked_mul(qkv, em)});
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
