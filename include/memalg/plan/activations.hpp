@@ -459,6 +459,30 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bytes late_mlp =
             phased && !accumulating ? storage_bytes(t.precision.gradients, detail::mlp_input_projection_params(l)) : bytes{};
         const auto offer_first = [&](sweep_step step, bytes held_now, bytes grads) {
+          if (l.kind == layer_kind::output && a.grad_temporary > bytes{}) {
+            // The output projection (stacks/pytorch.hpp): the logits' gradients first, with no
+            // weight gradient of its own yet; then the weight's, beside narrower transients.
+            const bytes tied_new = tied && tied_model ? tied_weight_grad : bytes{};
+            const bytes before_weight = accumulating ? all_grads + pending : done + pending;
+            backward.offer(held_now, temporary - tied_new, a.comm + boundary, before_weight);
+            if (log != nullptr) log->push({step, j, held_now, temporary - tied_new, a.comm + boundary, before_weight});
+            const bytes narrow = temporary - a.backward_temporary + a.grad_temporary;
+            if (a.last_released == bytes{}) {
+              backward.offer(held_now, narrow, a.comm + boundary, grads);
+              if (log != nullptr) log->push({step, j, held_now, narrow, a.comm + boundary, grads});
+              return;
+            }
+            // Autocast: the product makes the weight's gradient in its own dtype (no fp32 one
+            // yet), then its cast to fp32 runs with the product's saved tensors and the logits'
+            // gradient released.
+            backward.offer(held_now, narrow - tied_new, a.comm + boundary, before_weight);
+            if (log != nullptr) log->push({step, j, held_now, narrow - tied_new, a.comm + boundary, before_weight});
+            // (The logits' and the input's gradients are still counted there: at most.)
+            const bytes cast_held = less(held_now, a.last_released);
+            backward.offer(cast_held, narrow, a.comm + boundary, grads);
+            if (log != nullptr) log->push({step, j, cast_held, narrow, a.comm + boundary, grads});
+            return;
+          }
           const bool split = phased && a.grad_temporary > bytes{} && a.grad_temporary <= a.backward_temporary;
           const bytes settled = !split ? first_phase(grads) : accumulating ? all_grads + pending : less(first_phase(grads), late_mlp);
           backward.offer(held_now, temporary, a.comm + boundary, settled);

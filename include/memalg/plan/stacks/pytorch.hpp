@@ -297,6 +297,16 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       r.forward_temporary = r.logits + log_softmax + (t.em != 4 ? log_softmax : bytes{});
       r.loss_temporary = log_softmax * 3;
       r.backward_temporary = log_softmax + (t.em != 4 ? r.logits : bytes{}) + a.rep(bytes{checked_mul(H, t.em)});
+      // Narrower logits: the fp32 gradient is cast back (ToCopyBackward0) and freed before the
+      // product's backward, which makes the weight's gradient beside the logits' narrow gradient
+      // and the input's (under autocast the weight's is made in the product's dtype, then cast
+      // to the fp32 weight's).
+      if (t.em != 4)
+        r.grad_temporary = r.logits + a.rep(bytes{checked_mul(H, t.em)}) +
+                           (t.autocast ? bytes{checked_mul(checked_mul(vocab, s.hidden), t.em)} : bytes{});
+      // Under autocast the cast of that gradient to fp32 comes after the product's node has
+      // run and released what it saved (the input's cast and the weight's cached copy).
+      if (t.autocast) r.last_released = r.saved.weight_grad;
       if (c.sp) r.comm = a.values_per_token(s.hidden);
       break;
     }
