@@ -787,7 +787,10 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def run_distributed(c, timeout=900):
+def run_distributed(c, timeout=2400):
+    """One two-rank case in `world` processes, killed after `timeout` seconds (its result then
+    'skipped'). Beside another shard on 2 cores pw1-006-qwen2 (bf16, FSDP2) took 580 s, and
+    pw1-022-llama and pw1-024-falcon were killed at the former 900 s."""
     t0 = time.time()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
