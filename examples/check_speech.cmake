@@ -4,7 +4,11 @@
 # high-water mark of live bytes all equal the plan's arena, and the activations at the layout's
 # peak the plan's activations.
 #   -DCOMPARE=<a second command>   also run it; its memory figures must equal the first's (the
-#                                  process's peak resident set within RSS_TOLERANCE percent, default 1)
+#                                  process's peak resident set within RSS_TOLERANCE percent, default 2:
+#                                  the one- and ten-times-data runs once differed by 456 KiB of 40 MB,
+#                                  1.1 %, the larger dataset the smaller; holding the 220 more train
+#                                  utterances, each up to 1024 x 80 fp32 mel frames, would add up to
+#                                  72 MB)
 #   -DSAME_TRAJECTORY=<parts per 10^9> with COMPARE: the per-step losses agree within it, relative (else
 #                                  they must differ: a learning rate or a dataset changes them)
 #   -DEXPECT_RC=<status> -DEXPECT_ERROR=<regex>  instead: the command exits with that status and the
@@ -19,7 +23,7 @@ if(DEFINED EXPECT_ERROR)
   return()
 endif()
 if(NOT DEFINED RSS_TOLERANCE)
-  set(RSS_TOLERANCE 1)
+  set(RSS_TOLERANCE 2)
 endif()
 
 function(run_json command prefix)
