@@ -320,7 +320,10 @@ std::string namespace_problem(std::string_view ns) {
     const std::size_t end = std::min(ns.find("::", start), ns.size());
     const std::string_view part = ns.substr(start, end - start);
     for (std::string_view k : cpp_keywords)
-      if (part == k) return "'" + std::string(part) + "' is a C++ keyword";
+      if (part == k) {
+        std::string why = "'";  // (appended: g++ 12 -O3 gives a bogus -Wrestrict on "'" + std::string&&, GCC PRs 105329, 105651)
+        return why.append(part).append("' is a C++ keyword");
+      }
     if (part.find("__") != std::string_view::npos ||
         (part.size() > 1 && part[0] == '_' && std::isupper(static_cast<unsigned char>(part[1]))))
       return "'" + std::string(part) + "' is reserved to the implementation ([lex.name])";

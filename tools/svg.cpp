@@ -139,7 +139,8 @@ std::string render_svg(const chart& c) {
       base += g;
     }
     s << "</g>\n";
-    const std::string number = "#" + std::to_string(i + 1);
+    std::string number = "#";  // (appended: g++ 12 -O3 gives a bogus -Wrestrict on "#" + std::string&&, GCC PRs 105329, 105651)
+    number += std::to_string(i + 1);
     s << "<text x=\"" << num(x + bar_w / 2) << "\" y=\"" << num(plot_top + plot_h + 16)
       << "\" text-anchor=\"middle\" font-size=\"11\"" << (b.fits ? "" : " fill=\"#b00020\"") << ">" << number
       << "</text>\n";
