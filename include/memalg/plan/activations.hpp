@@ -113,7 +113,10 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.grad_temporary = r.grad_temporary;
   a.mlp_released = trains ? r.mlp_released : bytes{};
   // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
-  if (!trains && a.tail_released > bytes{}) a.tail_released -= r.parts.mlp.weight_grad + r.parts.attention.weight_grad;
+  if (!trains && a.tail_released > bytes{}) {
+    const bytes unkept = r.parts.mlp.weight_grad + r.parts.attention.weight_grad;
+    a.tail_released = a.tail_released > unkept ? a.tail_released - unkept : bytes{};
+  }
   return a;
 }
 

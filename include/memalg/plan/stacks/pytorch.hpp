@@ -246,9 +246,17 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         output_masks = a.rep(bytes{checked_mul(H, masks * t.mask)});
         r.parts.mlp.input_grad += output_masks;
       }
-      if (t.autocast)  // autocast's cached bf16/fp16 copies of the block's weights, saved by its products
-        r.parts.mlp.weight_grad +=
-            bytes{checked_mul(ceil_div(l.params - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
+      // Autocast's cached bf16/fp16 copies of the block's weights, saved by its products; the
+      // MLP's go when its backward has run (each with its product's node), before the
+      // attention's core.
+      bytes mlp_copies{};
+      if (t.autocast) {
+        const bytes copies{checked_mul(ceil_div(l.params - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
+        const std::uint64_t attention = attention_params(s).params * (cross ? 2 : 1);
+        const bytes attention_copies{checked_mul(ceil_div(attention, c.tp), t.em)};
+        r.parts.mlp.weight_grad += copies;
+        mlp_copies = copies > attention_copies ? copies - attention_copies : bytes{};
+      }
       r.saved = r.parts.total();
       r.input = stream;
       r.input_in_saved = torch_residual_bytes(t, rms) == t.en;
@@ -269,7 +277,7 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         before_core += torch_norm(a, t, rms, s.hidden, into_mlp);
         if (!parallel) before_core += a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
       }
-      r.tail_released = m.saved.total() + before_core;
+      r.tail_released = m.saved.total() + before_core + mlp_copies;
       // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
       // the norm's output, are the norm's).
       r.mlp_released = m.saved.total();
