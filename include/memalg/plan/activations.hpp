@@ -426,8 +426,8 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // backward (`pending`).
         const bool tied_embedding_entry = tied_model && j == tied_entry;
         const detail::entry_gradients g = grads_of(j);
-        // A block's backward in two phases (stacks/pytorch.hpp): the second frees the MLP's saved
-        // tensors (from the rebuilt set under recomputation) and holds the attention's transients.
+        // A block's backward in phases (stacks/pytorch.hpp; offer_first and torch_tail below),
+        // its saved tensors rebuilt under recomputation.
         const bool rebuilt_block = l.place == placement::repeated &&
                                    (rk == recompute_kind::full || rk == recompute_kind::every_k);
         if (tied && tied_model) temporary += tied_weight_grad;
