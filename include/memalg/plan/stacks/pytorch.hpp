@@ -270,13 +270,13 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       r.backward_tail = bwd + stream * 2;
       // Before the attention's core the output projection's backward has run too, and in a
       // sequential block the MLP's norm's (its input, the sum after attention, its statistics and
-      // output); in a parallel block that norm's input is the block's input, kept for the other.
+      // output). A parallel block's MLP norm may run before the attention (Falcon's ln_mlp) and
+      // then its backward comes after the attention's: its tensors are kept.
       // The output dropouts' backward runs before both sub-layers' (at their residual adds).
       bytes before_core = self.saved.weight_grad + output_masks;
-      if (!shared) {
-        before_core += torch_norm(a, t, rms, s.hidden, into_mlp);
-        if (!parallel) before_core += a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
-      }
+      if (!shared && !parallel)
+        before_core += torch_norm(a, t, rms, s.hidden, into_mlp) +
+                       a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
       r.tail_released = m.saved.total() + before_core + mlp_copies;
       // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
       // the norm's output, are the norm's).
