@@ -112,6 +112,11 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.last_released = trains ? r.last_released : bytes{};
   a.grad_temporary = r.grad_temporary;
   a.mlp_released = trains ? r.mlp_released : bytes{};
+  if (c.pytorch() && a.backward_tail > bytes{}) {
+    a.late_attention_params = detail::later_phase_params(l, false);
+    a.late_input_params = detail::later_phase_params(l, true);
+    a.late_mlp_params = detail::mlp_input_projection_params(l);
+  }
   // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
   if (!trains && a.tail_released > bytes{}) {
     const bytes unkept = r.parts.mlp.weight_grad + r.parts.attention.weight_grad;
@@ -450,9 +455,9 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         const bool phased = a.backward_tail > bytes{} && m.zero_stage < 2 && m.tp == 1;
         const auto less = [](bytes x, bytes y) { return x > y ? x - y : bytes{}; };
         const bytes late_attention =
-            phased && !accumulating ? storage_bytes(t.precision.gradients, detail::later_phase_params(l, false)) : bytes{};
+            phased && !accumulating ? storage_bytes(t.precision.gradients, a.late_attention_params) : bytes{};
         const bytes late_inputs =
-            phased && !accumulating ? storage_bytes(t.precision.gradients, detail::later_phase_params(l, true)) : bytes{};
+            phased && !accumulating ? storage_bytes(t.precision.gradients, a.late_input_params) : bytes{};
         const auto first_phase = [&](bytes grads) { return less(grads, late_attention); };
         // The first phase's moments. A weight gradient is made inside a projection's backward,
         // beside that node's transients (a block's grad_temporary: the down projection's input
@@ -460,7 +465,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // larger set, which come before the first projections' gradients (and, with
         // accumulation, after the down projection's new gradient is added into .grad).
         const bytes late_mlp =
-            phased && !accumulating ? storage_bytes(t.precision.gradients, detail::mlp_input_projection_params(l)) : bytes{};
+            phased && !accumulating ? storage_bytes(t.precision.gradients, a.late_mlp_params) : bytes{};
         const auto offer_first = [&](sweep_step step, bytes held_now, bytes grads) {
           if (l.kind == layer_kind::output && a.grad_temporary > bytes{}) {
             // The output projection (stacks/pytorch.hpp): the logits' gradients first, with no

@@ -115,6 +115,10 @@ struct layer_activations {
   bytes last_released{};       ///< pytorch: saved bytes a block frees before its third phase (its attention's input projections)
   bytes grad_temporary{};      ///< pytorch: a block's first-phase transients while a weight gradient is new (0: backward_temporary)
   bytes mlp_released{};        ///< pytorch: saved bytes a block frees before its MLP's first projections' backward
+  /// pytorch: a block's parameters whose gradients come after its first phase (the attention's),
+  /// after its second (the attention's input projections'), and last in its first (the MLP's
+  /// first projections') (stacks/pytorch.hpp; computed with the table, once per model)
+  std::uint64_t late_attention_params = 0, late_input_params = 0, late_mlp_params = 0;
 };
 
 /// Per-instance activations of every entry, in model order (computed once per plan; stages only
