@@ -402,8 +402,12 @@ constexpr std::uint64_t later_phase_params(const layer_desc& l, bool input_proje
   if (l.kind != layer_kind::transformer_block) return 0;
   const layer_shape& s = l.shape;
   std::uint64_t self = attention_params(s).params;
-  if (input_projections)  // less the output projection: q·h and its bias
+  if (input_projections) {  // less the output projection: q·h and its bias
+    // (a cross-attention's input projections run before the self-attention's core: only the
+    // self-attention's are late then)
     self -= checked_mul(s.heads * s.head_dim, s.hidden) + ((s.flags & layer_flags::bias) != 0 ? s.hidden : 0);
+    return self < l.params ? self : 0;
+  }
   const std::uint64_t all = (s.flags & layer_flags::cross_attention) != 0 ? self * 2 : self;
   return all < l.params ? all : 0;
 }
