@@ -236,6 +236,11 @@ TEST_CASE("bytes: checked arithmetic at run time, formatting") {
   CHECK_THROWS_AS(bytes{~0ULL} + bytes{1}, std::overflow_error);
   CHECK_THROWS_AS(bytes{1ULL << 63} * 2, std::overflow_error);
   CHECK_THROWS_AS(bytes{1} - bytes{2}, std::underflow_error);
+  // What is left after a release larger than the amount is nothing, not an underflow.
+  CHECK(saturating_sub(bytes{1}, bytes{2}) == bytes{});
+  CHECK(saturating_sub(bytes{7}, bytes{2}) == bytes{5});
+  CHECK(saturating_sub(bytes{~0ULL}, bytes{~0ULL}) == bytes{});
+  static_assert(saturating_sub(3_MiB, 1_MiB) == 2_MiB);
   CHECK(to_string(512_B) == "512 B");
   CHECK(to_string(1536_KiB) == "1.50 MiB");
   CHECK(to_string(3_GiB) == "3.00 GiB");

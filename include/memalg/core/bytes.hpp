@@ -117,6 +117,9 @@ struct bytes {
 
 constexpr bytes max(bytes a, bytes b) { return a < b ? b : a; }
 constexpr bytes min(bytes a, bytes b) { return a < b ? a : b; }
+/// `a - b`, or zero where `b` is larger: for what is left of an amount after a release that may
+/// exceed it (a phase that frees more than a moment still holds). Plain `-` stays checked.
+constexpr bytes saturating_sub(bytes a, bytes b) { return a > b ? bytes{a.value - b.value} : bytes{}; }
 
 /// Bytes needed to store `elements` values of `bits` bits each, packed (sub-byte types share bytes).
 constexpr bytes packed_bytes(std::uint64_t elements, std::uint64_t bits) {

@@ -120,7 +120,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   // (a frozen block keeps no inputs of its products: the phase has fewer of them to free)
   if (!trains && a.tail_released > bytes{}) {
     const bytes unkept = r.parts.mlp.weight_grad + r.parts.attention.weight_grad;
-    a.tail_released = a.tail_released > unkept ? a.tail_released - unkept : bytes{};
+    a.tail_released = saturating_sub(a.tail_released, unkept);
   }
   return a;
 }
@@ -453,12 +453,11 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // made (AccumulateGrad runs first among the ready nodes: its sequence number is the
         // largest), so none is new while the core's transients exist.
         const bool phased = a.backward_tail > bytes{} && m.zero_stage < 2 && m.tp == 1;
-        const auto less = [](bytes x, bytes y) { return x > y ? x - y : bytes{}; };
         const bytes late_attention =
             phased && !accumulating ? storage_bytes(t.precision.gradients, a.late_attention_params) : bytes{};
         const bytes late_inputs =
             phased && !accumulating ? storage_bytes(t.precision.gradients, a.late_input_params) : bytes{};
-        const auto first_phase = [&](bytes grads) { return less(grads, late_attention); };
+        const auto first_phase = [&](bytes grads) { return saturating_sub(grads, late_attention); };
         // The first phase's moments. A weight gradient is made inside a projection's backward,
         // beside that node's transients (a block's grad_temporary: the down projection's input
         // gradient, or the gate and up sides' gradients), not beside the elementwise nodes'
@@ -486,13 +485,13 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
             backward.offer(held_now, narrow - tied_new, a.comm + boundary, before_weight);
             if (log != nullptr) log->push({step, j, held_now, narrow - tied_new, a.comm + boundary, before_weight});
             // (The logits' and the input's gradients are still counted there: at most.)
-            const bytes cast_held = less(held_now, a.last_released);
+            const bytes cast_held = saturating_sub(held_now, a.last_released);
             backward.offer(cast_held, narrow, a.comm + boundary, grads);
             if (log != nullptr) log->push({step, j, cast_held, narrow, a.comm + boundary, grads});
             return;
           }
           const bool split = phased && a.grad_temporary > bytes{} && a.grad_temporary <= a.backward_temporary;
-          const bytes settled = !split ? first_phase(grads) : accumulating ? all_grads + pending : less(first_phase(grads), late_mlp);
+          const bytes settled = !split ? first_phase(grads) : accumulating ? all_grads + pending : saturating_sub(first_phase(grads), late_mlp);
           backward.offer(held_now, temporary, a.comm + boundary, settled);
           if (log != nullptr) log->push({step, j, held_now, temporary, a.comm + boundary, settled});
           if (!split) return;
@@ -500,8 +499,8 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           // tensors freed (from the rebuilt set under recomputation); with accumulation it is also
           // the down projection's, with all held.
           const bytes released = accumulating ? bytes{} : a.mlp_released;
-          const bytes narrow = less(temporary - a.backward_temporary + a.grad_temporary, rebuilt_block ? released : bytes{});
-          const bytes held_then = rebuilt_block ? held_now : less(held_now, released);
+          const bytes narrow = saturating_sub(temporary - a.backward_temporary + a.grad_temporary, rebuilt_block ? released : bytes{});
+          const bytes held_then = rebuilt_block ? held_now : saturating_sub(held_now, released);
           const bytes made = accumulating ? grads : first_phase(grads);
           backward.offer(held_then, narrow, a.comm + boundary, made);
           if (log != nullptr) log->push({step, j, held_then, narrow, a.comm + boundary, made});
@@ -514,12 +513,12 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           const bytes second = temps - a.backward_temporary + a.backward_tail;
           const bytes held_then = rebuilt_block ? held_now : held_now - a.tail_released;
           const bytes temps_then = rebuilt_block ? second - a.tail_released : second;
-          const bytes grads_then = !phased ? grads : accumulating ? all_grads + pending : less(grads, late_inputs);
+          const bytes grads_then = !phased ? grads : accumulating ? all_grads + pending : saturating_sub(grads, late_inputs);
           backward.offer(held_then, temps_then, a.comm + boundary, grads_then);
           if (log != nullptr) log->push({sweep_step::backward_tail, j, held_then, temps_then, a.comm + boundary, grads_then});
           if (grads_then == grads) return;
-          const bytes held_last = rebuilt_block ? held_then : less(held_then, a.last_released);
-          const bytes temps_last = rebuilt_block ? less(temps_then, a.last_released) : temps_then;
+          const bytes held_last = rebuilt_block ? held_then : saturating_sub(held_then, a.last_released);
+          const bytes temps_last = rebuilt_block ? saturating_sub(temps_then, a.last_released) : temps_then;
           backward.offer(held_last, temps_last, a.comm + boundary, grads);
           if (log != nullptr) log->push({sweep_step::backward_tail, j, held_last, temps_last, a.comm + boundary, grads});
         };

@@ -86,16 +86,23 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // the product with V); SDPA's math path as the fp32 case. Each is saved: the softmax's
     // backward reads its output, the product its input.
     const bool eager = (s.flags & layer_flags::flash) == 0;
-    const std::uint64_t sm = !eager                                             ? 4
+    // SDPA's math path computes in fp32 whatever the inputs' dtype: it casts a half or bfloat16
+    // query, key and value up before anything it saves and casts only its output back
+    // (aten/src/ATen/native/transformers/attention.cpp, `_scaled_dot_product_attention_math`,
+    // "Keep query, key, value in high precision for accuracy"; `allow_fp16_bf16_reduction_math_sdp`
+    // is off by default). Measured: pw1-129-llama (bf16), whose probabilities, dropout tensors and
+    // the three inputs it keeps are fp32. `ce`: the element size of what the core keeps.
+    const std::uint64_t ce = eager ? em : (em > 4 ? em : 4);
+    const std::uint64_t sm = !eager                                             ? ce
                              : (s.flags & layer_flags::softmax_scores_dtype) != 0 ? em
                              : (s.flags & layer_flags::softmax_stream_dtype) != 0 ? t.en
                                                                                   : 4;
     bytes saved{checked_mul(S, sm)};
-    if (em != sm) saved += bytes{checked_mul(S, em)};
-    // The dropout on the probabilities (in their dtype, em): its mask (CUDA's bool; on the CPU
+    if (ce != sm) saved += bytes{checked_mul(S, ce)};
+    // The dropout on the probabilities (in their dtype, ce): its mask (CUDA's bool; on the CPU
     // aten/src/ATen/native/Dropout.cpp `_dropout` multiplies by a noise tensor `empty_like` the
     // input) and its output, which the product with V saves.
-    const bytes dropout{drop ? checked_mul(S, (a.c.cpu ? em : 1) + em) : 0};
+    const bytes dropout{drop ? checked_mul(S, (a.c.cpu ? ce : 1) + ce) : 0};
     r.saved.core = a.split(saved + dropout);
     // Eager attention keeps the query, key and value as the products receive them, the key and
     // value expanded to all heads (repeat_kv's `expand(...).reshape(...)` copies, and so does the
@@ -111,7 +118,7 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     const std::uint64_t expanded = s.kv_heads == 1 && b == 1 ? K : Q;
     std::uint64_t qkv = eager ? Q + 2 * expanded : checked_mul(Q, 3);
     if (eager && fused && rotary && b == 1 && s.kv_heads == s.heads) qkv += Q + K;
-    r.saved.input_grad = a.split(bytes{checked_mul(qkv, em)});
+    r.saved.input_grad = a.split(bytes{checked_mul(qkv, ce)});
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
     // The gradients of the probabilities and of the scores, in the softmax's dtype (S·2·sm),
@@ -123,10 +130,10 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // The product's saved V goes with the dropout's tensors where it has a storage of its own
     // (a separate projection's, or SDPA's math-path copy; GPT-2's views the fused output that Q and
     // K view too).
-    const bytes value{checked_mul(Q, em)};
+    const bytes value{checked_mul(Q, ce)};
     const bytes both{checked_mul(S, 2 * sm)}, first{checked_mul(S, sm)};
     const bytes gone = dropout + (!eager ? value : !fused ? bytes{checked_mul(expanded, em)} : bytes{});
-    r.backward_temporary = a.split(value + max_b(first, both > gone ? both - gone : bytes{}));
+    r.backward_temporary = a.split(value + max_b(first, saturating_sub(both, gone)));
   } else {
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
     // fused projection's output is one storage that Q, K and V view; rotary positions save the
@@ -255,7 +262,7 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         const std::uint64_t attention = attention_params(s).params * (cross ? 2 : 1);
         const bytes attention_copies{checked_mul(ceil_div(attention, c.tp), t.em)};
         r.parts.mlp.weight_grad += copies;
-        mlp_copies = copies > attention_copies ? copies - attention_copies : bytes{};
+        mlp_copies = saturating_sub(copies, attention_copies);
       }
       r.saved = r.parts.total();
       r.input = stream;
