@@ -733,6 +733,12 @@ def measure_case(c, device="cpu", rank=0, world=1):
                 r = profiled_step(s)
             except AssertionError as e:
                 r, error = None, e
+            # With two ranks the timeline can also miss an allocation of gloo's threads that the
+            # allocator's own stream holds (pw1-007-gptneox, FSDP2: 3.2 MB); such a profile is
+            # not used while attempts remain (the check below reports it on the last).
+            if r is not None and world > 1 and attempt < ATTEMPTS and r["allocator_peak_bytes"] != r["peak_bytes"]:
+                r, error = None, AssertionError("allocator stream peak %d != timeline peak %d"
+                                                % (r["allocator_peak_bytes"], r["peak_bytes"]))
             failed = torch.tensor([0 if r is not None else 1])
             if world > 1:
                 torch.distributed.all_reduce(failed)
@@ -778,7 +784,10 @@ def worker(args):
     dist.init_process_group("gloo", rank=args.rank, world_size=c["world"],
                             timeout=__import__("datetime").timedelta(seconds=120))
     try:
-        r = measure_case(c, "cpu", args.rank, c["world"])
+        if args.worker_explain is not None:
+            r = explain_rank(c, args.rank, c["world"], args.worker_explain)
+        else:
+            r = measure_case(c, "cpu", args.rank, c["world"])
     except Exception as e:  # the reason is the result
         r = {"error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")}
     with open(args.result, "w") as f:
@@ -787,10 +796,11 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def run_distributed(c, timeout=2400):
+def run_distributed(c, timeout=2400, explain=None):
     """One two-rank case in `world` processes, killed after `timeout` seconds (its result then
     'skipped'). Beside another shard on 2 cores pw1-006-qwen2 (bf16, FSDP2) took 580 s, and
-    pw1-022-llama and pw1-024-falcon were killed at the former 900 s."""
+    pw1-022-llama and pw1-024-falcon were killed at the former 900 s. With `explain` (the number
+    of local maxima) each rank explains its step instead (explain_rank) and rank 0's is returned."""
     t0 = time.time()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -799,6 +809,8 @@ def run_distributed(c, timeout=2400):
             files.append(os.path.join(tmp, "rank%d.json" % rank))
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", c["name"], "--rank", str(rank),
                    "--port", str(port), "--result", files[-1]]
+            if explain is not None:
+                cmd += ["--worker-explain", str(explain)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         logs = []
         deadline = time.time() + timeout
@@ -1202,14 +1214,35 @@ def group_storages(rows):
 
 
 def explain_case(c, moments="all", maxima=0):
-    """Runs one single-process case as the matrix does (the same warm-up, the same two profiled
-    steps, the second measured) and explains its live storages."""
+    """Runs one case as the matrix does (the same warm-up, the same two profiled steps, the
+    second measured) and explains its live storages; a two-rank case on its two processes, rank
+    0's step explained."""
     if c["world"] > 1:
-        raise ValueError("%s: two-rank cases are not explained (single-process cases only)" % c["name"])
+        r = run_distributed(c, explain=maxima)
+        if "skipped" in r:
+            raise RuntimeError("%s: %s" % (c["name"], r["skipped"]))
+        return r
+    return explain_rank(c, 0, 1, maxima, moments)
+
+
+def explain_rank(c, rank, world, maxima, moments="all"):
+    """One rank's explained step. Two ranks retry a profile whose data-flow validation fails, as
+    measure_case does, and agree on it."""
     t0 = time.time()
-    s = warmed_up(c, "cpu")
-    prof = profile_steps(s)
-    e = explain_profile(prof, s, "cpu", moments, maxima)
+    s = warmed_up(c, "cpu", rank, world)
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            prof = profile_steps(s)
+            e = explain_profile(prof, s, "cpu", moments, maxima)
+        except AssertionError as err:
+            e, error = None, err
+        failed = torch.tensor([0 if e is not None else 1])
+        if world > 1:
+            torch.distributed.all_reduce(failed)
+        if int(failed) == 0:
+            break
+        if attempt == ATTEMPTS:
+            raise error if e is None else RuntimeError("the other rank's profile analysis failed")
     out = describe(c, s)
     out.update(e)
     out["seconds"] = round(time.time() - t0, 2)
@@ -1357,6 +1390,7 @@ def main():
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-explain", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     transformers.logging.set_verbosity_error()
 
@@ -1556,9 +1590,6 @@ def explain_main(args, ap, cases):
     cases = [c for c in cases if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
     if not cases:
         ap.error("no case matches")
-    two = [c["name"] for c in cases if c["world"] > 1]
-    if two:
-        ap.error("--explain runs single-process cases only, not " + ", ".join(two))
     recorded = {}
     path = os.path.join(HERE, "measured.json")
     if os.path.exists(path):
