@@ -1503,7 +1503,8 @@ def run_cases(result, cases, device, out_path):
         with open(out_path) as f:
             old = json.load(f)
         if all(old.get(k) == result.get(k) for k in ("torch", "transformers", "device", "command")):
-            done = {r["name"]: r for r in old.get("cases", [])}
+            # A case skipped or with failed checks is measured again.
+            done = {r["name"]: r for r in old.get("cases", []) if "skipped" not in r and not r.get("checks_failed")}
             t0 -= old.get("wall_seconds", 0)
     for c in cases:
         if c["name"] in done:
@@ -1563,9 +1564,10 @@ def merge_shards(group, cases):
         with open(os.path.join(MEASURED, f)) as fh:
             parts.append(json.load(fh))
     got = {r["name"]: r for p in parts for r in p["cases"]}
-    missing = [n for n in names if n not in got]
+    missing = [n for n in names if n not in got or "skipped" in got[n] or got[n].get("checks_failed")]
     if missing:
-        print("error: %d cases of %s have no result yet: %s" % (len(missing), group, ", ".join(missing[:8])),
+        print("error: %d cases of %s have no result yet (or a skipped one, or failed checks): %s"
+              % (len(missing), group, ", ".join(missing[:8])),
               file=sys.stderr)
         return 2
     out = {k: v for k, v in parts[0].items() if k not in ("cases", "shard", "command", "wall_seconds")}
