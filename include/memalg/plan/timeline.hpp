@@ -113,10 +113,15 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   const bool per_entry = acts != nullptr && t.stack == stack_kind::memalg;
   const bool torch = t.stack == stack_kind::pytorch;
   bytes gathered = per_entry ? bytes{} : s.gathered_weights * (1 + m.zero3_prefetch);
-  if (torch && m.zero_stage >= 3 && has_layer_structure(model)) gathered = detail::fsdp_gathered(model, t, m, stage);
+  bytes gloo_held{};
+  if (torch && m.zero_stage >= 3 && has_layer_structure(model)) {
+    gathered = detail::fsdp_gathered(model, t, m, stage);
+    if (d.host) gloo_held = detail::fsdp_gloo_held(model, t, m, stage);
+  }
   breakdown& fwd = tl.at[static_cast<std::size_t>(phase::forward)];
   breakdown& bwd = tl.at[static_cast<std::size_t>(phase::backward)];
   fwd.temporaries += gathered;
+  bwd.temporaries += gloo_held;
   // (pytorch with activations: each entry's unsharded gradient in its own moment, activations.hpp)
   bwd.temporaries += gathered + (per_entry || (torch && acts != nullptr) ? bytes{} : s.gathered_gradient);
   if (torch) {

@@ -127,6 +127,7 @@ struct activation_table {
   layer_activations entries[max_model_entries]{};  ///< a built-in array, as model_desc::entries
   std::size_t size = 0;
   bytes stage_boundary{};  ///< a pipeline send/receive buffer: one hidden-state tensor
+  bool host = false;       ///< built for the host CPU (activation_context::cpu)
 };
 
 namespace detail {

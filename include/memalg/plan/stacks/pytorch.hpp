@@ -380,6 +380,25 @@ constexpr bytes fsdp_gathered(const model_desc& model, const training_desc& t, c
   return root + unit * (1 + m.zero3_prefetch);
 }
 
+/// FSDP2 over gloo (the CPU): gloo has no native reduce-scatter, and c10d runs it on a clone of
+/// its input (`aten::clone` under `c10d::_reduce_scatter_base_`), held by the asynchronous work
+/// object until that object is waited on and destroyed; FSDP2 keeps the reduce-scatter's input
+/// until the next unit's reduce-scatter waits on it (torch/distributed/fsdp/_fully_shard/
+/// _fsdp_collectives.py, `foreach_reduce`; `_fsdp_param_group.py`, `reduce_scatter_state`). When
+/// the work object lets go depends on gloo's thread: measured, the same step holds one repeated
+/// unit's full gradient more or less from run to run (pw1-009-falcon: 413.1, 419.5 and 426.0 MB in
+/// three runs, 6.5 MB a unit; llama-fsdp2 404.1 and 408.1 MB). The bound counts that one more: the
+/// largest repeated unit's unsharded gradient, through the backward.
+constexpr bytes fsdp_gloo_held(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                               std::uint64_t stage) {
+  bytes unit{};
+  for (const layer_desc& l : model) {
+    if (instances_on_stage(l, stage, m.pp) == 0 || l.place != placement::repeated || !l.trainable) continue;
+    unit = max(unit, storage_bytes(t.precision.gradients, elements_per_rank(l, m).total()));
+  }
+  return unit;
+}
+
 /// The largest single parameter tensor of an entry (the for-loop optimizer's temporaries): the
 /// embedding or output matrix, a block's largest projection (a mixture of experts stores each
 /// projection of all experts as one tensor, as transformers' grouped experts do).
