@@ -741,6 +741,27 @@ def cuda_step(s):
 ATTEMPTS = 8
 
 
+def with_attempts(attempt_once, world):
+    """`attempt_once(attempt)` (profiles the next steps and analyses them) until it succeeds on
+    every rank, at most ATTEMPTS times: the memory profiler's data-flow validation can trip over
+    the tensors gloo's threads make (two ranks; with FSDP2 about one profile in three), and
+    profiling the next steps again is enough. An attempt fails by raising AssertionError; the
+    ranks agree on each attempt. Returns the result and the attempt that gave it."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            r = attempt_once(attempt)
+        except AssertionError as e:
+            r, error = None, e.with_traceback(None)  # its frames would keep the profile alive
+        failed = torch.tensor([0 if r is not None else 1])
+        if world > 1:
+            torch.distributed.all_reduce(failed)
+        if int(failed) == 0:
+            return r, attempt
+        if attempt == ATTEMPTS:
+            raise error if r is None else RuntimeError("the other rank's profile analysis failed")
+        gc.collect()
+
+
 def warmed_up(c, device="cpu", rank=0, world=1):
     """The case built and stepped to its steady state: the optimizer state exists."""
     s = Setup(c, device, rank, world)
@@ -756,29 +777,18 @@ def measure_case(c, device="cpu", rank=0, world=1):
     s = warmed_up(c, device, rank, world)
     out = describe(c, s)
     if device == "cpu":
-        for attempt in range(1, ATTEMPTS + 1):
-            # The memory profiler's data-flow validation can trip over the tensors gloo's threads
-            # make (two ranks; with FSDP2 about one profile in three); profiling the next steps
-            # again is enough. The ranks agree on it.
-            try:
-                # The last attempt without the profiler's data-flow checks (relaxed_memory_profile).
-                r = profiled_step(s, relaxed=attempt == ATTEMPTS)
-            except AssertionError as e:
-                r, error = None, e.with_traceback(None)  # its frames would keep the profile alive
+        def attempt_once(attempt, s=s):
+            # The last attempt without the profiler's data-flow checks (relaxed_memory_profile).
+            r = profiled_step(s, relaxed=attempt == ATTEMPTS)
             # With two ranks the timeline can also miss an allocation of gloo's threads that the
             # allocator's own stream holds (pw1-007-gptneox, FSDP2: 3.2 MB); such a profile is
             # not used while attempts remain (the check below reports it on the last).
-            if r is not None and world > 1 and attempt < ATTEMPTS and r["allocator_peak_bytes"] != r["peak_bytes"]:
-                r, error = None, AssertionError("allocator stream peak %d != timeline peak %d"
-                                                % (r["allocator_peak_bytes"], r["peak_bytes"]))
-            failed = torch.tensor([0 if r is not None else 1])
-            if world > 1:
-                torch.distributed.all_reduce(failed)
-            if int(failed) == 0:
-                break
-            if attempt == ATTEMPTS:
-                raise error if r is None else RuntimeError("the other rank's profile analysis failed")
-            gc.collect()
+            if world > 1 and attempt < ATTEMPTS and r["allocator_peak_bytes"] != r["peak_bytes"]:
+                raise AssertionError("allocator stream peak %d != timeline peak %d"
+                                     % (r["allocator_peak_bytes"], r["peak_bytes"]))
+            return r
+
+        r, attempt = with_attempts(attempt_once, world)
         if attempt > 1:
             out["profile_attempts"] = attempt
         if "profile_validation" in r:
@@ -1265,24 +1275,11 @@ def explain_rank(c, rank, world, maxima, moments="all"):
     measure_case does, and agree on it."""
     t0 = time.time()
     s = warmed_up(c, "cpu", rank, world)
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            prof = profile_steps(s)
-            e = explain_profile(prof, s, "cpu", moments, maxima)
-        except AssertionError as err:
-            e, error = None, err.with_traceback(None)
-        failed = torch.tensor([0 if e is not None else 1])
-        if world > 1:
-            torch.distributed.all_reduce(failed)
-        if int(failed) == 0:
-            break
-        if attempt == ATTEMPTS:
-            raise error if e is None else RuntimeError("the other rank's profile analysis failed")
-        gc.collect()
+    e, _ = with_attempts(lambda attempt, s=s: explain_profile(profile_steps(s), s, "cpu", moments, maxima), world)
     out = describe(c, s)
     out.update(e)
     out["seconds"] = round(time.time() - t0, 2)
-    del prof, s
+    del s
     gc.collect()
     return out
 
