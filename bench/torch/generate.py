@@ -13,9 +13,11 @@ three-way interactions, not to repeats.
 
 The matrix is append-only: a group (one file `matrix/<group>.json`) is drawn once, with its seed,
 and never redrawn. A later group (new families, new axes) starts from the pairs and triples the
-committed groups already cover and draws only what is missing.
+committed groups already cover and draws only what is missing. A case measured as `skipped`
+(bench/torch/measured/, with its reason) covers nothing: a later group draws its pairs again.
 
     python bench/torch/generate.py --group pairwise-1 --seed 20261202 --min-cases 130
+    python bench/torch/generate.py --group pairwise-2 --seed 20261203   # the pairs pairwise-1's skipped cases held
     python bench/torch/generate.py --check          # every valid pair covered by the committed groups
 
 The numeric values within a category (the sequence length of a "long" case, the vocabulary of a
@@ -301,11 +303,25 @@ def committed_groups():
     return out
 
 
+def unmeasured_cases():
+    """The drawn cases whose result is `skipped` in measured/ (a group's file or its shard files):
+    they cover nothing, so a later group draws their pairs again."""
+    out = set()
+    measured = os.path.join(HERE, "measured")
+    if os.path.isdir(measured):
+        for f in sorted(os.listdir(measured)):
+            if f.endswith(".json"):
+                with open(os.path.join(measured, f)) as fh:
+                    out |= {r["name"] for r in json.load(fh).get("cases", []) if "skipped" in r}
+    return out
+
+
 def generate(group, seed, min_cases):
     rng = random.Random(seed)
     pairs, invalid = valid_pairs()
     wanted2 = set(tuple(sorted(p, key=lambda q: AXIS_INDEX[q[0]])) for p in pairs)
-    old = [c["axes"] for g in committed_groups() for c in g["cases"]]
+    skipped = unmeasured_cases()
+    old = [c["axes"] for g in committed_groups() for c in g["cases"] if c["name"] not in skipped]
     covered2 = set().union(*(tuples_of(c, 2) for c in old)) if old else set()
     covered3 = set().union(*(tuples_of(c, 3) for c in old)) if old else set()
     cases = []
@@ -352,16 +368,18 @@ def generate(group, seed, min_cases):
     return {"group": group, "seed": seed, "generator": "bench/torch/generate.py",
             "command": "python bench/torch/generate.py --group %s --seed %d --min-cases %d" % (group, seed, min_cases),
             "axes": [{"axis": a, "values": v} for a, v in AXES], "invalid_pairs": invalid,
+            "skipped_before": sorted(skipped),
             "pairwise_cases": pairwise_cases, "cases": out}
 
 
 def check():
     pairs, _ = valid_pairs()
-    cases = [c["axes"] for g in committed_groups() for c in g["cases"]]
+    skipped = unmeasured_cases()
+    cases = [c["axes"] for g in committed_groups() for c in g["cases"] if c["name"] not in skipped]
     covered = set().union(*(tuples_of(c, 2) for c in cases)) if cases else set()
     missing = [p for p in pairs if tuple(sorted(p, key=lambda q: AXIS_INDEX[q[0]])) not in covered]
-    print("%d cases, %d valid pairs, %d covered, %d missing" % (len(cases), len(pairs), len(pairs) - len(missing),
-                                                                len(missing)))
+    print("%d cases measured or drawn (%d skipped), %d valid pairs, %d covered, %d missing"
+          % (len(cases), len(skipped), len(pairs), len(pairs) - len(missing), len(missing)))
     for p in missing[:20]:
         print("  missing", p)
     return 1 if missing else 0
