@@ -523,6 +523,22 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           backward.offer(held_last, temps_last, a.comm + boundary, grads);
           if (log != nullptr) log->push({sweep_step::backward_tail, j, held_last, temps_last, a.comm + boundary, grads});
         };
+        // An instance's reduce-scatter under FSDP, its backward's tensors freed
+        // (_fsdp_param_group.py, `post_backward`: the unit is resharded, the previous
+        // reduce-scatter's state dropped, then `foreach_reduce`): the unsharded gradient (the
+        // input; on the CPU also gloo's clone of it, stacks/pytorch.hpp, fsdp_gloo_held) and the
+        // shards made so far, the new one included. Under FSDP2 the unit's gathered parameters,
+        // which the timeline adds to every backward moment (fsdp_gathered), are gone by then.
+        const auto reduce_scatter = [&](sweep_step step, bytes held_now, bytes grads) {
+          if (m.zero_stage < 2 || accumulating || l.place != placement::repeated || own == bytes{}) return;
+          const std::uint64_t elements = elements_per_rank(l, m).total();
+          const bytes input = storage_bytes(t.precision.gradients, elements);
+          const dtype wdt = l.weight_storage.is_none() ? t.precision.weights : l.weight_storage;
+          const bytes unit = m.zero_stage >= 3 ? storage_bytes(wdt, elements) * (1 + m.zero3_prefetch) : bytes{};
+          const bytes temps = saturating_sub(input * (table.host ? 2 : 1), unit);
+          backward.offer(held_now, temps, a.comm + boundary, grads);
+          if (log != nullptr) log->push({step, j, held_now, temps, a.comm + boundary, grads});
+        };
         // A repeated entry's instances run their backward one after another: the first holds
         // every instance's saved tensors and one instance's gradients, the last one instance's
         // saved tensors and all their gradients; the moments in between lie below one of them.
@@ -536,16 +552,28 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           // gradient is added into its .grad and freed (AccumulateGrad,
           // torch/csrc/autograd/functions/accumulate_grad.h: `variable_grad += new_grad`):
           // `accumulated` above.
-          const bytes at_first = accumulating ? accumulated(one_grad) : before + pending + one_grad;
-          const bytes at_last = accumulating ? accumulated(one_grad) : done + pending + own;
+          // Under FSDP2 an instance's gradient shard is made by its reduce-scatter, which its
+          // post-backward hook starts once the instance's backward has ended
+          // (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, `post_backward`): while it
+          // runs, its gradient is the unsharded one counted in `temporary`, and its shard is not
+          // there yet.
+          const bytes running = m.zero_stage >= 2 ? one_grad : bytes{};
+          const bytes at_first = accumulating ? accumulated(one_grad) : before + pending + one_grad - running;
+          const bytes at_last = accumulating ? accumulated(one_grad) : done + pending + own - running;
+          // The first instance's reduce-scatter holds the other instances' saved tensors and one
+          // shard, the last's no saved tensors and every shard; those in between lie below one.
           offer_first(sweep_step::backward, first, at_first);
           offer_first(sweep_step::backward_last, last, at_last);
           torch_tail(first, temporary, at_first);
           torch_tail(last, temporary, at_last);
+          reduce_scatter(sweep_step::backward, on_device(prior + cumulative - one_kept), before + pending + one_grad);
+          reduce_scatter(sweep_step::backward_last, on_device(prior + cumulative - kept[j]), done + pending + own);
         } else {
-          gradients = accumulating ? accumulated(own) : done + pending + own;
+          const bytes running = m.zero_stage >= 2 && l.place == placement::repeated ? own : bytes{};
+          gradients = accumulating ? accumulated(own) : done + pending + own - running;
           offer_first(sweep_step::backward, on_device(prior + cumulative), gradients);
           torch_tail(on_device(prior + cumulative), temporary, gradients);
+          reduce_scatter(sweep_step::backward, on_device(prior + cumulative - kept[j]), done + pending + own);
         }
         done += own;
         // The tied output's gradient waits in the input buffer, whole, until the embedding's
