@@ -607,6 +607,30 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
       p.zero_stages.insert(r == "fsdp2-2" ? 3 : 0);
     }
   check_table(stack_kind::pytorch, p);
+  // Every generated case the harness could not measure (skipped, with its reason) holds a
+  // combination the envelope names as unsettled, and the envelope names none that no skipped case
+  // holds: a configuration like it says that it is outside.
+  const auto unsettled = [](const json& axes) {
+    std::string out;
+    for (const auto& c : envelope_of(stack_kind::pytorch).unsettled)
+      if (!c.name.empty() && axes["ranks"] == "fsdp2-2" && c.zero_stage == 3 && axes["accumulation"] == "more" &&
+          (axes["checkpointing"] == "reentrant" ? "full-reentrant" : axes["checkpointing"] == "off" ? "none" : "full") ==
+              c.recomputation)
+        out = std::string(c.name);
+    return out;
+  };
+  std::set<std::string> named, held;
+  for (const auto& c : envelope_of(stack_kind::pytorch).unsettled)
+    if (!c.name.empty() && c.recomputation == "full-reentrant") named.insert(std::string(c.name));
+  for (const json& g : drawn_groups)
+    for (const json& c : g["cases"])
+      if (skipped.count(c["name"].get<std::string>()) != 0) {
+        CAPTURE(c["name"].get<std::string>());
+        const std::string n = unsettled(c["axes"]);
+        CHECK(!n.empty());
+        held.insert(n);
+      }
+  CHECK(held == named);
 
   observed_envelope m;
   for (const json& c : megatron_golden()["cases"]) {
@@ -651,6 +675,21 @@ TEST_CASE("memalg plan says where a configuration leaves the measured envelope")
   plan_flags h = f;
   h.stack = "paper";
   CHECK(!outside(h).validated);
+  // Every value measured, but unsettled together: FSDP2, reentrant checkpointing and
+  // accumulation (docs/accuracy.md); without accumulation the same plan is inside.
+  plan_flags combo = f;
+  combo.dp = "2";
+  combo.zero = "3";
+  combo.recompute = "full";
+  combo.checkpointing = "reentrant";
+  CHECK(outside(combo).validated);
+  combo.grad_accum = "2";
+  const envelope_report excluded = outside(combo);
+  CHECK(!excluded.validated);
+  REQUIRE(excluded.outside.size() == 1);
+  CHECK(excluded.outside[0] == "combination: fsdp2 + reentrant checkpointing + gradient accumulation");
+  combo.checkpointing = "non-reentrant";
+  CHECK(outside(combo).validated);
   plan_flags shape{};
   shape.layers = "2";
   shape.hidden = "256";

@@ -6,8 +6,10 @@
 // family, the precision, the attention, the recomputation and its checkpoint kind, the optimizer
 // and its implementation, a mesh axis's degree) that no measured case of that stack contains, or a
 // numeric value (sequence, micro-batch, width, depth, gradient accumulation) outside the measured
-// range (docs/accuracy.md, "The envelope"). Outside, the prediction follows the same cited rules,
-// but nothing measured confirms it. `require_fits` does not read the envelope.
+// range, or a combination of values whose measured steps did not all settle (pytorch: FSDP2 with
+// reentrant checkpointing and accumulation) (docs/accuracy.md, "The envelope"). Outside, the
+// prediction follows the same cited rules, but nothing measured confirms it. `require_fits` does
+// not read the envelope.
 //
 // * pytorch: the cases of bench/torch/measured.json and bench/torch/measured/*.json (the planner's
 //   test planner.measured derives this table from that data and fails when the two differ);
@@ -46,6 +48,16 @@ struct stack_envelope {
   measured_range dp, tp, pp, cp, ep;
   std::array<int, 4> zero_stages{-1, -1, -1, -1};  ///< measured ZeRO / FSDP stages (-1: none)
   bool sequence_parallel = false;                   ///< measured with sequence parallelism
+  /// Combinations of measured values whose measured steps did not all settle: the harness
+  /// skipped a case holding one, with its reason (bench/torch/measured/), so the bound is not
+  /// confirmed there. A ZeRO stage on more than one rank, a recomputation and gradient
+  /// accumulation above 1; an empty name ends the list.
+  struct combination {
+    int zero_stage = -1;
+    std::string_view recomputation{};
+    std::string_view name{};
+  };
+  std::array<combination, 2> unsettled{};
 };
 
 namespace detail {
@@ -105,6 +117,11 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.dp = {1, 2};
       e.tp = e.pp = e.cp = e.ep = {1, 1};
       e.zero_stages = {0, 3, -1, -1};  // DDP, FSDP2
+      // FSDP2 over gloo with reentrant checkpointing and accumulation: two of the three cases
+      // reached no steady state on the CPU, and one run of them lay 1.0 % above the plan
+      // (docs/accuracy.md, "The generated matrix").
+      e.unsettled = {{{3, "full-reentrant", "fsdp2 + reentrant checkpointing + gradient accumulation"},
+                       {3, "every-reentrant", "fsdp2 + reentrant checkpointing + gradient accumulation"}}};
       break;
     case stack_kind::megatron:
       e.validated = true;
@@ -202,6 +219,10 @@ constexpr envelope_check check_envelope(const training_desc& t, const mesh_desc&
   for (int z : e.zero_stages) zero = zero || z == m.zero_stage;
   if (!zero) out.add("zero", "", static_cast<std::uint64_t>(m.zero_stage));
   if (m.sequence_parallel && !e.sequence_parallel) out.add("sp", "on");
+  for (const stack_envelope::combination& c : e.unsettled)
+    if (!c.name.empty() && m.dp * m.cp > 1 && m.zero_stage == c.zero_stage && recomputation_name(t) == c.recomputation &&
+        t.grad_accum > 1)
+      out.add("combination", c.name);
   out.validated = out.size == 0;
   return out;
 }
