@@ -3,7 +3,7 @@
 // and the op stream, the persistent model states and their checkpoint sections, the layout's
 // figures a program reports, and the optimizer's update per run of equal weight decay.
 //
-// A front-end (exec/build_program.hpp's GPT family, exec/build_speech_program.hpp's speech
+// A front-end (exec/gpt/build_program.hpp's GPT family, exec/speech/build_program.hpp's speech
 // model) derives from lowering_base, describes its units (name, elements, shard, weights,
 // gradients, master, states, the ranges not decayed) and lays its step out with push / pop /
 // emit; allocate_states, emit_updates and finish_layout are written here once.
@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "memalg/exec/arena_layout.hpp"
-#include "memalg/exec/gpt_layout.hpp"
 #include "memalg/exec/program.hpp"
 
 namespace memalg::exec {
@@ -32,6 +31,10 @@ struct program_error : std::invalid_argument {
 struct rank_coords {
   std::size_t dp = 0, tp = 0, pp = 0;
 };
+
+/// Element ranges [begin, end) of a unit: those the optimizer does not decay, those identical on
+/// every tensor-parallel rank.
+using element_ranges = std::vector<std::pair<std::size_t, std::size_t>>;
 
 /// A maximal run of elements [begin, end) all inside or all outside a set of ranges.
 struct element_run {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/gpt_plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
+// memalg/exec/gpt/plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
 //
 // The CUDA runtime (backend/cuda/gpt_run.cuh: the plan's step program on the CUDA step backend,
-// backend/cuda/step_backend.cuh) runs the same plans as the CPU runtime (exec/gpt_plan.hpp) with
+// backend/cuda/step_backend.cuh) runs the same plans as the CPU runtime (exec/gpt/plan.hpp) with
 // these differences, all decided here so that plain g++ can check them:
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
 //     weights and optimizer states). No fp16: the GPU backend has no dynamic loss scaler.
@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "memalg/exec/gpt_plan.hpp"
+#include "memalg/exec/gpt/plan.hpp"
 
 namespace memalg::exec {
 

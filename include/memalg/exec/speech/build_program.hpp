@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/build_speech_program.hpp — lowers a training step of the speech model to a step program.
+// memalg/exec/speech/build_program.hpp — lowers a training step of the speech model to a step program.
 //
 // The speech model (model/presets/speech.hpp: a phoneme encoder and an autoregressive mel-frame
 // decoder, Transformer TTS with Tacotron 2's convolutional pre- and post-nets) as the same
@@ -44,14 +44,13 @@
 #include <vector>
 
 #include "memalg/exec/arena_layout.hpp"
-#include "memalg/exec/build_program.hpp"
-#include "memalg/exec/config.hpp"
+#include "memalg/exec/hparams.hpp"
 #include "memalg/exec/lowering.hpp"
 #include "memalg/exec/program.hpp"
 
 namespace memalg::exec {
 
-/// The speech model and its run, as the runtime reads them (exec/speech_plan.hpp fills one from a
+/// The speech model and its run, as the runtime reads them (exec/speech/plan.hpp fills one from a
 /// plan; the defaults are a small model).
 struct speech_config {
   // model (presets::speech_dims)

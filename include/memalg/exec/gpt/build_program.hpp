@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/build_program.hpp — lowers a GPT-2 training step to a step program, on the host.
+// memalg/exec/gpt/build_program.hpp — lowers a GPT-2 training step to a step program, on the host.
 //
 // `build_program(cfg, sizes, rank)` issues, through an `arena_layout` of the plan's capacities,
 // the pushes and pops of one rank's step — its construction's
@@ -63,8 +63,8 @@
 #include <vector>
 
 #include "memalg/exec/arena_layout.hpp"
-#include "memalg/exec/config.hpp"
-#include "memalg/exec/gpt_layout.hpp"
+#include "memalg/exec/gpt/config.hpp"
+#include "memalg/exec/gpt/layout.hpp"
 #include "memalg/exec/lowering.hpp"
 #include "memalg/exec/program.hpp"
 

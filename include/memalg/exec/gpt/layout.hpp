@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/gpt_layout.hpp — how the GPT trainers (CPU and CUDA) lay out their parameters.
+// memalg/exec/gpt/layout.hpp — how the GPT trainers (CPU and CUDA) lay out their parameters.
 //
 // Parameters are grouped into units — the token embedding, the position embedding, each block,
 // the final norm — each one flat buffer per rank. A block's tensors sit at fixed offsets inside
@@ -15,6 +15,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "memalg/exec/lowering.hpp"  // element_ranges
 
 namespace memalg::exec {
 
@@ -79,8 +81,6 @@ constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t W, std::siz
   v.end = o;
   return v;
 }
-
-using element_ranges = std::vector<std::pair<std::size_t, std::size_t>>;
 
 struct gpt_unit_spec {
   std::string name;
