@@ -200,78 +200,94 @@ class gpt_blocks : public gpt_parallel {
     if (!keeps_core()) pop(core);
     rope(dqkv, true);
   }
+  /// The MLP branch's backward from the residual gradient `dres` (through its dropout mask) into
+  /// `slot`, the gradient of the MLP's input `mlp_in` (the second norm's output, or the shared one's).
+  /// SwiGLU: d(out) [N, F] is the first half of d(gate ‖ up) [N, 2F], which the backward writes
+  /// over it in place (the plan's 2·inner).
+  void mlp_backward(block_saved& s, const operand& mlp_in, const operand& W, const operand& G, const operand& dres,
+                    const operand& slot) {
+    const std::size_t N = tokens(), C = c_.hidden, F = local_ffn(), F1 = fc1_rows();
+    const gpt_block_view& b = blk_;
+    const std::uint32_t n = u32(N), cc = u32(C), f = u32(F);
+    operand dfc2 = dres;
+    if (c_.dropout > 0) {
+      emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
+      release_mlp_mask(s);
+      dfc2 = slot;
+    }
+    operand dgelu = transient("grad_mlp_inner", N * F1, T_, category::temporaries);
+    const operand dact = sub(dgelu, 0, N * F);
+    {  // under SP the row-parallel product's output gradient is all-gathered (the reduce-scatter's backward)
+      const operand g = gathered_rows(dfc2, "sp_gathered");
+      emit(ops::linear_bwd{dact, w_at(G, b.fc2_w, C * F), b_at(G, b.fc2_b, C, c_.bias), g, s.gelu_out,
+                           w_at(W, b.fc2_w, C * F), n, f, cc});
+      release_rows(g, dfc2);
+    }
+    if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, ops::activation_kind::swiglu, n, f});
+    else emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
+    column_parallel_bwd(slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, c_.bias), dgelu, mlp_in,
+                        w_at(W, b.fc1_w, F1 * C), cc, u32(F1));
+    pop(dgelu);
+  }
+  /// The out-projection's backward from the residual gradient `dres` (through the attention's
+  /// dropout mask, into `slot`): the gradient of the attention output, a new transient.
+  operand projection_backward(const block_saved& s, const operand& W, const operand& G, const operand& dres,
+                              const operand& slot) {
+    const std::size_t N = tokens(), C = c_.hidden, Wd = local_width();
+    const gpt_block_view& b = blk_;
+    operand datty = transient("grad_attention_out", N * Wd, T_, category::temporaries);
+    operand dproj = dres;
+    if (c_.dropout > 0) {
+      emit(ops::dropout_bwd{slot, dres, s.mask1, c_.dropout});
+      dproj = slot;
+    }
+    const operand g = gathered_rows(dproj, "sp_gathered");
+    emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), b_at(G, b.proj_b, C, c_.bias), g, s.atty,
+                         w_at(W, b.proj_w, C * Wd), u32(N), u32(Wd), u32(C)});
+    release_rows(g, dproj);
+    return datty;
+  }
+  /// The QKV backward after the core's: the gradient of the first norm's output into `din`.
+  void qkv_backward(const block_saved& s, const operand& datty, const operand& W, const operand& G, const operand& din) {
+    const std::size_t N = tokens(), C = c_.hidden, Q = local_qkv();
+    const gpt_block_view& b = blk_;
+    operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
+    attention_core_bwd(dqkv, datty, s);
+    column_parallel_bwd(din, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, c_.bias || c_.qkv_bias), dqkv, s.ln1_out,
+                        w_at(W, b.qkv_w, Q * C), u32(C), u32(Q));
+    pop(dqkv);
+  }
+  /// A norm's backward from `slot` (the gradient of its output), its input gradient added into dres.
+  void norm_backward_into(const operand& dres, const operand& slot, const operand& x, std::size_t w_at_, std::size_t b_at_,
+                          const operand& W, const operand& G) {
+    const std::size_t C = c_.hidden;
+    operand dnorm = transient("grad_norm_in", rows() * C, T_, category::temporaries);
+    emit(ops::norm_bwd{dnorm, w_at(G, w_at_, C), b_at(G, b_at_, C, block_norm_bias()), slot, x, w_at(W, w_at_, C),
+                       u32(rows()), u32(C), c_.rms_norm});
+    emit(ops::residual_add{dres, dres, dnorm});
+    pop(dnorm);
+  }
   void block_backward(block_saved& s, const operand& x_in, const operand& W, const operand& G, const operand& dres,
                       const operand& slot) {
-    const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
-    const gpt_block_view& b = blk_;
-    const bool drop = c_.dropout > 0;
-    const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
-    const std::size_t Q = local_qkv(), F1 = fc1_rows();
-    const bool rms = c_.rms_norm, nb = block_norm_bias(), bias = c_.bias;
-    const std::size_t R = rows();
-    const std::uint32_t nr = u32(R);
     if (c_.parallel_residual) {
       parallel_block_backward(s, x_in, W, G, dres, slot);
       return;
     }
-    {  // MLP branch
-      operand dfc2 = dres;
-      if (drop) {
-        emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
-        release_mlp_mask(s);
-        dfc2 = slot;
-      }
-      // SwiGLU: d(out) [N, F] is the first half of d(gate ‖ up) [N, 2F], which the backward
-      // writes over it in place (the plan's 2·inner).
-      operand dgelu = transient("grad_mlp_inner", N * F1, T_, category::temporaries);
-      const operand dact = sub(dgelu, 0, N * F);
-      {  // under SP the row-parallel product's output gradient is all-gathered (the reduce-scatter's backward)
-        const operand g = gathered_rows(dfc2, "sp_gathered");
-        emit(ops::linear_bwd{dact, w_at(G, b.fc2_w, C * F), b_at(G, b.fc2_b, C, bias), g, s.gelu_out,
-                             w_at(W, b.fc2_w, C * F), n, f, cc});
-        release_rows(g, dfc2);
-      }
-      if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, ops::activation_kind::swiglu, n, f});
-      else emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
-      column_parallel_bwd(slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, bias), dgelu, s.ln2_out,
-                          w_at(W, b.fc1_w, F1 * C), cc, u32(F1));
-      pop(dgelu);
-      operand dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
-      emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), b_at(G, b.ln2_b, C, nb), slot, s.x_mid, w_at(W, b.ln2_w, C), nr, cc, rms});
-      emit(ops::residual_add{dres, dres, dnorm});
-      pop(dnorm);
-      // The MLP's tensors and the sum after attention are read for the last time: the saved
-      // side's top (the mask went before), released before the attention backward (the plan's
-      // backward_tail, plan/stacks/memalg.hpp). In a stash slot they stay.
-      for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {
-        pop(*t);
-        *t = {};
-      }
+    // MLP branch
+    mlp_backward(s, s.ln2_out, W, G, dres, slot);
+    norm_backward_into(dres, slot, s.x_mid, blk_.ln2_w, blk_.ln2_b, W, G);
+    // The MLP's tensors and the sum after attention are read for the last time: the saved
+    // side's top (the mask went before), released before the attention backward (the plan's
+    // backward_tail, plan/stacks/memalg.hpp). In a stash slot they stay.
+    for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {
+      pop(*t);
+      *t = {};
     }
-    {  // attention branch
-      operand dproj = dres;
-      if (drop) {
-        emit(ops::dropout_bwd{slot, dres, s.mask1, c_.dropout});
-        dproj = slot;
-      }
-      operand datty = transient("grad_attention_out", N * Wd, T_, category::temporaries);
-      {
-        const operand g = gathered_rows(dproj, "sp_gathered");
-        emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), b_at(G, b.proj_b, C, bias), g, s.atty,
-                             w_at(W, b.proj_w, C * Wd), n, wd, cc});
-        release_rows(g, dproj);
-      }
-      operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
-      attention_core_bwd(dqkv, datty, s);
-      column_parallel_bwd(slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv, s.ln1_out,
-                          w_at(W, b.qkv_w, Q * C), cc, u32(Q));
-      pop(dqkv);
-      pop(datty);
-      operand dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
-      emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), b_at(G, b.ln1_b, C, nb), slot, x_in, w_at(W, b.ln1_w, C), nr, cc, rms});
-      emit(ops::residual_add{dres, dres, dnorm});
-      pop(dnorm);
-    }
+    // attention branch
+    operand datty = projection_backward(s, W, G, dres, slot);
+    qkv_backward(s, datty, W, G, slot);
+    pop(datty);
+    norm_backward_into(dres, slot, x_in, blk_.ln1_w, blk_.ln1_b, W, G);
   }
 
   /// A parallel block's backward: d(out) reaches both branches unchanged (each through its own
@@ -281,83 +297,37 @@ class gpt_blocks : public gpt_parallel {
   /// backward writes the attention's into grad_norm_in; their sum goes through the one norm backward.
   void parallel_block_backward(block_saved& s, const operand& x_in, const operand& W, const operand& G,
                                const operand& dres, const operand& slot) {
-    const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
-    const gpt_block_view& b = blk_;
-    const bool drop = c_.dropout > 0, shared = c_.shared_norm;
-    const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
-    const std::size_t Q = local_qkv(), F1 = fc1_rows();
-    const bool rms = c_.rms_norm, nb = block_norm_bias(), bias = c_.bias;
-    const std::size_t R = rows();
-    const std::uint32_t nr = u32(R);
-    operand datty = transient("grad_attention_out", N * Wd, T_, category::temporaries);
-    {  // attention branch, out-projection
-      operand dproj = dres;
-      if (drop) {
-        emit(ops::dropout_bwd{slot, dres, s.mask1, c_.dropout});
-        dproj = slot;
+    const bool shared = c_.shared_norm;
+    // attention branch, out-projection
+    operand datty = projection_backward(s, W, G, dres, slot);
+    // MLP branch: the slot ends holding the gradient of its norm's output
+    mlp_backward(s, shared ? s.ln1_out : s.ln2_out, W, G, dres, slot);
+    if (!shared) norm_backward_into(dres, slot, x_in, blk_.ln2_w, blk_.ln2_b, W, G);
+    // The MLP's tensors and the attention's dropout mask (read by the out-projection's backward)
+    // are read for the last time: the saved side's top down to the attention output, released
+    // before the core's backward (the plan's backward_tail). In a stash slot they stay.
+    for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.mask1})
+      if (!t->null()) {
+        pop(*t);
+        *t = {};
       }
-      const operand g = gathered_rows(dproj, "sp_gathered");
-      emit(ops::linear_bwd{datty, w_at(G, b.proj_w, C * Wd), b_at(G, b.proj_b, C, bias), g, s.atty,
-                           w_at(W, b.proj_w, C * Wd), n, wd, cc});
-      release_rows(g, dproj);
-    }
-    const operand mlp_in = shared ? s.ln1_out : s.ln2_out;
-    {  // MLP branch: the slot ends holding the gradient of its norm's output
-      operand dfc2 = dres;
-      if (drop) {
-        emit(ops::dropout_bwd{slot, dres, s.mask2, c_.dropout});
-        release_mlp_mask(s);
-        dfc2 = slot;
-      }
-      operand dgelu = transient("grad_mlp_inner", N * F1, T_, category::temporaries);
-      const operand dact = sub(dgelu, 0, N * F);
-      {
-        const operand g = gathered_rows(dfc2, "sp_gathered");
-        emit(ops::linear_bwd{dact, w_at(G, b.fc2_w, C * F), b_at(G, b.fc2_b, C, bias), g, s.gelu_out,
-                             w_at(W, b.fc2_w, C * F), n, f, cc});
-        release_rows(g, dfc2);
-      }
-      if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, ops::activation_kind::swiglu, n, f});
-      else emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
-      column_parallel_bwd(slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, bias), dgelu, mlp_in,
-                          w_at(W, b.fc1_w, F1 * C), cc, u32(F1));
-      pop(dgelu);
-      if (!shared) {
-        operand dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
-        emit(ops::norm_bwd{dnorm, w_at(G, b.ln2_w, C), b_at(G, b.ln2_b, C, nb), slot, x_in, w_at(W, b.ln2_w, C), nr, cc,
-                           rms});
-        emit(ops::residual_add{dres, dres, dnorm});
-        pop(dnorm);
-      }
-      // The MLP's tensors and the attention's dropout mask (read by the out-projection's backward)
-      // are read for the last time: the saved side's top down to the attention output, released
-      // before the core's backward (the plan's backward_tail). In a stash slot they stay.
-      for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.mask1})
-        if (!t->null()) {
-          pop(*t);
-          *t = {};
-        }
-    }
     // attention branch, the core and QKV: their input gradient into the slot, or (shared norm)
     // into grad_norm_in beside the MLP's in the slot
-    operand dnorm = shared ? transient("grad_norm_in", R * C, T_, category::temporaries) : operand{};
-    {
-      operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
-      attention_core_bwd(dqkv, datty, s);
-      column_parallel_bwd(shared ? dnorm : slot, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, bias || c_.qkv_bias), dqkv,
-                          s.ln1_out, w_at(W, b.qkv_w, Q * C), cc, u32(Q));
-      pop(dqkv);
-    }
-    if (shared) {
-      emit(ops::residual_add{slot, slot, dnorm});  // d(ln_out) = the MLP's + the attention's
-    } else {
+    if (!shared) {
+      qkv_backward(s, datty, W, G, slot);
       pop(datty);
-      dnorm = transient("grad_norm_in", R * C, T_, category::temporaries);
+      norm_backward_into(dres, slot, x_in, blk_.ln1_w, blk_.ln1_b, W, G);
+      return;
     }
-    emit(ops::norm_bwd{dnorm, w_at(G, b.ln1_w, C), b_at(G, b.ln1_b, C, nb), slot, x_in, w_at(W, b.ln1_w, C), nr, cc, rms});
+    const std::size_t C = c_.hidden;
+    operand dnorm = transient("grad_norm_in", rows() * C, T_, category::temporaries);
+    qkv_backward(s, datty, W, G, dnorm);
+    emit(ops::residual_add{slot, slot, dnorm});  // d(ln_out) = the MLP's + the attention's
+    emit(ops::norm_bwd{dnorm, w_at(G, blk_.ln1_w, C), b_at(G, blk_.ln1_b, C, block_norm_bias()), slot, x_in,
+                       w_at(W, blk_.ln1_w, C), u32(rows()), u32(C), c_.rms_norm});
     emit(ops::residual_add{dres, dres, dnorm});
     pop(dnorm);
-    if (shared) pop(datty);
+    pop(datty);
   }
 };
 

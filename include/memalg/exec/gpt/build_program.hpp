@@ -61,36 +61,25 @@ class gpt_lowering : gpt_pipeline {
     validate();
     build_units();
     allocate_states();
-    layout_.enable_trace();
     if (c_.pp > 1) return build_pipeline();
-    section_ = &p_.step_begin;
-    for (unit& u : units_) emit(ops::zero{u.grad});
-    lay_out_micro(c_.grad_accum, [this] { micro_batch(); });
-    section_ = &p_.step_end;
-    step_end();
+    lay_out_step(units_, true, c_.grad_accum, [this] { micro_batch(); }, [this] { step_end(); });
     finish();
     return std::move(p_);
   }
 
  private:
   void finish() {
-    finish_layout();
-    p_.grad_accum = c_.grad_accum;
-    p_.micro_batch = c_.micro_batch;
-    p_.sequence = c_.sequence;
+    finish_program(c_, c_.sequence, r_.dp, c_.dropout);
     p_.tokens_per_micro = tokens();
     p_.targets_per_micro = tokens();
-    p_.dp = c_.dp;
     p_.tp = c_.tp;
-    p_.dp_rank = r_.dp;
     p_.tp_rank = r_.tp;
     p_.loss_scaling = c_.loss_scaling;
     p_.pp = c_.pp;
     p_.pp_rank = r_.pp;
-    p_.hp = {c_.optimizer, c_.lr, c_.weight_decay, c_.momentum, c_.beta1, c_.beta2, c_.eps, c_.max_grad_norm,
-             c_.dropout, c_.seed};
   }
   program build_pipeline() {
+    layout_.enable_trace();
     pipeline_step_layout();
     p_.trace = layout_.trace();
     p_.stash_slots = stash_slots();
@@ -146,12 +135,9 @@ class gpt_lowering : gpt_pipeline {
         emit(ops::sqnorm{g, counted});
       }
     }
-    emit(ops::norm_parts{});
-    if (z >= 1) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::dp, reduce_op::sum});
-    else emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});
-    emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::tp, reduce_op::sum});
-    if (c_.pp > 1) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::pp, reduce_op::sum});  // every stage's units
-    emit(ops::clip_scale{c_.max_grad_norm, u32(c_.dp), c_.loss_scaling});
+    // The parts summed over tp too, and over the stages (every stage's units) in a pipeline.
+    if (c_.pp > 1) emit_clip_scale(z, c_.dp, c_.max_grad_norm, c_.loss_scaling, {group::tp, group::pp});
+    else emit_clip_scale(z, c_.dp, c_.max_grad_norm, c_.loss_scaling, {group::tp});
     // One fused update per run of equal decay; ZeRO-1/2 share the updated block.
     emit_updates(units_, z, c_.weight_decay, c_.dp, [this](const unit& u) { return shard_begin(u); });
   }

@@ -103,25 +103,10 @@ inline std::vector<gpt_unit_spec> detail_split_units(std::string_view who, std::
   return units;
 }
 
-/// The units of a GPT of `layers` blocks; throws, naming `who`, when a unit does not split evenly
-/// over `dp` data-parallel ranks.
-inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vocab, std::size_t positions,
-                                            std::size_t hidden, std::size_t layers, const gpt_block_view& v,
-                                            std::size_t dp) {
-  const std::size_t C = hidden;
-  std::vector<gpt_unit_spec> units;
-  units.push_back({"wte", vocab * C, 0, {}, {{0, vocab * C}}});
-  units.push_back({"wpe", positions * C, 0, {}, {{0, positions * C}}});
-  for (std::size_t l = 0; l < layers; ++l)
-    units.push_back({"block" + std::to_string(l), v.end, 0,
-                     {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}},
-                     {{v.ln1_w, v.qkv_w}, {v.proj_b, v.fc1_w}, {v.fc2_b, v.end}}});
-  units.push_back({"lnf", 2 * C, 0, {{0, 2 * C}}, {{0, 2 * C}}});
-  return detail_split_units(who, std::move(units), dp);
-}
-
-/// The same for the general model: no `wpe` unit when positions == 0 (rotary positions), a final
-/// norm of `final_norm` elements, and an untied output layer as a last unit `lm_head` [vocab, hidden].
+/// The units of a GPT of `layers` blocks: the token embedding, the position embedding (none when
+/// positions == 0: rotary positions), the blocks, a final norm of `final_norm` elements and, when
+/// not `tied`, an output layer as a last unit `lm_head` [vocab, hidden]; throws, naming `who`,
+/// when a unit does not split evenly over `dp` data-parallel ranks.
 inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vocab, std::size_t positions,
                                             std::size_t hidden, std::size_t layers, const gpt_block_view& v,
                                             std::size_t dp, std::size_t final_norm, bool tied) {

@@ -30,11 +30,10 @@ namespace memalg::exec::detail {
 class gpt_state : public lowering_base {
  protected:
   gpt_state(const gpt_config& c, arena_sizes sizes, rank_coords r, elem storage, std::size_t slot_bytes, bool measuring)
-      : lowering_base(sizes, storage), c_(c), r_(r), slot_bytes_(slot_bytes), measuring_(measuring) {}
+      : lowering_base("build_program", sizes, storage), c_(c), r_(r), slot_bytes_(slot_bytes), measuring_(measuring) {}
 
   // ---- configuration ---------------------------------------------------------------------------
   void validate() const {
-    const auto fail = [](const std::string& why) { throw program_error("build_program: " + why); };
     if (c_.heads == 0 || c_.tp == 0 || c_.dp == 0) fail("heads, dp and tp must be at least 1");
     if (c_.shared_norm && !c_.parallel_residual)
       fail("a shared norm feeds the two branches of a parallel block: set parallel_residual too");
@@ -64,9 +63,8 @@ class gpt_state : public lowering_base {
     }
     if (c_.dropout > 0 && !c_.flash)
       fail("dropout needs flash attention: the reference naive attention has no attention-probability dropout");
-    if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
     if (c_.recompute == recompute_kind::every_k && c_.recompute_every == 0) fail("recompute every:K needs K >= 1");
-    if (!runtime_optimizer(c_.optimizer)) fail("the runtime implements sgd, momentum, adam and adamw");
+    check_storage_and_optimizer(c_.optimizer);
   }
   std::size_t tokens() const { return c_.micro_batch * c_.sequence; }
   /// Vocabulary-parallel embedding and loss (Megatron's layout): this rank's vocab_rows() rows
@@ -97,10 +95,6 @@ class gpt_state : public lowering_base {
   attn_shape shape() const {
     return {u32(c_.micro_batch), u32(c_.sequence), u32(local_heads()), u32(local_kv_heads()), u32(head_dim()), true,
             c_.flash};
-  }
-  static std::uint32_t u32(std::size_t n) {
-    if (n > 0xffffffffu) throw program_error("build_program: a shape exceeds 32 bits");
-    return static_cast<std::uint32_t>(n);
   }
   bool keeps_core() const { return c_.recompute != recompute_kind::selective; }
   std::size_t segment() const {
@@ -200,15 +194,7 @@ class gpt_state : public lowering_base {
     const int z = c_.zero_stage;
     for (std::size_t ui = 0; ui < units_.size(); ++ui) {
       const unit& u = units_[ui];
-      param_unit d;
-      d.name = u.name;
-      d.elements = u.elements;
-      d.shard = u.shard;
-      d.weight = u.weight;
-      d.grad = u.grad;
-      d.master = u.master;
-      d.state1 = u.state1;
-      d.state2 = u.state2;
+      param_unit d = param_unit_of(u);
       d.weight_begin = z >= 3 ? shard_begin(u) : 0;
       d.master_begin = z >= 1 ? shard_begin(u) : 0;
       const std::size_t gi = u.global;
