@@ -38,6 +38,16 @@ struct rank_coords {
 /// every tensor-parallel rank.
 using element_ranges = std::vector<std::pair<std::size_t, std::size_t>>;
 
+/// Consecutive tensors of a unit laid out one after the other: take(n) is where the next n
+/// elements start; `end` the elements taken.
+struct element_cursor {
+  std::size_t end = 0;
+  constexpr std::size_t take(std::size_t n) {
+    end += n;
+    return end - n;
+  }
+};
+
 /// A maximal run of elements [begin, end) all inside or all outside a set of ranges.
 struct element_run {
   std::size_t begin, end;

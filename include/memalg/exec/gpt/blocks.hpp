@@ -3,18 +3,18 @@
 // emits them: norms, QKV, rotary positions, the attention core (naive or flash, recomputed under
 // selective recomputation), the projection, the MLP, dropout and the residual sums.
 //
-// The same lowering takes gpt_config's block variant:
-// RMSNorm, a SwiGLU MLP (fc1 writes [gate ‖ up]; its backward runs in place over d(out), so the
-// MLP backward holds 2·inner as the plan says), rotary positions when positions == 0 (in place on
-// qkv and on its gradient: no tensor added), grouped-query attention (qkv [N, (H + 2Hkv)·D]), no
-// biases, and an untied output layer (a last unit `lm_head`). A parallel block (GPT-NeoX, GPT-J,
-// Falcon: y = x + attn(ln1(x)) + mlp(ln2(x)), or with a shared norm y = x + attn(ln(x)) + mlp(ln(x))
-// as Falcon-7B) saves no sum after attention: its forward holds the attention branch's x + attn in
-// a transient while the MLP runs and writes FC2 straight into the output; its backward runs the
-// out-projection's backward first (the attention branch's last read of the output gradient, its
-// input gradient kept through the MLP branch), so both norms' input gradients add into the
-// residual gradient as in the sequential block, and with a shared norm the two branches'
-// gradients of its output are summed before its one backward.
+// The blocks take gpt_config's variants: RMSNorm, a SwiGLU MLP (fc1 writes [gate ‖ up]; its
+// backward runs in place over d(out), so the MLP backward holds 2·inner as the plan says), rotary
+// positions when positions == 0 (in place on qkv and on its gradient: no tensor added),
+// grouped-query attention (qkv [N, (H + 2Hkv)·D]), no biases, and an untied output layer (a last
+// unit `lm_head`). A parallel block (GPT-NeoX, GPT-J, Falcon: y = x + attn(ln1(x)) + mlp(ln2(x)),
+// or with a shared norm y = x + attn(ln(x)) + mlp(ln(x)) as Falcon-7B) saves no sum after
+// attention: its forward holds the attention branch's x + attn in a transient while the MLP runs
+// and writes FC2 straight into the output; its backward runs the out-projection's backward first
+// (the attention branch's last read of the output gradient, its input gradient kept through the
+// MLP branch), so both norms' input gradients add into the residual gradient as in the sequential
+// block, and with a shared norm the two branches' gradients of its output are summed before its
+// one backward.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +45,36 @@ class gpt_blocks : public gpt_parallel {
     else emit(ops::rotary_fwd{x, shape(), rot, c_.rope_theta});
   }
 
+  /// A row-parallel product of a block (the out-projection, FC2) into `out`, this rank's rows:
+  /// in · W[w]ᵀ over `IC` inputs, summed over tp (reduce-scattered under SP), plus the bias at
+  /// W[bias], then dropout through `mask` at dropout site `site`.
+  void row_parallel_forward(const operand& out, const operand& in, const operand& W, std::size_t w, std::size_t bias,
+                            std::size_t IC, const operand& mask, std::size_t site) {
+    const std::size_t C = c_.hidden;
+    const operand part = partial_rows(out, "sp_partial");
+    emit(ops::linear_fwd{part, in, w_at(W, w, C * IC), operand{}, u32(tokens()), u32(IC), u32(C)});
+    finish_rows(part, out);
+    if (c_.bias) emit(ops::bias_add{out, w_at(W, bias, C), u32(rows()), u32(C)});
+    if (c_.dropout > 0) dropout_rows(out, mask, site);
+  }
+  /// The MLP up to its second product: FC1 of `mlp_in` (all-gathered under SP), the activation,
+  /// and the mask of the dropout after FC2, all saved.
+  void mlp_inner_forward(block_saved& s, const operand& mlp_in, const operand& W, category kind) {
+    const std::size_t N = tokens(), C = c_.hidden, F = local_ffn(), F1 = fc1_rows();
+    const gpt_block_view& b = blk_;
+    s.fc1_out = push("fc1_out", N * F1, T_, kind);
+    {
+      const operand in = gathered_rows(mlp_in, "sp_gathered");
+      emit(ops::linear_fwd{s.fc1_out, in, w_at(W, b.fc1_w, F1 * C), b_at(W, b.fc1_b, F1, c_.bias), u32(N), u32(C),
+                           u32(F1)});
+      release_rows(in, mlp_in);
+    }
+    s.gelu_out = push("gelu_out", N * F, T_, kind);
+    emit(ops::activation_fwd{s.gelu_out, s.fc1_out, c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu,
+                             u32(N), u32(F)});
+    if (c_.dropout > 0) s.mask2 = push("dropout_mask", rows() * C, elem::u8, kind);
+  }
+
   /// `x_out`, when given, receives the block's output instead of a new saved tensor (a pipeline
   /// stage's send buffer).
   block_saved block_forward(std::size_t l, const operand& x_in, const operand& W, category kind = category::activations,
@@ -52,8 +82,8 @@ class gpt_blocks : public gpt_parallel {
     const std::size_t N = tokens(), C = c_.hidden, Wd = local_width(), F = local_ffn();
     const gpt_block_view& b = blk_;
     const bool drop = c_.dropout > 0;
-    const std::uint32_t n = u32(N), cc = u32(C), wd = u32(Wd), f = u32(F);
-    const std::size_t Q = local_qkv(), F1 = fc1_rows();
+    const std::uint32_t n = u32(N), cc = u32(C);
+    const std::size_t Q = local_qkv();
     const bool rms = c_.rms_norm, nb = block_norm_bias(), bias = c_.bias;
     const std::size_t R = rows();  // residual-stream rows (N / tp under sequence parallelism)
     const std::uint32_t nr = u32(R);
@@ -87,72 +117,34 @@ class gpt_blocks : public gpt_parallel {
       // x + attn(ln1(x)) waits in a transient while the MLP branch, which reads x too, runs: no
       // sum after attention is saved (the plan's parallel block, plan/stacks/memalg.hpp).
       operand branch = transient("attention_branch", R * C, T_, category::temporaries);
-      {
-        const operand part = partial_rows(branch, "sp_partial");
-        emit(ops::linear_fwd{part, s.atty, w_at(W, b.proj_w, C * Wd), operand{}, n, wd, cc});
-        finish_rows(part, branch);
-        if (bias) emit(ops::bias_add{branch, w_at(W, b.proj_b, C), nr, cc});
-        if (drop) dropout_rows(branch, s.mask1, 2 * l);
-        emit(ops::residual_add{branch, branch, x_in});
-      }
+      row_parallel_forward(branch, s.atty, W, b.proj_w, b.proj_b, Wd, s.mask1, 2 * l);
+      emit(ops::residual_add{branch, branch, x_in});
       if (!c_.shared_norm) {
         s.ln2_out = push("ln2_out", R * C, T_, kind);
         emit(ops::norm_fwd{s.ln2_out, x_in, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms});
       }
-      const operand mlp_in = c_.shared_norm ? s.ln1_out : s.ln2_out;
-      s.fc1_out = push("fc1_out", N * F1, T_, kind);
-      {
-        const operand in = gathered_rows(mlp_in, "sp_gathered");
-        emit(ops::linear_fwd{s.fc1_out, in, w_at(W, b.fc1_w, F1 * C), b_at(W, b.fc1_b, F1, bias), n, cc, u32(F1)});
-        release_rows(in, mlp_in);
-      }
-      s.gelu_out = push("gelu_out", N * F, T_, kind);
-      emit(ops::activation_fwd{s.gelu_out, s.fc1_out,
-                               c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu, n, f});
-      if (drop) s.mask2 = push("dropout_mask", R * C, elem::u8, kind);
+      mlp_inner_forward(s, c_.shared_norm ? s.ln1_out : s.ln2_out, W, kind);
       s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
-      {  // FC2 straight into the output, then the attention branch added
-        const operand part = partial_rows(s.x_out, "sp_partial");
-        emit(ops::linear_fwd{part, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
-        finish_rows(part, s.x_out);
-        if (bias) emit(ops::bias_add{s.x_out, w_at(W, b.fc2_b, C), nr, cc});
-        if (drop) dropout_rows(s.x_out, s.mask2, 2 * l + 1);
-        emit(ops::residual_add{s.x_out, s.x_out, branch});
-      }
+      // FC2 straight into the output, then the attention branch added
+      row_parallel_forward(s.x_out, s.gelu_out, W, b.fc2_w, b.fc2_b, F, s.mask2, 2 * l + 1);
+      emit(ops::residual_add{s.x_out, s.x_out, branch});
       pop(branch);
       return s;
     }
     s.x_mid = push("residual", R * C, T_, kind);
     {
       operand proj = transient("proj_out", R * C, T_, category::temporaries);
-      const operand part = partial_rows(proj, "sp_partial");
-      emit(ops::linear_fwd{part, s.atty, w_at(W, b.proj_w, C * Wd), operand{}, n, wd, cc});
-      finish_rows(part, proj);
-      if (bias) emit(ops::bias_add{proj, w_at(W, b.proj_b, C), nr, cc});
-      if (drop) dropout_rows(proj, s.mask1, 2 * l);
+      row_parallel_forward(proj, s.atty, W, b.proj_w, b.proj_b, Wd, s.mask1, 2 * l);
       emit(ops::residual_add{s.x_mid, x_in, proj});
       pop(proj);
     }
     s.ln2_out = push("ln2_out", R * C, T_, kind);
     emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms});
-    s.fc1_out = push("fc1_out", N * F1, T_, kind);
-    {
-      const operand in = gathered_rows(s.ln2_out, "sp_gathered");
-      emit(ops::linear_fwd{s.fc1_out, in, w_at(W, b.fc1_w, F1 * C), b_at(W, b.fc1_b, F1, bias), n, cc, u32(F1)});
-      release_rows(in, s.ln2_out);
-    }
-    s.gelu_out = push("gelu_out", N * F, T_, kind);
-    emit(ops::activation_fwd{s.gelu_out, s.fc1_out, c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu,
-                             n, f});
-    if (drop) s.mask2 = push("dropout_mask", R * C, elem::u8, kind);
+    mlp_inner_forward(s, s.ln2_out, W, kind);
     s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
     {
       operand fc2 = transient("fc2_out", R * C, T_, category::temporaries);
-      const operand part = partial_rows(fc2, "sp_partial");
-      emit(ops::linear_fwd{part, s.gelu_out, w_at(W, b.fc2_w, C * F), operand{}, n, f, cc});
-      finish_rows(part, fc2);
-      if (bias) emit(ops::bias_add{fc2, w_at(W, b.fc2_b, C), nr, cc});
-      if (drop) dropout_rows(fc2, s.mask2, 2 * l + 1);
+      row_parallel_forward(fc2, s.gelu_out, W, b.fc2_w, b.fc2_b, F, s.mask2, 2 * l + 1);
       emit(ops::residual_add{s.x_out, s.x_mid, fc2});
       pop(fc2);
     }

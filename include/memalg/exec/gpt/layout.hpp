@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "memalg/exec/lowering.hpp"  // element_ranges
+#include "memalg/exec/lowering.hpp"  // element_ranges, element_cursor
 
 namespace memalg::exec {
 
@@ -35,50 +35,21 @@ constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::si
                                           bool norm_bias, bool bias, bool gated, bool qkv_bias = false,
                                           bool shared_norm = false) {
   gpt_block_view v{};
-  std::size_t o = 0;
-  const auto take = [&](std::size_t n) {
-    const std::size_t at = o;
-    o += n;
-    return at;
-  };
+  element_cursor o;
   const std::size_t F1 = gated ? 2 * F : F;
-  v.ln1_w = take(C);
-  v.ln1_b = take(norm_bias ? C : 0);
-  v.qkv_w = take((Wq + 2 * Wkv) * C);
-  v.qkv_b = take(bias || qkv_bias ? Wq + 2 * Wkv : 0);
-  v.proj_w = take(C * Wq);
-  v.proj_b = take(bias ? C : 0);
-  v.ln2_w = take(shared_norm ? 0 : C);
-  v.ln2_b = take(norm_bias && !shared_norm ? C : 0);
-  v.fc1_w = take(F1 * C);
-  v.fc1_b = take(bias ? F1 : 0);
-  v.fc2_w = take(C * F);
-  v.fc2_b = take(bias ? C : 0);
-  v.end = o;
-  return v;
-}
-
-constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t W, std::size_t F) {
-  gpt_block_view v{};
-  std::size_t o = 0;
-  const auto take = [&](std::size_t n) {
-    const std::size_t at = o;
-    o += n;
-    return at;
-  };
-  v.ln1_w = take(C);
-  v.ln1_b = take(C);
-  v.qkv_w = take(3 * W * C);
-  v.qkv_b = take(3 * W);
-  v.proj_w = take(C * W);
-  v.proj_b = take(C);
-  v.ln2_w = take(C);
-  v.ln2_b = take(C);
-  v.fc1_w = take(F * C);
-  v.fc1_b = take(F);
-  v.fc2_w = take(C * F);
-  v.fc2_b = take(C);
-  v.end = o;
+  v.ln1_w = o.take(C);
+  v.ln1_b = o.take(norm_bias ? C : 0);
+  v.qkv_w = o.take((Wq + 2 * Wkv) * C);
+  v.qkv_b = o.take(bias || qkv_bias ? Wq + 2 * Wkv : 0);
+  v.proj_w = o.take(C * Wq);
+  v.proj_b = o.take(bias ? C : 0);
+  v.ln2_w = o.take(shared_norm ? 0 : C);
+  v.ln2_b = o.take(norm_bias && !shared_norm ? C : 0);
+  v.fc1_w = o.take(F1 * C);
+  v.fc1_b = o.take(bias ? F1 : 0);
+  v.fc2_w = o.take(C * F);
+  v.fc2_b = o.take(bias ? C : 0);
+  v.end = o.end;
   return v;
 }
 

@@ -3,13 +3,14 @@
 // weights and full gradient buffers, the gradient reductions, and sequence parallelism's
 // gathered and reduce-scattered rows.
 //
-// Under tensor parallelism gpt_config can ask for Megatron's layout (docs/runtime.md, "Tensor parallelism in the program"): vocab_parallel — the
-// token embedding's rows, the tied output's logits and the cross-entropy split by vocabulary
-// (ops::vocab_parallel_loss), the lookup summed over tp before the positions are added — and
-// sequence_parallel — the residual stream on this rank's N/tp token rows, all-gathered into a
-// communication buffer before QKV and FC1 (and in backward for their weight gradients), the
-// projection's and FC2's partial sums reduce-scattered, the norms' gradients all-reduced over tp
-// at step end (Korthikanti et al. 2022, §4.2.2).
+// Under tensor parallelism gpt_config can ask for Megatron's layout (docs/runtime.md, "Tensor
+// parallelism in the program"): vocab_parallel — the token embedding's rows, the tied output's
+// logits and the cross-entropy split by vocabulary (ops::vocab_parallel_loss), the lookup summed
+// over tp before the positions are added — and sequence_parallel — the residual stream on this
+// rank's N/tp token rows, all-gathered into a communication buffer before QKV and FC1 (and in
+// backward for their weight gradients), the projection's and FC2's partial sums
+// reduce-scattered, the norms' gradients all-reduced over tp at step end (Korthikanti et al.
+// 2022, §4.2.2).
 //
 // The one reordering: ZeRO-0/1 gradient reductions, which the trainer runs after all
 // micro-batches, are emitted in `micro` with when::last_micro right after each unit's last

@@ -110,19 +110,14 @@ class speech_state : public lowering_base {
     const std::size_t C = c_.hidden, F = c_.ffn;
     unit& u = add_unit(name);
     block_view v{};
-    std::size_t o = 0;
-    const auto take = [&](std::size_t n) {
-      const std::size_t at = o;
-      o += n;
-      return at;
-    };
-    v.ln1_w = take(C), v.ln1_b = take(C), v.qkv_w = take(3 * C * C), v.qkv_b = take(3 * C);
-    v.proj_w = take(C * C), v.proj_b = take(C);
-    v.lnx_w = take(cross ? C : 0), v.lnx_b = take(cross ? C : 0), v.q_w = take(cross ? C * C : 0);
-    v.q_b = take(cross ? C : 0), v.kv_w = take(cross ? 2 * C * C : 0), v.kv_b = take(cross ? 2 * C : 0);
-    v.projx_w = take(cross ? C * C : 0), v.projx_b = take(cross ? C : 0);
-    v.ln2_w = take(C), v.ln2_b = take(C), v.fc1_w = take(F * C), v.fc1_b = take(F), v.fc2_w = take(C * F);
-    v.fc2_b = take(C), v.end = o;
+    element_cursor o;
+    v.ln1_w = o.take(C), v.ln1_b = o.take(C), v.qkv_w = o.take(3 * C * C), v.qkv_b = o.take(3 * C);
+    v.proj_w = o.take(C * C), v.proj_b = o.take(C);
+    v.lnx_w = o.take(cross ? C : 0), v.lnx_b = o.take(cross ? C : 0), v.q_w = o.take(cross ? C * C : 0);
+    v.q_b = o.take(cross ? C : 0), v.kv_w = o.take(cross ? 2 * C * C : 0), v.kv_b = o.take(cross ? 2 * C : 0);
+    v.projx_w = o.take(cross ? C * C : 0), v.projx_b = o.take(cross ? C : 0);
+    v.ln2_w = o.take(C), v.ln2_b = o.take(C), v.fc1_w = o.take(F * C), v.fc1_b = o.take(F), v.fc2_w = o.take(C * F);
+    v.fc2_b = o.take(C), v.end = o.end;
     u.elements = v.end;
     u.no_decay = {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.q_w}, {v.q_b, v.kv_w},
                   {v.kv_b, v.projx_w}, {v.projx_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}};
