@@ -205,17 +205,23 @@ struct config_of<runtime_gpt_replicated<C>> {
 
 }  // namespace detail
 
-/// The CPU runtime's rule for a plan: find_cpu_runtime_issue, and a chunked loss only on a
-/// replicated output layer (the program chunks the unsharded head: exec/gpt/build_program.hpp).
+/// Both runtimes' limit on chunked losses: only on a replicated output layer, without sequence
+/// parallelism (the program chunks the unsharded head: exec/gpt/micro_batch.hpp).
 template <class Plan>
-constexpr runtime_issue find_cpu_plan_issue() {
+constexpr runtime_issue find_chunked_loss_issue() {
   constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
-  const runtime_issue i = find_cpu_runtime_issue(c, Plan::training, Plan::mesh);
-  if (i != runtime_issue::none) return i;
   if (c.loss_chunk != 0 && Plan::mesh.tp > 1 &&
       (Plan::mesh.sequence_parallel || vocab_parallel_output(Plan::model_type::value)))
     return runtime_issue::chunked;
   return runtime_issue::none;
+}
+
+/// The CPU runtime's rule for a plan: find_cpu_runtime_issue, then find_chunked_loss_issue.
+template <class Plan>
+constexpr runtime_issue find_cpu_plan_issue() {
+  constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
+  const runtime_issue i = find_cpu_runtime_issue(c, Plan::training, Plan::mesh);
+  return i != runtime_issue::none ? i : find_chunked_loss_issue<Plan>();
 }
 
 /// The trainer's runtime configuration for a plan over runtime_gpt<Config>.

@@ -40,17 +40,13 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   return runtime_issue::none;
 }
 
-/// The CUDA runtime's rule for a plan: find_cuda_runtime_issue, and find_cpu_plan_issue's limit on
-/// chunked losses (a replicated output layer only, without sequence parallelism).
+/// The CUDA runtime's rule for a plan: find_cuda_runtime_issue, then find_chunked_loss_issue
+/// (exec/gpt/plan.hpp).
 template <class Plan>
 constexpr runtime_issue find_cuda_plan_issue() {
   constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
   const runtime_issue i = find_cuda_runtime_issue(c, Plan::training, Plan::mesh);
-  if (i != runtime_issue::none) return i;
-  if (c.loss_chunk != 0 && Plan::mesh.tp > 1 &&
-      (Plan::mesh.sequence_parallel || vocab_parallel_output(Plan::model_type::value)))
-    return runtime_issue::chunked;
-  return runtime_issue::none;
+  return i != runtime_issue::none ? i : find_chunked_loss_issue<Plan>();
 }
 
 /// The host side of the CUDA trainer a plan instantiates: `value` is true, and it does not compile
