@@ -216,12 +216,18 @@ constexpr runtime_issue find_chunked_loss_issue() {
   return runtime_issue::none;
 }
 
-/// The CPU runtime's rule for a plan: find_cpu_runtime_issue, then find_chunked_loss_issue.
+/// A runtime's rule for a plan: `rule` (find_cpu_runtime_issue, find_cuda_runtime_issue) on its
+/// model, recipe and mesh, then find_chunked_loss_issue.
+template <class Plan>
+constexpr runtime_issue find_plan_issue(runtime_issue (*rule)(const lm_config&, const training_desc&, const mesh_desc&)) {
+  const runtime_issue i = rule(detail::config_of<typename Plan::model_type>::value, Plan::training, Plan::mesh);
+  return i != runtime_issue::none ? i : find_chunked_loss_issue<Plan>();
+}
+
+/// The CPU runtime's rule for a plan.
 template <class Plan>
 constexpr runtime_issue find_cpu_plan_issue() {
-  constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
-  const runtime_issue i = find_cpu_runtime_issue(c, Plan::training, Plan::mesh);
-  return i != runtime_issue::none ? i : find_chunked_loss_issue<Plan>();
+  return find_plan_issue<Plan>(&find_cpu_runtime_issue);
 }
 
 /// The trainer's runtime configuration for a plan over runtime_gpt<Config>.

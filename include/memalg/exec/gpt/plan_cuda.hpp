@@ -40,13 +40,10 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   return runtime_issue::none;
 }
 
-/// The CUDA runtime's rule for a plan: find_cuda_runtime_issue, then find_chunked_loss_issue
-/// (exec/gpt/plan.hpp).
+/// The CUDA runtime's rule for a plan (exec/gpt/plan.hpp, find_plan_issue).
 template <class Plan>
 constexpr runtime_issue find_cuda_plan_issue() {
-  constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
-  const runtime_issue i = find_cuda_runtime_issue(c, Plan::training, Plan::mesh);
-  return i != runtime_issue::none ? i : find_chunked_loss_issue<Plan>();
+  return find_plan_issue<Plan>(&find_cuda_runtime_issue);
 }
 
 /// The host side of the CUDA trainer a plan instantiates: `value` is true, and it does not compile
