@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: BSL-1.0
 # exec/ is host-only and backend-neutral: the step program, its builder, its interpreter and the
 # plan-side rules include no backend. memalg_check_exec_includes(SOURCE_DIR) fails, naming file and
-# line, when a file of SOURCE_DIR/include/memalg/exec/ includes a backend header
-# (`#include "memalg/backend/...`, `<memalg/backend/...`, or a relative `../backend/...`).
+# line, when a file of SOURCE_DIR/include/memalg/exec/ or of its front-end folders (exec/gpt/,
+# exec/speech/, ...) includes a backend header (`#include "memalg/backend/...`,
+# `<memalg/backend/...`, or a relative `../backend/...`, `../../backend/...`).
 #   include(cmake/check_exec_includes.cmake)   at configure time (the top-level CMakeLists.txt)
 #   cmake -DMEMALG_SOURCE_DIR=<dir> -P cmake/check_exec_includes.cmake   as a build step
 if(CMAKE_SCRIPT_MODE_FILE AND NOT CMAKE_PARENT_LIST_FILE)
@@ -10,14 +11,14 @@ if(CMAKE_SCRIPT_MODE_FILE AND NOT CMAKE_PARENT_LIST_FILE)
 endif()
 
 function(memalg_check_exec_includes source_dir)
-  file(GLOB _files RELATIVE ${source_dir} ${source_dir}/include/memalg/exec/*)
+  file(GLOB_RECURSE _files RELATIVE ${source_dir} ${source_dir}/include/memalg/exec/*)
   list(SORT _files)
   set(_found "")
   foreach(_f IN LISTS _files)
     if(IS_DIRECTORY ${source_dir}/${_f})
       continue()
     endif()
-    file(STRINGS ${source_dir}/${_f} _hits REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](memalg/|\\.\\./)backend/")
+    file(STRINGS ${source_dir}/${_f} _hits REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](memalg/|(\\.\\./)+)backend/")
     if(NOT _hits)
       continue()
     endif()

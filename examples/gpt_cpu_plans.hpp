@@ -45,7 +45,7 @@ struct llama_fp32 {
 };
 
 /// gpt_fp32 with an untied output layer: the CPU runtime's pipeline stages keep no copy of a tied
-/// embedding on the last stage (exec/gpt_plan.hpp, find_cpu_pipeline_issue).
+/// embedding on the last stage (exec/gpt/plan.hpp, find_cpu_pipeline_issue).
 struct gpt_fp32_untied {
   static constexpr m::lm_config value = [] {
     m::lm_config c = gpt_bytes(m::dtypes::fp32);

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include <memalg/core/random.hpp>
-#include <memalg/exec/config.hpp>
+#include <memalg/exec/gpt/config.hpp>
 #include <memalg/exec/program.hpp>
 #include <memalg/model/transformer.hpp>
 

@@ -2,7 +2,7 @@
 // examples/train_gpt_cuda.cu — the GPU reference training binary (train_gpt_cpu's flags and JSON).
 //
 // A GPT trained byte-level on the GPL-3 text every Debian system ships: the plan's step program
-// (exec/build_program.hpp) — the program train_gpt_cpu runs on the CPU step backend — trained by
+// (exec/gpt/build_program.hpp) — the program train_gpt_cpu runs on the CPU step backend — trained by
 // exec::program_trainer on the CUDA step backend (backend/cuda/gpt_run.cuh, step_backend.cuh) in
 // one device arena of exactly its plan's size. Named plans range from a tiny model (the CPU
 // binary's, for comparisons) to a GPT-2 124M-shaped bf16 AdamW plan.
@@ -19,7 +19,7 @@
 #include <memalg/backend/cuda/gpt_run.cuh>
 #include <memalg/backend/cuda/local_communicator.cuh>
 #include <memalg/backend/cuda/memory.cuh>
-#include <memalg/exec/build_program.hpp>
+#include <memalg/exec/gpt/build_program.hpp>
 #include <memalg/exec/null_backend.hpp>
 #include <memalg/exec/run.hpp>
 #if MEMALG_TRAIN_WITH_NCCL  // set by the build when it links NCCL
@@ -71,7 +71,7 @@ struct gpt_bf16_flash { static constexpr m::lm_config value = gpt_bytes(m::dtype
 struct gpt_fp32_dropout { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32, true, 100); };
 struct gpt2_124m { static constexpr m::lm_config value = gpt2_small(); };
 /// gpt_fp32 with an untied output layer: pipeline stages keep no copy of a tied embedding on the
-/// last stage (exec/gpt_plan.hpp, find_cpu_pipeline_issue), as in train_gpt_cpu.
+/// last stage (exec/gpt/plan.hpp, find_cpu_pipeline_issue), as in train_gpt_cpu.
 struct gpt_fp32_untied {
   static constexpr m::lm_config value = [] {
     m::lm_config c = gpt_bytes(m::dtypes::fp32);

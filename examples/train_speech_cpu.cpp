@@ -139,7 +139,7 @@ class utterance_stream {
   std::uint64_t frames_, phonemes_;
 };
 
-/// The step's inputs (exec/build_speech_program.hpp, speech_inputs) from micro-batches of `us`.
+/// The step's inputs (exec/speech/build_program.hpp, speech_inputs) from micro-batches of `us`.
 struct step_inputs {
   std::vector<std::int32_t> tokens, targets;
   std::vector<float> features;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// The speech model's step program (exec/build_speech_program.hpp) on the CUDA step backend
+// The speech model's step program (exec/speech/build_program.hpp) on the CUDA step backend
 // (backend/cuda/step_backend.cuh) against the CPU step backend (backend/cpu/step_backend.hpp),
 // both driven by exec::program_trainer on one built program and the same synthetic utterances:
 //   * the program is laid out in exactly its own arena (a first build in a roomy arena gives the
@@ -36,7 +36,7 @@
 #include "memalg/backend/cpu/step_backend.hpp"
 #include "memalg/backend/cuda/local_communicator.cuh"
 #include "memalg/backend/cuda/step_backend.cuh"
-#include "memalg/exec/build_speech_program.hpp"
+#include "memalg/exec/speech/build_program.hpp"
 #include "memalg/exec/program_trainer.hpp"
 
 namespace {

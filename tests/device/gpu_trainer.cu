@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
 // The CUDA step backend (backend/cuda/step_backend.cuh) against the CPU step backend
-// (backend/cpu/step_backend.hpp) on the same step programs (exec/build_program.hpp), both driven by
+// (backend/cpu/step_backend.hpp) on the same step programs (exec/gpt/build_program.hpp), both driven by
 // exec::program_trainer:
 //   * initial weights: every unit's weights, read back from the GPU, are the CPU backend's bit for
 //     bit (both compute them on the host with backend/cpu/pointwise.hpp's init and the CPU's
@@ -35,7 +35,7 @@
 #include "memalg/backend/cuda/gpt_run.cuh"
 #include "memalg/backend/cuda/local_communicator.cuh"
 #include "memalg/backend/cuda/step_backend.cuh"
-#include "memalg/exec/gpt_plan.hpp"
+#include "memalg/exec/gpt/plan.hpp"
 #include "memalg/exec/program_trainer.hpp"
 
 namespace {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
 // expect: gpt_run_cuda: the CUDA attention kernels take head widths up to 128 \(flash\) or 256 \(naive\)
 // One head of width 192 under flash attention: the CPU runtime takes it, the CUDA kernels'
-// register tiles do not (exec/gpt_plan_cuda.hpp, host side).
-#include <memalg/exec/gpt_plan_cuda.hpp>
+// register tiles do not (exec/gpt/plan_cuda.hpp, host side).
+#include <memalg/exec/gpt/plan_cuda.hpp>
 
 #include "runtime_plan.hpp"
 

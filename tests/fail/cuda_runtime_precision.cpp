@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
 // expect: gpt_run_cuda: the CUDA runtime implements fp32 and mixed-bf16 \(bf16 weights and gradients, fp32 master weights\)
 // amp-fp16 with fp16 logits: the CPU runtime trains it (dynamic loss scaling), the CUDA runtime
-// has no loss scaler (exec/gpt_plan_cuda.hpp, host side).
-#include <memalg/exec/gpt_plan_cuda.hpp>
+// has no loss scaler (exec/gpt/plan_cuda.hpp, host side).
+#include <memalg/exec/gpt/plan_cuda.hpp>
 
 #include "runtime_plan.hpp"
 

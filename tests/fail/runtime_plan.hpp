@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include <memalg/device/device.hpp>
-#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/exec/gpt/plan.hpp>
 #include <memalg/parallel/mesh.hpp>
 #include <memalg/train/optimizer.hpp>
 #include <memalg/train/precision.hpp>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <memalg/exec/config.hpp>
+#include <memalg/exec/gpt/config.hpp>
 
 #include "golden.hpp"
 

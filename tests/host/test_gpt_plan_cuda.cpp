@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSL-1.0
-// What the CUDA runtime accepts (exec/gpt_plan_cuda.hpp), decided on the host: fp32 and
+// What the CUDA runtime accepts (exec/gpt/plan_cuda.hpp), decided on the host: fp32 and
 // mixed-bf16 only, bf16 on many ranks (NCCL reduces it), the attention kernels' head widths; and
 // the MFU arithmetic: parameter count, 6N + 6LCT flops per token, the devices' dense bf16 peaks.
 #include <doctest/doctest.h>
 
-#include <memalg/exec/gpt_plan_cuda.hpp>
+#include <memalg/exec/gpt/plan_cuda.hpp>
 
 namespace m = memalg;
 namespace ex = memalg::exec;

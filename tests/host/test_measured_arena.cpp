@@ -17,8 +17,8 @@
 
 #include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/backend/cpu/step_backend.hpp>
-#include <memalg/exec/build_program.hpp>
-#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/exec/gpt/build_program.hpp>
+#include <memalg/exec/gpt/plan.hpp>
 #include <memalg/exec/null_backend.hpp>
 #include <memalg/exec/run.hpp>
 

@@ -12,7 +12,7 @@
 
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
-#include <memalg/exec/build_program.hpp>
+#include <memalg/exec/gpt/build_program.hpp>
 #include <memalg/exec/null_backend.hpp>
 
 #include <cmath>

@@ -10,7 +10,7 @@
 
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
-#include <memalg/exec/read_model.hpp>
+#include <memalg/exec/gpt/read_model.hpp>
 #include <memalg/memalg.hpp>
 #include <memalg/model/compose.hpp>
 #include <memalg/model/presets.hpp>

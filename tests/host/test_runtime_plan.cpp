@@ -79,7 +79,7 @@ TEST_CASE("recomputation changes the memory, not the numbers") {
   CHECK(m2 < m0);
   // With flash attention selective recomputation drops only the log-sum-exp, and rebuilding it
   // rewrites the attention output; but a block's backward rebuilds it only after releasing its MLP
-  // tensors (exec/build_program.hpp, block_backward), so the peak falls a little; with naive
+  // tensors (exec/gpt/build_program.hpp, block_backward), so the peak falls a little; with naive
   // attention it drops the scores.
   CHECK(m3 < m0);
   CHECK(m3 > m1);

@@ -17,9 +17,9 @@
 
 #include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/backend/cpu/speech_run.hpp>
-#include <memalg/exec/build_speech_program.hpp>
+#include <memalg/exec/speech/build_program.hpp>
 #include <memalg/exec/run.hpp>
-#include <memalg/exec/speech_plan.hpp>
+#include <memalg/exec/speech/plan.hpp>
 #include <memalg/memalg.hpp>
 
 #include <algorithm>

@@ -17,7 +17,7 @@
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/backend/cpu/step_backend.hpp>
-#include <memalg/exec/build_program.hpp>
+#include <memalg/exec/gpt/build_program.hpp>
 #include <memalg/exec/run.hpp>
 
 #include <cstddef>

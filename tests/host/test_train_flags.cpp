@@ -13,7 +13,7 @@
 #include "../../examples/train_common.hpp"
 
 #include <memalg/backend/cpu/local_communicator.hpp>
-#include <memalg/exec/gpt_plan.hpp>
+#include <memalg/exec/gpt/plan.hpp>
 #include <memalg/exec/program.hpp>
 
 #include <cstddef>

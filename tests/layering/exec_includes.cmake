@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSL-1.0
 # The exec/ include check (cmake/check_exec_includes.cmake, SCRIPT): the source tree (SOURCE_DIR)
 # passes; a small tree passes while its exec/ includes no backend, then fails naming the file and
-# line of the one that does.
+# line of each one that does, in exec/ and in its subfolders.
 function(run_check dir out_rc out_text)
   execute_process(COMMAND ${CMAKE_COMMAND} -DMEMALG_SOURCE_DIR=${dir} -P ${SCRIPT}
                   RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
@@ -25,12 +25,16 @@ endif()
 
 file(WRITE ${tree}/include/memalg/exec/mixed.hpp
      "// x; y\n\n#include <memalg/exec/run.hpp>\n  #  include <memalg/backend/cpu/linear.hpp>\n#include \"../backend/cpu/gpt_run.hpp\"\n")
+# a front-end's folder is checked too
+file(WRITE ${tree}/include/memalg/exec/front/nested.hpp
+     "#include \"memalg/exec/program.hpp\"\n#include \"../../backend/cuda/gpt_run.cuh\"\n")
 run_check(${tree} rc text)
 if(rc EQUAL 0)
   message(FATAL_ERROR "exec/mixed.hpp includes backend headers, but the check passed:\n${text}")
 endif()
 foreach(expect "include/memalg/exec/mixed.hpp:4: #  include <memalg/backend/cpu/linear.hpp>"
-               "include/memalg/exec/mixed.hpp:5: #include \"../backend/cpu/gpt_run.hpp\"")
+               "include/memalg/exec/mixed.hpp:5: #include \"../backend/cpu/gpt_run.hpp\""
+               "include/memalg/exec/front/nested.hpp:2: #include \"../../backend/cuda/gpt_run.cuh\"")
   string(FIND "${text}" "${expect}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "the check's message lacks `${expect}`:\n${text}")

@@ -21,7 +21,7 @@
 
 #include "../host/runtime_plans.hpp"
 #include "memalg/backend/cpu/mpi_communicator.hpp"
-#include "memalg/exec/gpt_plan.hpp"
+#include "memalg/exec/gpt/plan.hpp"
 
 namespace cpu = memalg::backend::cpu;
 namespace m = memalg;

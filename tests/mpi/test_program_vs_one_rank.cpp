@@ -35,7 +35,7 @@
 #include "memalg/backend/cpu/local_communicator.hpp"
 #include "memalg/backend/cpu/mpi_communicator.hpp"
 #include "memalg/backend/cpu/step_backend.hpp"
-#include "memalg/exec/build_program.hpp"
+#include "memalg/exec/gpt/build_program.hpp"
 #include "memalg/exec/run.hpp"
 
 namespace cpu = memalg::backend::cpu;

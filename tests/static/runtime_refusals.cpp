@@ -5,7 +5,7 @@
 // runtime (exec/runtime_issues.hpp).
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
-#include <memalg/exec/gpt_plan_cuda.hpp>
+#include <memalg/exec/gpt/plan_cuda.hpp>
 
 #include <string_view>
 

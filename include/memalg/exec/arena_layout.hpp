@@ -2,7 +2,7 @@
 // memalg/exec/arena_layout.hpp — the arena's offset bookkeeping, without any memory.
 //
 // Keeping the bookkeeping apart from any memory lets the step-program builders
-// (exec/build_program.hpp, exec/build_speech_program.hpp) lay out a whole training step on the
+// (exec/gpt/build_program.hpp, exec/speech/build_program.hpp) lay out a whole training step on the
 // host — every offset, the high-water mark, the peak by category — before any kernel runs; the
 // backends allocate the capacities and resolve the offsets.
 //
@@ -30,6 +30,12 @@ namespace memalg::exec {
 
 struct arena_error : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+/// Arena sizes the plan predicts (persistent model states; saved + transient peak).
+struct arena_sizes {
+  std::size_t persistent = 0;
+  std::size_t stack = 0;
 };
 
 class arena_layout {

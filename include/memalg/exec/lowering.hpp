@@ -3,15 +3,17 @@
 // and the op stream, the persistent model states and their checkpoint sections, the layout's
 // figures a program reports, and the optimizer's update per run of equal weight decay.
 //
-// A front-end (exec/build_program.hpp's GPT family, exec/build_speech_program.hpp's speech
+// A front-end (exec/gpt/build_program.hpp's GPT family, exec/speech/build_program.hpp's speech
 // model) derives from lowering_base, describes its units (name, elements, shard, weights,
 // gradients, master, states, the ranges not decayed) and lays its step out with push / pop /
-// emit; allocate_states, emit_updates and finish_layout are written here once.
+// emit; allocate_states, lay_out_step, emit_loss_mean, emit_clip_scale, emit_updates and
+// finish_program are written here once.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -19,7 +21,6 @@
 #include <vector>
 
 #include "memalg/exec/arena_layout.hpp"
-#include "memalg/exec/gpt_layout.hpp"
 #include "memalg/exec/program.hpp"
 
 namespace memalg::exec {
@@ -31,6 +32,20 @@ struct program_error : std::invalid_argument {
 /// This rank's place in the mesh (data- and tensor-parallel rank, pipeline stage).
 struct rank_coords {
   std::size_t dp = 0, tp = 0, pp = 0;
+};
+
+/// Element ranges [begin, end) of a unit: those the optimizer does not decay, those identical on
+/// every tensor-parallel rank.
+using element_ranges = std::vector<std::pair<std::size_t, std::size_t>>;
+
+/// Consecutive tensors of a unit laid out one after the other: take(n) is where the next n
+/// elements start; `end` the elements taken.
+struct element_cursor {
+  std::size_t end = 0;
+  constexpr std::size_t take(std::size_t n) {
+    end += n;
+    return end - n;
+  }
 };
 
 /// A maximal run of elements [begin, end) all inside or all outside a set of ranges.
@@ -65,13 +80,29 @@ class lowering_base {
  protected:
   using side = arena_layout::side;
 
-  /// `by_element`: persistent tensors are laid out by element, not in multiples of 16 bytes (the
-  /// speech model's units are not; the plan counts parameters, not padding).
-  lowering_base(arena_sizes sizes, elem storage, bool by_element = false)
-      : T_(storage), layout_(sizes.persistent, sizes.stack), by_element_(by_element) {
+  /// `who` names the builder in its errors. `by_element`: persistent tensors are laid out by
+  /// element, not in multiples of 16 bytes (the speech model's units are not; the plan counts
+  /// parameters, not padding).
+  lowering_base(std::string_view who, arena_sizes sizes, elem storage, bool by_element = false)
+      : who_(who), T_(storage), layout_(sizes.persistent, sizes.stack), by_element_(by_element) {
     p_.storage = T_;
     p_.accum = A_;
     p_.sizes = sizes;
+  }
+
+  // ---- refusals ------------------------------------------------------------------------------------
+  /// A configuration the builder does not implement: program_error, naming the builder.
+  [[noreturn]] void fail(const std::string& why) const { throw program_error(std::string(who_) + ": " + why); }
+  /// What every front-end refuses: a storage type other than f32, bf16 and f16, an optimizer the
+  /// runtime does not implement.
+  void check_storage_and_optimizer(optimizer_kind optimizer) const {
+    if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
+    if (!runtime_optimizer(optimizer)) fail("the runtime implements sgd, momentum, adam and adamw");
+  }
+  /// A shape field of an op (32 bits).
+  std::uint32_t u32(std::size_t n) const {
+    if (n > 0xffffffffu) fail("a shape exceeds 32 bits");
+    return static_cast<std::uint32_t>(n);
   }
 
   // ---- the arena and the op stream --------------------------------------------------------------
@@ -110,6 +141,18 @@ class lowering_base {
     for (std::size_t k = 1; k < grad_accum; ++k)
       p_.trace.insert(p_.trace.end(), layout_.trace().begin() + static_cast<std::ptrdiff_t>(from), layout_.trace().end());
   }
+  /// The step's sections: the units' gradients zeroed (unless `zero_grads` is false), `micro`
+  /// laid out as lay_out_micro does, then `end` in the step_end section.
+  template <class Unit, class Micro, class End>
+  void lay_out_step(const std::vector<Unit>& units, bool zero_grads, std::size_t grad_accum, Micro&& micro, End&& end) {
+    layout_.enable_trace();
+    section_ = &p_.step_begin;
+    if (zero_grads)
+      for (const Unit& u : units) emit(ops::zero{u.grad});
+    lay_out_micro(grad_accum, std::forward<Micro>(micro));
+    section_ = &p_.step_end;
+    end();
+  }
 
   // ---- model states --------------------------------------------------------------------------------
   template <class Unit>
@@ -143,6 +186,13 @@ class lowering_base {
       section(u.name + ".state2", u.state2, category::optimizer_states);
     }
   }
+  /// A unit's persistent tensors as the program describes them (param_unit); the front-end adds
+  /// its initialisation and, under ZeRO, the logical index of its first weight and master element.
+  template <class Unit>
+  static param_unit param_unit_of(const Unit& u) {
+    return {.name = u.name, .elements = u.elements, .shard = shard_of(u), .weight = u.weight, .grad = u.grad,
+            .master = u.master, .state1 = u.state1, .state2 = u.state2, .init = {}};
+  }
 
   // ---- the step's end ------------------------------------------------------------------------------
   /// The loss of the step: the mean over the micro-batches, summed over the data-parallel ranks.
@@ -170,13 +220,35 @@ class lowering_base {
         emit(ops::all_gather{sub(u.weight, shard_begin(u), shard_of(u)), u.weight, group::dp}, when::unless_skipped);
     }
   }
-  /// The layout's figures the program reports.
-  void finish_layout() {
+  /// The clip scale from the squared norm's parts (ops::sqnorm before): under ZeRO-1/2/3 each
+  /// data-parallel rank holds a part of the sum, which the group sums; under ZeRO-0 every rank
+  /// holds the same sum and the group takes the max of the non-finite flag. Each group of
+  /// `also_summed` (tensor-parallel ranks, pipeline stages) then adds its ranks' parts.
+  void emit_clip_scale(int z, std::size_t dp, float max_grad_norm, bool loss_scaling,
+                       std::initializer_list<group> also_summed = {}) {
+    emit(ops::norm_parts{});
+    if (z >= 1) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), group::dp, reduce_op::sum});
+    else emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});
+    for (group g : also_summed) emit(ops::all_reduce{scalars::slot(scalars::parts, 2), g, reduce_op::sum});
+    emit(ops::clip_scale{max_grad_norm, u32(dp), loss_scaling});
+  }
+  /// The layout's figures and the run's the program reports: the batch, the data-parallel rank
+  /// and the hyper-parameters of `c` (a gpt_config, a speech_config), `dropout` the rate it records.
+  template <class Config>
+  void finish_program(const Config& c, std::size_t sequence, std::size_t dp_rank, float dropout) {
     p_.persistent_bytes = layout_.persistent_used();
     p_.high_water = layout_.high_water();
     p_.peak_by_category = layout_.peak_by_category();
     p_.peak_tensor = std::string(layout_.peak_tensor());
+    p_.grad_accum = c.grad_accum;
+    p_.micro_batch = c.micro_batch;
+    p_.sequence = sequence;
+    p_.dp = c.dp;
+    p_.dp_rank = dp_rank;
+    p_.hp = {c.optimizer, c.lr, c.weight_decay, c.momentum, c.beta1, c.beta2, c.eps, c.max_grad_norm, dropout, c.seed};
   }
+
+  std::string_view who_;
 
   elem T_;
   elem A_ = elem::f32;  // accum_t of f32, bf16 and f16

@@ -2,7 +2,7 @@
 // memalg/exec/program.hpp — a training step as data: backend-neutral ops over arena offsets.
 //
 // A `program` is what a trainer does in one optimizer step, decided once on the host: which
-// kernels run, in which order, on which bytes of the arena. The builder (exec/build_program.hpp)
+// kernels run, in which order, on which bytes of the arena. The builder (exec/gpt/build_program.hpp)
 // lays the step out through an `arena_layout` with the plan's capacities, so every operand is a
 // byte offset that is known — and checked against the plan — before any kernel runs. A backend
 // (exec/run.hpp's `step_backend`) only executes ops; it decides nothing about memory.
@@ -35,7 +35,6 @@
 
 #include "memalg/exec/arena_layout.hpp"
 #include "memalg/exec/communicator.hpp"
-#include "memalg/exec/config.hpp"
 #include "memalg/exec/hparams.hpp"
 #include "memalg/plan/breakdown.hpp"
 #include "memalg/train/optimizer.hpp"
@@ -135,7 +134,7 @@ struct activation_bwd { operand din, dout, in; activation_kind k = activation_ki
 // operands then hold fewer than rows × row_len elements), so each element keeps its one-rank mask.
 struct dropout_fwd { operand out, mask, in; std::uint32_t rows, row_len; float p; std::uint32_t site; std::uint64_t offset = 0; };
 struct dropout_bwd { operand din, dout, mask; float p; };
-// ---- the speech model (encoder–decoder; exec/build_speech_program.hpp) ----
+// ---- the speech model (encoder–decoder; exec/speech/build_program.hpp) ----
 // Attention with a key mask over separate queries and keys/values: the decoder's cross-attention
 // (q [B·Sq, H·D] from the decoder, kv [B·Sk, 2·Hkv·D] = [k ‖ v] per row from the encoder output),
 // and with `fused` the encoder's bidirectional self-attention over padded phonemes (q and kv both

@@ -2,7 +2,7 @@
 // memalg/exec/program_trainer.hpp — a trainer's API over the step program and any step backend.
 //
 // `program_trainer<Backend>` builds the step program of a `gpt_config` for this rank
-// (exec/build_program.hpp) in the plan's arena sizes, hands it to `Backend` (which allocates that
+// (exec/gpt/build_program.hpp) in the plan's arena sizes, hands it to `Backend` (which allocates that
 // arena and initialises the parameters) and runs one program per `train_step` through
 // exec::run. It offers the API a training loop calls — train_step, memory(), state
 // sections with store/restore_counters for checkpoints, unit_weights, last_grad_norm,
@@ -30,9 +30,9 @@
 #include <utility>
 #include <vector>
 
-#include "memalg/exec/build_program.hpp"
+#include "memalg/exec/gpt/build_program.hpp"
 #include "memalg/exec/checkpoint.hpp"
-#include "memalg/exec/config.hpp"
+#include "memalg/exec/gpt/config.hpp"
 #include "memalg/exec/program.hpp"
 #include "memalg/exec/run.hpp"
 #include "memalg/plan/breakdown.hpp"
@@ -114,7 +114,7 @@ class program_trainer {
                                Backend::storage_elem)),
         backend_(program_, dp, tp, pp),
         memory_(program_, backend_.capacity()) {}
-  /// Any program built for this rank (e.g. exec/build_speech_program.hpp's), in its own sizes.
+  /// Any program built for this rank (e.g. exec/speech/build_program.hpp's), in its own sizes.
   program_trainer(program p, dp_comm& dp, tp_comm& tp)
       : program_(std::move(p)), backend_(program_, dp, tp), memory_(program_, backend_.capacity()) {}
   program_trainer(const program_trainer&) = delete;

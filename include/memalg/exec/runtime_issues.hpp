@@ -8,8 +8,8 @@
 // static_assert takes a string literal only), so a refused plan is a compile error that names the
 // problem under g++ and nvcc. Where the CPU and CUDA runtimes differ, the difference is a
 // parameter of the entry, MEMALG_RUNTIME(cpu_text, cuda_text), not a second list. The rules that
-// pick an issue are find_runtime_issue / find_cpu_runtime_issue (exec/gpt_plan.hpp) and
-// find_cuda_runtime_issue (exec/gpt_plan_cuda.hpp).
+// pick an issue are find_runtime_issue / find_cpu_runtime_issue (exec/gpt/plan.hpp) and
+// find_cuda_runtime_issue (exec/gpt/plan_cuda.hpp).
 #pragma once
 
 #include <string_view>
@@ -17,7 +17,7 @@
 namespace memalg::exec {
 
 /// Why a runtime cannot run a configuration. One list for both runtimes: the CPU one never reports
-/// head_width (exec/gpt_plan_cuda.hpp).
+/// head_width (exec/gpt/plan_cuda.hpp).
 enum class runtime_issue : int {
   none = 0,
 #define MEMALG_RUNTIME(cpu, cuda) cpu

@@ -327,7 +327,7 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
   // being written and the one in transfer).
   const bool offload = t.offload_activations;
   const bytes window = largest_instance * 2;
-  // memalg's runtime under a pipeline (exec/build_program.hpp) keeps the stage's micro-batches in
+  // memalg's runtime under a pipeline (exec/gpt/build_program.hpp) keeps the stage's micro-batches in
   // a stash of `chunks` slots pushed once for the step, micro-batch i in slot i mod chunks, each
   // slot holding one micro-batch's saved tensors from its forward to its backward: so every
   // moment holds the whole stash, not only the tensors the newest micro-batch still needs (1F1B

@@ -4,14 +4,14 @@
 // `exec::gpt_run<Plan, Comm>` cannot be instantiated for a plan that does not fit (require_fits
 // prints the numbers) or that the CPU runtime does not implement (find_cpu_runtime_issue; the
 // static_assert carries the sentence of exec/runtime_issues.hpp). It allocates the arena at the
-// plan's size (exec/gpt_plan.hpp's planned_arena). Its `trainer` runs the plan's step program on
+// plan's size (exec/gpt/plan.hpp's planned_arena). Its `trainer` runs the plan's step program on
 // the CPU step backend (exec/program_trainer.hpp over backend/cpu/step_backend.hpp). The name stays
 // in memalg::exec, where the plan side lives.
 #pragma once
 
 #include "memalg/backend/cpu/step_backend.hpp"
 #include "memalg/core/float16.hpp"
-#include "memalg/exec/gpt_plan.hpp"
+#include "memalg/exec/gpt/plan.hpp"
 #include "memalg/exec/program_trainer.hpp"
 
 namespace memalg::exec {

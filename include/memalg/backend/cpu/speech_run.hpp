@@ -4,7 +4,7 @@
 //
 // `exec::speech_run<Plan, Comm>` cannot be instantiated for a plan that does not fit (require_fits
 // prints the numbers) or that the speech runtime does not implement (speech_plan_issue's sentence).
-// Its `trainer` runs the plan's step program (exec/build_speech_program.hpp) on the CPU step
+// Its `trainer` runs the plan's step program (exec/speech/build_program.hpp) on the CPU step
 // backend in the plan's arena (planned_arena); `program_for` builds that program for one rank.
 #pragma once
 
@@ -13,9 +13,9 @@
 
 #include "memalg/backend/cpu/gpt_run.hpp"
 #include "memalg/backend/cpu/step_backend.hpp"
-#include "memalg/exec/gpt_plan.hpp"
+#include "memalg/exec/gpt/plan.hpp"
 #include "memalg/exec/program_trainer.hpp"
-#include "memalg/exec/speech_plan.hpp"
+#include "memalg/exec/speech/plan.hpp"
 
 namespace memalg::exec {
 

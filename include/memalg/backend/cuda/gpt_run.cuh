@@ -3,10 +3,10 @@
 // step program on the CUDA step backend.
 //
 // `gpt_run<Plan, Comm>` is exec::gpt_run's counterpart on a GPU: the same plan, the same
-// gpt_config and arena sizes, the same step program (exec/build_program.hpp), trained by
+// gpt_config and arena sizes, the same step program (exec/gpt/build_program.hpp), trained by
 // exec::program_trainer over backend::cuda::step_backend instead of the CPU's. It does not compile
 // for a plan that does not fit (require_fits prints the numbers) or that the CUDA runtime does not
-// implement (exec::find_cuda_runtime_issue, exec/gpt_plan_cuda.hpp: a sentence says what).
+// implement (exec::find_cuda_runtime_issue, exec/gpt/plan_cuda.hpp: a sentence says what).
 //
 // A pipeline plan's rank runs its stage's program (stage_arena, stage_peak; the trainer's
 // 5-argument constructor takes the pipeline group).
@@ -19,7 +19,7 @@
 
 #include "memalg/backend/cuda/dtype.cuh"
 #include "memalg/backend/cuda/step_backend.cuh"
-#include "memalg/exec/gpt_plan_cuda.hpp"
+#include "memalg/exec/gpt/plan_cuda.hpp"
 #include "memalg/exec/program_trainer.hpp"
 
 namespace memalg::backend::cuda {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/plan/stacks/memalg.hpp — the `memalg` stack: the exact profile of memalg's own runtime
-// (exec/build_program.hpp, exec/build_speech_program.hpp, exec/lowering.hpp), which
+// (exec/gpt/build_program.hpp, exec/speech/build_program.hpp, exec/lowering.hpp), which
 // docs/runtime.md checks against its measured arena. It is the paper's accounting
 // (stacks/paper.hpp) with the runtime's deviations, each below with the code it follows: no
 // attention scores (row-by-row kernels), the gradient buffers every backward holds, a block's
@@ -59,7 +59,7 @@ constexpr raw_activations memalg_block(const act_terms& a, const layer_shape& s)
     r.backward_temporary = max_b(max_b(bwd + core, m.backward_temporary), hidden_input) + gradients - core;
   }
   if ((s.flags & layer_flags::parallel_residual) != 0 && (s.flags & layer_flags::moe) == 0 && !cross) {
-    // memalg's parallel block (exec/build_program.hpp): y = x + attn(ln1(x)) + mlp(ln2(x)),
+    // memalg's parallel block (exec/gpt/build_program.hpp): y = x + attn(ln1(x)) + mlp(ln2(x)),
     // or one shared norm. Saved: the input alone of the residual stream (no sum after
     // attention), and with a shared norm one norm output (the QKV input serves FC1 too). Forward
     // holds x + attn in a transient through the MLP branch (the sequential block's sub-layer
@@ -84,7 +84,7 @@ constexpr raw_activations memalg_block(const act_terms& a, const layer_shape& s)
     r.backward_tail = attention_side - core + gradients;
     r.tail_released = r.parts.mlp.total();
   } else if ((s.flags & layer_flags::moe) == 0 && !cross) {
-    // memalg's sequential block (exec/build_program.hpp, block_backward) runs its backward in
+    // memalg's sequential block (exec/gpt/build_program.hpp, block_backward) runs its backward in
     // two phases: the MLP branch and ln2 (the MLP's inner gradient, then ln2's input gradient),
     // then the attention branch and ln1 (the attention output's and Q/K/V's gradients, with
     // the core rebuilt under selective recomputation, then ln1's input gradient). Between
@@ -98,7 +98,7 @@ constexpr raw_activations memalg_block(const act_terms& a, const layer_shape& s)
   // memalg's runtime releases the MLP's residual-dropout mask as soon as the backward's first
   // op (the dropout) has read it, before any of the block's transients: the block's output
   // went before its backward, so the mask is the top of the saved tensors
-  // (exec/build_program.hpp, release_mlp_mask). The stage takes it out of the block's backward.
+  // (exec/gpt/build_program.hpp, release_mlp_mask). The stage takes it out of the block's backward.
   if ((s.flags & layer_flags::moe) == 0 && !cross) r.backward_released = residual_mask(a, s);
   return r;
 }
@@ -116,7 +116,7 @@ constexpr raw_activations memalg_activations(const layer_desc& l, const activati
     case layer_kind::embedding:
     case layer_kind::position_embedding:
       // Backward holds both of the runtime's gradient buffers, and the embeddings' output (the
-      // first residual) until the embedding backward has run (exec/build_program.hpp pops it
+      // first residual) until the embedding backward has run (exec/gpt/build_program.hpp pops it
       // last).
       r.backward_temporary = gradients + hidden_input;
       // Under sequence parallelism a vocabulary-parallel lookup writes every token's row (zero
@@ -133,7 +133,7 @@ constexpr raw_activations memalg_activations(const layer_desc& l, const activati
       // last time (the dropout mask, the nonlinearity's output, the batch norm's input), before
       // the product's backward writes the input's gradient: the entry's worst moment is its
       // first (all its tensors and the arriving gradient) or its last (the input, the two
-      // gradients) — exec/build_speech_program.hpp, net_backward.
+      // gradients) — exec/speech/build_program.hpp, net_backward.
       const bytes out = a.rep(a.values_per_token(s.out)), in = a.rep(a.values_per_token(s.in));
       const bytes own = r.saved.total() - r.input;
       r.backward_temporary = own < in ? out + in - own : out;
@@ -149,7 +149,7 @@ constexpr raw_activations memalg_activations(const layer_desc& l, const activati
           (s.flags & layer_flags::vocab_replicated) != 0 ? s.vocab : ceil_div(s.vocab, c.tp);
       // memalg's runtime: logits in the activation dtype become their gradient in place (a
       // fused classifier, as llm.c's); per-token losses are O(tokens) scratch. Chunked: one
-      // chunk's rows at a time (exec/build_program.hpp), each projected, turned into its
+      // chunk's rows at a time (exec/gpt/build_program.hpp), each projected, turned into its
       // gradient in place and sent back into the hidden gradient before the next chunk.
       const std::uint64_t rows = s.chunk != 0 && s.chunk < a.tokens ? s.chunk : a.tokens;
       r.forward_temporary = a.values(checked_mul(rows, vocab));
@@ -157,13 +157,13 @@ constexpr raw_activations memalg_activations(const layer_desc& l, const activati
       // memalg's runtime under sequence parallelism: the all-gathered rows are the projection's
       // input for its forward and both its gradients, so its saved input (this rank's rows of the
       // final norm's output) goes once gathered, before the logits exist
-      // (exec/build_program.hpp, micro_batch).
+      // (exec/gpt/build_program.hpp, micro_batch).
       if (c.sp) r.forward_released = r.backward_released = hidden_input;
       break;
     }
     case layer_kind::custom:
       // memalg's runtime keeps an encoder output's gradient beside it from its forward on: every
-      // cross-attention's key/value projection adds into it (exec/build_speech_program.hpp).
+      // cross-attention's key/value projection adds into it (exec/speech/build_program.hpp).
       if ((s.flags & layer_flags::encoder_output) != 0) r.saved.input_grad += a.rep(a.values_per_token(s.hidden));
       r.input = r.saved.input_grad;
       break;
@@ -186,7 +186,7 @@ constexpr void memalg_table(const model_desc& model, const activation_context& c
     const layer_kind k = model.entries[i].kind;
     if (k == layer_kind::embedding || k == layer_kind::position_embedding) table.entries[i].backward_temporary += mask;
   }
-  // On a regression head (the speech decoder, exec/build_speech_program.hpp):
+  // On a regression head (the speech decoder, exec/speech/build_program.hpp):
   // a linear layer whose output is wider than the next entry's input (the mel ‖ stop projection
   // before the post-net) keeps its output's gradient from its forward on — the stop logits turn
   // into their gradient at once, the mel gradient sums the losses before and after the post-net;
@@ -230,7 +230,7 @@ constexpr unit_transients entry_unit_transients(const model_desc& model, const l
   if (l.kind == layer_kind::embedding || l.kind == layer_kind::position_embedding) {
     // The runtime runs the token and position embeddings as one unit pair: forward gathers both
     // (ZeRO-3), backward holds both unsharded gradients at once and gathers nothing
-    // (exec/build_program.hpp: the embedding backward). So either entry's moment holds both.
+    // (exec/gpt/build_program.hpp: the embedding backward). So either entry's moment holds both.
     for (const layer_desc& e : model) {
       if (e.kind != layer_kind::embedding && e.kind != layer_kind::position_embedding) continue;
       const std::uint64_t n = elements_per_rank(e, m).total();

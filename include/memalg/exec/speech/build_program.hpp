@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/build_speech_program.hpp — lowers a training step of the speech model to a step program.
+// memalg/exec/speech/build_program.hpp — lowers a training step of the speech model to a step program.
 //
 // The speech model (model/presets/speech.hpp: a phoneme encoder and an autoregressive mel-frame
 // decoder, Transformer TTS with Tacotron 2's convolutional pre- and post-nets) as the same
@@ -30,124 +30,44 @@
 // output's and its input's gradient, as the plan counts. The blocks add one gradient slot of the
 // stream for their stack, as the GPT runtime's do.
 //
+// The lowering's ground floor (configuration, inputs, units) is exec/speech/state.hpp; what it
+// shares with the GPT family (arena, model states, step end) is exec/lowering.hpp.
+//
 // What is not implemented, refused by program_error: tensor, sequence, pipeline parallelism,
 // ZeRO > 0, recomputation, naive attention; the mesh is data parallel with gradients all-reduced.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "memalg/exec/arena_layout.hpp"
-#include "memalg/exec/build_program.hpp"
-#include "memalg/exec/config.hpp"
 #include "memalg/exec/lowering.hpp"
 #include "memalg/exec/program.hpp"
+#include "memalg/exec/speech/config.hpp"
+#include "memalg/exec/speech/state.hpp"
 
 namespace memalg::exec {
-
-/// The speech model and its run, as the runtime reads them (exec/speech_plan.hpp fills one from a
-/// plan; the defaults are a small model).
-struct speech_config {
-  // model (presets::speech_dims)
-  std::size_t phonemes = 128, hidden = 32, heads = 2, ffn = 128, mel_bins = 80;
-  std::size_t encoder_layers = 2, decoder_layers = 2, prenet = 16, postnet = 32, kernel = 5;
-  std::size_t encoder_convs = 3, postnet_convs = 3;  ///< the pre-net's convolutions; the post-net's middle ones
-  std::size_t text_tokens = 32;                       ///< phonemes per utterance (the encoder's sequence)
-  bool batchnorm = true;
-  float block_dropout = 0.1f, net_dropout = 0.5f;  ///< blocks; pre- and post-nets
-  bool l1 = true;                                   ///< mel loss: L1 (else MSE)
-  // batch
-  std::size_t micro_batch = 4, frames = 48, grad_accum = 1;  ///< frames: mel frames per utterance
-  // mesh, precision, optimizer
-  std::size_t dp = 1;
-  bool master_weights = false;
-  optimizer_kind optimizer = optimizer_kind::adamw;
-  // hyper-parameters: exec/hparams.hpp's defaults (with_hparams sets them)
-  float lr = default_hparams.lr, weight_decay = default_hparams.weight_decay, momentum = default_hparams.momentum,
-        beta1 = default_hparams.beta1, beta2 = default_hparams.beta2, eps = default_hparams.eps;
-  float max_grad_norm = default_hparams.max_grad_norm;
-  std::uint64_t seed = 1;
-  /// A validation pass: the forward and the losses only (no backward, no update), on the same
-  /// arena and weights; dropout is off when its probabilities are 0 here. Batch norm uses the
-  /// micro-batch's statistics (the arena holds no running statistics; the plan counts none).
-  bool evaluate = false;
-};
-
-/// Where a micro-batch's inputs sit in step_io (per micro-batch, in this order):
-///   tokens    phoneme ids [B·text_tokens]
-///   features  target mel frames [B·frames·mel_bins], then stop targets [B·frames]
-///   masks     real frames [B·frames], then real phonemes [B·text_tokens]
-struct speech_inputs {
-  std::size_t tokens = 0, features = 0, masks = 0;
-  std::size_t mel = 0, stop = 0, frame_mask = 0, phoneme_mask = 0;  ///< element offsets
-};
-constexpr speech_inputs speech_inputs_of(const speech_config& c) {
-  speech_inputs s{};
-  const std::size_t B = c.micro_batch, F = c.frames, T = c.text_tokens, M = c.mel_bins;
-  s.tokens = B * T;
-  s.mel = 0;
-  s.stop = B * F * M;
-  s.features = B * F * M + B * F;
-  s.frame_mask = 0;
-  s.phoneme_mask = B * F;
-  s.masks = B * F + B * T;
-  return s;
-}
-
 namespace detail {
 
-class speech_lowering : lowering_base {
+/// The speech model's step: its nets, blocks and micro-batch over speech_state.
+class speech_lowering : speech_state {
  public:
   speech_lowering(const speech_config& c, arena_sizes sizes, rank_coords r, elem storage)
-      : lowering_base(sizes, storage, true), c_(c), r_(r), io_(speech_inputs_of(c)) {}
+      : speech_state(c, sizes, r, storage) {}
 
   program build() {
     validate();
     build_units();
     allocate_states();
-    layout_.enable_trace();
-    section_ = &p_.step_begin;
-    if (!c_.evaluate)
-      for (unit& u : units_) emit(ops::zero{u.grad});
-    lay_out_micro(c_.grad_accum, [this] { micro_batch(); });
-    section_ = &p_.step_end;
-    step_end();
+    lay_out_step(units_, !c_.evaluate, c_.grad_accum, [this] { micro_batch(); }, [this] { step_end(); });
     finish();
     return std::move(p_);
   }
 
  private:
-  // ---- configuration ----------------------------------------------------------------------------
-  void validate() const {
-    const auto fail = [](const std::string& why) { throw program_error("build_speech_program: " + why); };
-    if (c_.heads == 0 || c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
-    if (c_.dp == 0 || r_.dp >= c_.dp || r_.tp != 0 || r_.pp != 0) fail("the rank lies outside the data-parallel mesh");
-    if (c_.micro_batch == 0 || c_.frames == 0 || c_.text_tokens == 0 || c_.grad_accum == 0)
-      fail("micro-batch, frames, phonemes and accumulation must be at least 1");
-    if (c_.kernel == 0) fail("the convolutions need a kernel of at least 1");
-    if (c_.encoder_layers == 0 || c_.decoder_layers == 0) fail("the encoder and the decoder need a block each");
-    if (T_ != elem::f32 && T_ != elem::bf16 && T_ != elem::f16) fail("the storage type must be f32, bf16 or f16");
-    if (!runtime_optimizer(c_.optimizer)) fail("the runtime implements sgd, momentum, adam and adamw");
-  }
-  std::size_t Nd() const { return c_.micro_batch * c_.frames; }       // decoder rows
-  std::size_t Ne() const { return c_.micro_batch * c_.text_tokens; }  // encoder rows
-  std::size_t D() const { return c_.hidden / c_.heads; }
-  static std::uint32_t u32(std::size_t n) {
-    if (n > 0xffffffffu) throw program_error("build_speech_program: a shape exceeds 32 bits");
-    return static_cast<std::uint32_t>(n);
-  }
-
-  // ---- the arena and the op stream (exec/lowering.hpp), and the inputs ----------------------------
-  operand feature(std::size_t at, std::size_t n) const { return {at, n, elem::f32, where::features}; }
-  operand mask(std::size_t at, std::size_t n) const { return {at, n, elem::u8, where::masks}; }
-  operand frame_mask() const { return mask(io_.frame_mask, Nd()); }
-  operand phoneme_mask() const { return mask(io_.phoneme_mask, Ne()); }
   /// The arriving gradient `dout` and the input gradient `din` pushed above it are released and
   /// din moved down into their place: the next entry's arriving gradient.
   operand hand_down(const operand& dout, const operand& din) {
@@ -156,156 +76,6 @@ class speech_lowering : lowering_base {
     operand g = transient("grad_input", din.count, T_);
     if (g.offset != din.offset) emit(ops::copy{g, din});
     return g;
-  }
-
-  // ---- units ----------------------------------------------------------------------------------------
-  struct unit {
-    std::string name;
-    std::size_t elements = 0;
-    operand weight, grad, master, state1, state2;
-    element_ranges no_decay;              ///< norms, biases, batch norm
-    std::vector<param_init> init;
-  };
-  /// Offsets inside a unit, filled as the unit is described.
-  struct conv_view { std::size_t w, b, gamma, beta, end; };
-  struct block_view {
-    std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b;          // self-attention
-    std::size_t lnx_w, lnx_b, q_w, q_b, kv_w, kv_b, projx_w, projx_b;  // cross-attention (decoder)
-    std::size_t ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
-  };
-  static param_init ones(std::size_t at, std::size_t n) {
-    param_init i;
-    i.at = at;
-    i.cols = n;
-    i.constant = 1.0f;
-    return i;
-  }
-  param_init normal(std::size_t at, std::size_t n, std::size_t tensor, float stddev) const {
-    param_init i;
-    i.k = param_init::kind::normal;
-    i.at = at;
-    i.rows = 1;
-    i.cols = n;
-    i.rng_tensor = tensor;
-    i.stddev = stddev;
-    return i;
-  }
-  static float fan_in(std::size_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); }
-  unit& add_unit(std::string name) {
-    units_.push_back(unit{});
-    units_.back().name = std::move(name);
-    return units_.back();
-  }
-  /// A convolution's unit: W [OC, IC, K] ~ N(0, 1/(IC·K)), bias 0, batch norm γ 1, β 0.
-  conv_view conv_unit(const std::string& name, std::size_t IC, std::size_t OC) {
-    unit& u = add_unit(name);
-    conv_view v{};
-    v.w = 0;
-    v.b = OC * IC * c_.kernel;
-    v.gamma = v.b + OC;
-    v.beta = v.gamma + (c_.batchnorm ? OC : 0);
-    v.end = v.beta + (c_.batchnorm ? OC : 0);
-    u.elements = v.end;
-    u.no_decay = {{v.b, v.end}};
-    u.init.push_back(normal(v.w, v.b, units_.size() * 8, fan_in(IC * c_.kernel)));
-    if (c_.batchnorm) u.init.push_back(ones(v.gamma, OC));
-    return v;
-  }
-  /// A linear layer's unit: W [OC, IC] ~ N(0, 1/IC), bias 0.
-  std::size_t linear_unit(const std::string& name, std::size_t IC, std::size_t OC) {
-    unit& u = add_unit(name);
-    u.elements = OC * IC + OC;
-    u.no_decay = {{OC * IC, OC * IC + OC}};
-    u.init.push_back(normal(0, OC * IC, units_.size() * 8, fan_in(IC)));
-    return OC * IC;  // the bias's offset
-  }
-  block_view block_unit(const std::string& name, bool cross) {
-    const std::size_t C = c_.hidden, F = c_.ffn;
-    unit& u = add_unit(name);
-    block_view v{};
-    std::size_t o = 0;
-    const auto take = [&](std::size_t n) {
-      const std::size_t at = o;
-      o += n;
-      return at;
-    };
-    v.ln1_w = take(C), v.ln1_b = take(C), v.qkv_w = take(3 * C * C), v.qkv_b = take(3 * C);
-    v.proj_w = take(C * C), v.proj_b = take(C);
-    v.lnx_w = take(cross ? C : 0), v.lnx_b = take(cross ? C : 0), v.q_w = take(cross ? C * C : 0);
-    v.q_b = take(cross ? C : 0), v.kv_w = take(cross ? 2 * C * C : 0), v.kv_b = take(cross ? 2 * C : 0);
-    v.projx_w = take(cross ? C * C : 0), v.projx_b = take(cross ? C : 0);
-    v.ln2_w = take(C), v.ln2_b = take(C), v.fc1_w = take(F * C), v.fc1_b = take(F), v.fc2_w = take(C * F);
-    v.fc2_b = take(C), v.end = o;
-    u.elements = v.end;
-    u.no_decay = {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.q_w}, {v.q_b, v.kv_w},
-                  {v.kv_b, v.projx_w}, {v.projx_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}};
-    const std::size_t t = units_.size() * 8;
-    const std::size_t L = c_.encoder_layers + c_.decoder_layers;
-    const float res = 0.02f / std::sqrt(2.0f * static_cast<float>(L));  // GPT-2's residual projections
-    u.init.push_back(ones(v.ln1_w, C));
-    u.init.push_back(normal(v.qkv_w, 3 * C * C, t + 1, 0.02f));
-    u.init.push_back(normal(v.proj_w, C * C, t + 2, res));
-    if (cross) {
-      u.init.push_back(ones(v.lnx_w, C));
-      u.init.push_back(normal(v.q_w, C * C, t + 3, 0.02f));
-      u.init.push_back(normal(v.kv_w, 2 * C * C, t + 4, 0.02f));
-      u.init.push_back(normal(v.projx_w, C * C, t + 5, res));
-    }
-    u.init.push_back(ones(v.ln2_w, C));
-    u.init.push_back(normal(v.fc1_w, F * C, t + 6, 0.02f));
-    u.init.push_back(normal(v.fc2_w, C * F, t + 7, res));
-    return v;
-  }
-  std::size_t norm_unit(const std::string& name) {
-    unit& u = add_unit(name);
-    u.elements = 2 * c_.hidden;
-    u.no_decay = {{0, u.elements}};
-    u.init.push_back(ones(0, c_.hidden));
-    return units_.size() - 1;
-  }
-  void build_units() {
-    const std::size_t C = c_.hidden, M = c_.mel_bins, P = c_.prenet, Q = c_.postnet;
-    {
-      unit& e = add_unit("encoder.embedding");
-      e.elements = c_.phonemes * C;
-      e.init.push_back(normal(0, e.elements, 8, 1.0f));
-    }
-    for (std::size_t i = 0; i < c_.encoder_convs; ++i) enc_conv_.push_back(conv_unit("encoder.prenet.conv" + std::to_string(i), C, C));
-    enc_block0_ = units_.size();
-    for (std::size_t l = 0; l < c_.encoder_layers; ++l) enc_blk_ = block_unit("encoder.block" + std::to_string(l), false);
-    enc_norm_ = norm_unit("encoder.final_norm");
-    pre1_ = units_.size();
-    linear_unit("decoder.prenet.fc1", M, P);
-    linear_unit("decoder.prenet.fc2", P, P);
-    linear_unit("decoder.prenet.proj", P, C);
-    dec_block0_ = units_.size();
-    for (std::size_t l = 0; l < c_.decoder_layers; ++l) dec_blk_ = block_unit("decoder.block" + std::to_string(l), true);
-    dec_norm_ = norm_unit("decoder.final_norm");
-    out_ = units_.size();
-    out_b_ = linear_unit("decoder.mel_stop_out", C, M + 1);
-    post0_ = units_.size();
-    post_.push_back(conv_unit("decoder.postnet.in", M, Q));
-    for (std::size_t i = 0; i < c_.postnet_convs; ++i) post_.push_back(conv_unit("decoder.postnet.conv" + std::to_string(i), Q, Q));
-    post_.push_back(conv_unit("decoder.postnet.out", Q, M));
-  }
-  void allocate_states() {
-    lowering_base::allocate_states(units_, 0, c_.master_weights, c_.optimizer);
-    for (const unit& u : units_) {
-      param_unit d;
-      d.name = u.name;
-      d.elements = u.elements;
-      d.shard = u.elements;
-      d.weight = u.weight;
-      d.grad = u.grad;
-      d.master = u.master;
-      d.state1 = u.state1;
-      d.state2 = u.state2;
-      d.init = u.init;
-      p_.units.push_back(std::move(d));
-    }
-  }
-  void reduce(const unit& u) {
-    if (c_.dp > 1) emit(ops::all_reduce{u.grad, group::dp, reduce_op::sum}, when::last_micro);
   }
 
   // ---- dropout ----------------------------------------------------------------------------------------
@@ -717,34 +487,16 @@ class speech_lowering : lowering_base {
     emit_loss_mean(u32(c_.grad_accum), c_.dp);
     if (c_.evaluate) return;
     for (const unit& u : units_) emit(ops::sqnorm{u.grad, true});
-    emit(ops::norm_parts{});
-    emit(ops::all_reduce{scalars::slot(scalars::parts + 1, 1), group::dp, reduce_op::max});
-    emit(ops::clip_scale{c_.max_grad_norm, u32(c_.dp), false});
+    emit_clip_scale(0, c_.dp, c_.max_grad_norm, false);
     emit_updates(units_, 0, c_.weight_decay, c_.dp, [](const unit&) { return std::size_t{0}; });
   }
   void finish() {
-    finish_layout();
-    p_.grad_accum = c_.grad_accum;
-    p_.micro_batch = c_.micro_batch;
-    p_.sequence = c_.frames;
+    finish_program(c_, c_.frames, r_.dp, c_.block_dropout);
     p_.tokens_per_micro = io_.tokens;
     p_.targets_per_micro = 0;
     p_.features_per_micro = io_.features;
     p_.masks_per_micro = io_.masks;
-    p_.dp = c_.dp;
-    p_.dp_rank = r_.dp;
-    p_.hp = {c_.optimizer, c_.lr, c_.weight_decay, c_.momentum, c_.beta1, c_.beta2, c_.eps, c_.max_grad_norm,
-             c_.block_dropout, c_.seed};
   }
-
-  speech_config c_;
-  rank_coords r_;
-  speech_inputs io_;
-  std::vector<unit> units_;
-  std::vector<conv_view> enc_conv_, post_;
-  block_view enc_blk_{}, dec_blk_{};
-  std::size_t enc_block0_ = 0, enc_norm_ = 0, pre1_ = 0, dec_block0_ = 0, dec_norm_ = 0;
-  std::size_t out_ = 0, out_b_ = 0, post0_ = 0;
 };
 
 }  // namespace detail

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/read_model.hpp — the decoder-only language model a list of layer descriptors
+// memalg/exec/gpt/read_model.hpp — the decoder-only language model a list of layer descriptors
 // describes, read the way the GPT runtime needs it.
 //
 // The planner evaluates a `model_desc` (model/layer.hpp): entries with kinds, counts, placements
@@ -16,7 +16,7 @@
 // embedding's vocabulary and width, every entry trained (no frozen, quantized or teacher parts).
 // Anything else is refused with a sentence (`lm_reading::problem`); whether the runtime then
 // implements the configuration it read (precision, mesh, block variants) is its own rule
-// (exec/gpt_plan.hpp).
+// (exec/gpt/plan.hpp).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/gpt_plan.hpp — from a compile-time plan to what a runtime needs to run it, host side
+// memalg/exec/gpt/plan.hpp — from a compile-time plan to what a runtime needs to run it, host side
 // and backend-neutral.
 //
 // `runtime_gpt<Config>` is the model the runtimes train, as a model type: the decoder-only
@@ -21,9 +21,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "memalg/exec/config.hpp"
+#include "memalg/exec/gpt/config.hpp"
 #include "memalg/exec/program.hpp"
-#include "memalg/exec/read_model.hpp"
+#include "memalg/exec/gpt/read_model.hpp"
 #include "memalg/exec/runtime_issues.hpp"
 #include "memalg/model/transformer.hpp"
 #include "memalg/plan/plan.hpp"
@@ -123,7 +123,7 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
 
 /// Pipeline plans (pp > 1) on the CPU runtime: the rest of the rule on the same plan without the
 /// pipeline, and then the stage program's
-/// limits (exec/build_program.hpp). The output layer is
+/// limits (exec/gpt/build_program.hpp). The output layer is
 /// untied: the planner's stages hold no copy of a tied token embedding on the last stage (nor
 /// Megatron's embedding-group all-reduce), so a tied model would not be what the plan counts.
 constexpr runtime_issue find_cpu_pipeline_issue(const lm_config& c, const training_desc& t, const mesh_desc& m) {
@@ -184,7 +184,7 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
 
 namespace detail {
 /// The lm_config of a plan's model type: any model whose layer descriptors describe a decoder-only
-/// language model (exec/read_model.hpp: transformer_lm of a config, a preset, the HF import, a
+/// language model (exec/gpt/read_model.hpp: transformer_lm of a config, a preset, the HF import, a
 /// model::sequential of layer types), read off the descriptors; runtime_gpt and
 /// runtime_gpt_replicated name their config directly (the same fields: tests/host/test_read_model.cpp).
 template <class M>
@@ -205,17 +205,29 @@ struct config_of<runtime_gpt_replicated<C>> {
 
 }  // namespace detail
 
-/// The CPU runtime's rule for a plan: find_cpu_runtime_issue, and a chunked loss only on a
-/// replicated output layer (the program chunks the unsharded head: exec/build_program.hpp).
+/// Both runtimes' limit on chunked losses: only on a replicated output layer, without sequence
+/// parallelism (the program chunks the unsharded head: exec/gpt/micro_batch.hpp).
 template <class Plan>
-constexpr runtime_issue find_cpu_plan_issue() {
+constexpr runtime_issue find_chunked_loss_issue() {
   constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
-  const runtime_issue i = find_cpu_runtime_issue(c, Plan::training, Plan::mesh);
-  if (i != runtime_issue::none) return i;
   if (c.loss_chunk != 0 && Plan::mesh.tp > 1 &&
       (Plan::mesh.sequence_parallel || vocab_parallel_output(Plan::model_type::value)))
     return runtime_issue::chunked;
   return runtime_issue::none;
+}
+
+/// A runtime's rule for a plan: `rule` (find_cpu_runtime_issue, find_cuda_runtime_issue) on its
+/// model, recipe and mesh, then find_chunked_loss_issue.
+template <class Plan>
+constexpr runtime_issue find_plan_issue(runtime_issue (*rule)(const lm_config&, const training_desc&, const mesh_desc&)) {
+  const runtime_issue i = rule(detail::config_of<typename Plan::model_type>::value, Plan::training, Plan::mesh);
+  return i != runtime_issue::none ? i : find_chunked_loss_issue<Plan>();
+}
+
+/// The CPU runtime's rule for a plan.
+template <class Plan>
+constexpr runtime_issue find_cpu_plan_issue() {
+  return find_plan_issue<Plan>(&find_cpu_runtime_issue);
 }
 
 /// The trainer's runtime configuration for a plan over runtime_gpt<Config>.

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/config.hpp — the GPT runtimes' configuration as runtime values, host-only.
+// memalg/exec/gpt/config.hpp — the GPT runtimes' configuration as runtime values, host-only.
 //
-// Kept apart from the trainers so that code which only lays a step out (exec/build_program.hpp)
+// Kept apart from the trainers so that code which only lays a step out (exec/gpt/build_program.hpp)
 // names the same `gpt_config` and `arena_sizes` without including any backend.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "memalg/exec/arena_layout.hpp"  // arena_sizes
 #include "memalg/exec/hparams.hpp"
 #include "memalg/train/optimizer.hpp"
 #include "memalg/train/recipe.hpp"
@@ -54,12 +55,6 @@ struct gpt_config {
   bool parallel_residual = false;  ///< y = x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J, Falcon)
   bool shared_norm = false;        ///< parallel with one norm: y = x + attn(ln(x)) + mlp(ln(x)) (Falcon-7B;
                                    ///< a LayerNorm keeps its shift without `bias`, as nn.LayerNorm)
-};
-
-/// Arena sizes the plan predicts (persistent model states; saved + transient peak).
-struct arena_sizes {
-  std::size_t persistent = 0;
-  std::size_t stack = 0;
 };
 
 }  // namespace memalg::exec

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/speech_plan.hpp — the speech model a plan describes, read for the runtime, and
+// memalg/exec/speech/plan.hpp — the speech model a plan describes, read for the runtime, and
 // whether the runtime implements the plan.
 //
 // `read_speech_model` reads the dimensions of the speech model (model/presets/speech.hpp) off a
@@ -12,7 +12,7 @@
 //
 // Anything else is refused with a sentence (`speech_reading::problem`). `speech_plan_issue`
 // names what the runtime does not implement of a plan (its mesh, precision, stack, optimizer);
-// `speech_config_of<Plan>` is the configuration the runtime builds (exec/build_speech_program.hpp).
+// `speech_config_of<Plan>` is the configuration the runtime builds (exec/speech/build_program.hpp).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +20,7 @@
 #include <string_view>
 
 #include "memalg/core/dtype.hpp"
-#include "memalg/exec/build_speech_program.hpp"
+#include "memalg/exec/speech/build_program.hpp"
 #include "memalg/model/layer.hpp"
 #include "memalg/parallel/mesh.hpp"
 #include "memalg/train/recipe.hpp"

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/gpt_plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
+// memalg/exec/gpt/plan_cuda.hpp — what the CUDA runtime implements, and how fast it ran, host side.
 //
 // The CUDA runtime (backend/cuda/gpt_run.cuh: the plan's step program on the CUDA step backend,
-// backend/cuda/step_backend.cuh) runs the same plans as the CPU runtime (exec/gpt_plan.hpp) with
+// backend/cuda/step_backend.cuh) runs the same plans as the CPU runtime (exec/gpt/plan.hpp) with
 // these differences, all decided here so that plain g++ can check them:
 //   * precision: fp32 and mixed-bf16 (bf16 weights, gradients and activations, fp32 master
 //     weights and optimizer states). No fp16: the GPU backend has no dynamic loss scaler.
@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "memalg/exec/gpt_plan.hpp"
+#include "memalg/exec/gpt/plan.hpp"
 
 namespace memalg::exec {
 
@@ -40,17 +40,10 @@ constexpr runtime_issue find_cuda_runtime_issue(const lm_config& c, const traini
   return runtime_issue::none;
 }
 
-/// The CUDA runtime's rule for a plan: find_cuda_runtime_issue, and find_cpu_plan_issue's limit on
-/// chunked losses (a replicated output layer only, without sequence parallelism).
+/// The CUDA runtime's rule for a plan (exec/gpt/plan.hpp, find_plan_issue).
 template <class Plan>
 constexpr runtime_issue find_cuda_plan_issue() {
-  constexpr lm_config c = detail::config_of<typename Plan::model_type>::value;
-  const runtime_issue i = find_cuda_runtime_issue(c, Plan::training, Plan::mesh);
-  if (i != runtime_issue::none) return i;
-  if (c.loss_chunk != 0 && Plan::mesh.tp > 1 &&
-      (Plan::mesh.sequence_parallel || vocab_parallel_output(Plan::model_type::value)))
-    return runtime_issue::chunked;
-  return runtime_issue::none;
+  return find_plan_issue<Plan>(&find_cuda_runtime_issue);
 }
 
 /// The host side of the CUDA trainer a plan instantiates: `value` is true, and it does not compile

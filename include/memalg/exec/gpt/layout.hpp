@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/exec/gpt_layout.hpp — how the GPT trainers (CPU and CUDA) lay out their parameters.
+// memalg/exec/gpt/layout.hpp — how the GPT trainers (CPU and CUDA) lay out their parameters.
 //
 // Parameters are grouped into units — the token embedding, the position embedding, each block,
 // the final norm — each one flat buffer per rank. A block's tensors sit at fixed offsets inside
@@ -15,6 +15,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "memalg/exec/lowering.hpp"  // element_ranges, element_cursor
 
 namespace memalg::exec {
 
@@ -33,54 +35,23 @@ constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::si
                                           bool norm_bias, bool bias, bool gated, bool qkv_bias = false,
                                           bool shared_norm = false) {
   gpt_block_view v{};
-  std::size_t o = 0;
-  const auto take = [&](std::size_t n) {
-    const std::size_t at = o;
-    o += n;
-    return at;
-  };
+  element_cursor o;
   const std::size_t F1 = gated ? 2 * F : F;
-  v.ln1_w = take(C);
-  v.ln1_b = take(norm_bias ? C : 0);
-  v.qkv_w = take((Wq + 2 * Wkv) * C);
-  v.qkv_b = take(bias || qkv_bias ? Wq + 2 * Wkv : 0);
-  v.proj_w = take(C * Wq);
-  v.proj_b = take(bias ? C : 0);
-  v.ln2_w = take(shared_norm ? 0 : C);
-  v.ln2_b = take(norm_bias && !shared_norm ? C : 0);
-  v.fc1_w = take(F1 * C);
-  v.fc1_b = take(bias ? F1 : 0);
-  v.fc2_w = take(C * F);
-  v.fc2_b = take(bias ? C : 0);
-  v.end = o;
+  v.ln1_w = o.take(C);
+  v.ln1_b = o.take(norm_bias ? C : 0);
+  v.qkv_w = o.take((Wq + 2 * Wkv) * C);
+  v.qkv_b = o.take(bias || qkv_bias ? Wq + 2 * Wkv : 0);
+  v.proj_w = o.take(C * Wq);
+  v.proj_b = o.take(bias ? C : 0);
+  v.ln2_w = o.take(shared_norm ? 0 : C);
+  v.ln2_b = o.take(norm_bias && !shared_norm ? C : 0);
+  v.fc1_w = o.take(F1 * C);
+  v.fc1_b = o.take(bias ? F1 : 0);
+  v.fc2_w = o.take(C * F);
+  v.fc2_b = o.take(bias ? C : 0);
+  v.end = o.end;
   return v;
 }
-
-constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t W, std::size_t F) {
-  gpt_block_view v{};
-  std::size_t o = 0;
-  const auto take = [&](std::size_t n) {
-    const std::size_t at = o;
-    o += n;
-    return at;
-  };
-  v.ln1_w = take(C);
-  v.ln1_b = take(C);
-  v.qkv_w = take(3 * W * C);
-  v.qkv_b = take(3 * W);
-  v.proj_w = take(C * W);
-  v.proj_b = take(C);
-  v.ln2_w = take(C);
-  v.ln2_b = take(C);
-  v.fc1_w = take(F * C);
-  v.fc1_b = take(F);
-  v.fc2_w = take(C * F);
-  v.fc2_b = take(C);
-  v.end = o;
-  return v;
-}
-
-using element_ranges = std::vector<std::pair<std::size_t, std::size_t>>;
 
 struct gpt_unit_spec {
   std::string name;
@@ -103,25 +74,10 @@ inline std::vector<gpt_unit_spec> detail_split_units(std::string_view who, std::
   return units;
 }
 
-/// The units of a GPT of `layers` blocks; throws, naming `who`, when a unit does not split evenly
-/// over `dp` data-parallel ranks.
-inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vocab, std::size_t positions,
-                                            std::size_t hidden, std::size_t layers, const gpt_block_view& v,
-                                            std::size_t dp) {
-  const std::size_t C = hidden;
-  std::vector<gpt_unit_spec> units;
-  units.push_back({"wte", vocab * C, 0, {}, {{0, vocab * C}}});
-  units.push_back({"wpe", positions * C, 0, {}, {{0, positions * C}}});
-  for (std::size_t l = 0; l < layers; ++l)
-    units.push_back({"block" + std::to_string(l), v.end, 0,
-                     {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}},
-                     {{v.ln1_w, v.qkv_w}, {v.proj_b, v.fc1_w}, {v.fc2_b, v.end}}});
-  units.push_back({"lnf", 2 * C, 0, {{0, 2 * C}}, {{0, 2 * C}}});
-  return detail_split_units(who, std::move(units), dp);
-}
-
-/// The same for the general model: no `wpe` unit when positions == 0 (rotary positions), a final
-/// norm of `final_norm` elements, and an untied output layer as a last unit `lm_head` [vocab, hidden].
+/// The units of a GPT of `layers` blocks: the token embedding, the position embedding (none when
+/// positions == 0: rotary positions), the blocks, a final norm of `final_norm` elements and, when
+/// not `tied`, an output layer as a last unit `lm_head` [vocab, hidden]; throws, naming `who`,
+/// when a unit does not split evenly over `dp` data-parallel ranks.
 inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vocab, std::size_t positions,
                                             std::size_t hidden, std::size_t layers, const gpt_block_view& v,
                                             std::size_t dp, std::size_t final_norm, bool tied) {
