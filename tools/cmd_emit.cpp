@@ -11,7 +11,9 @@
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -81,6 +83,7 @@ layer_desc known_fields(const layer_desc& l) {
   c.group = l.group;
   c.shape.logits = l.shape.logits;
   c.shape.flags = l.shape.flags;
+  c.shape.norm_eps = l.shape.norm_eps;
 #define COPY(f) c.f = l.f;
   MEMALG_EMIT_LAYER_FIELDS(COPY)
 #undef COPY
@@ -142,6 +145,11 @@ std::string layer_literal(const layer_desc& l) {
   MEMALG_EMIT_SHAPE_FIELDS(EMIT)
 #undef EMIT
   if (l.shape.flags != d.shape.flags) s << "      l.shape.flags = " << flags_expression(l.shape.flags) << ";\n";
+  if (l.shape.norm_eps != d.shape.norm_eps) {  // as many digits as make the same double again
+    std::ostringstream e;
+    e << std::setprecision(std::numeric_limits<double>::max_digits10) << l.shape.norm_eps;
+    s << "      l.shape.norm_eps = " << e.str() << ";\n";
+  }
   if (!l.trainable) s << "      l.trainable = false;\n";
   if (!same_dtype(l.weight_storage, d.weight_storage)) s << "      l.weight_storage = " << dtype_literal(l.weight_storage) << ";\n";
   if (!same_dtype(l.shape.logits, d.shape.logits)) s << "      l.shape.logits = " << dtype_literal(l.shape.logits) << ";\n";

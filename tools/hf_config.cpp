@@ -107,6 +107,14 @@ struct reader {
       fail("field '" + std::string(*names.begin()) + "' must be a number in (0, 1], not " + v->dump());
     return v->get<double>();
   }
+  /// A norm's ε: a number in (0, 0.1] (the first of `names` present), or `fallback`.
+  double epsilon_or(std::initializer_list<const char*> names, double fallback) const {
+    const json* v = find(names);
+    if (v == nullptr) return fallback;
+    if (!v->is_number() || !(v->get<double>() > 0) || v->get<double>() > 0.1)
+      fail("field '" + std::string(*names.begin()) + "' must be a number in (0, 0.1], not " + v->dump());
+    return v->get<double>();
+  }
   bool flag_or(std::initializer_list<const char*> names, bool fallback) const {
     const json* v = find(names);
     if (v == nullptr) return fallback;
@@ -342,6 +350,13 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     n.final_norm = 2 * h;
     n.output = c.tied ? 0 : mul(c.vocab, h);
   }
+  // The norms' ε, under the name and with the default of each family's config class
+  // (transformers 5.17): GPT2Config `layer_norm_epsilon` 1e-5; LlamaConfig, MistralConfig and
+  // Qwen2Config `rms_norm_eps` 1e-6, MixtralConfig 1e-5; GPTNeoXConfig `layer_norm_eps` 1e-5;
+  // FalconConfig `layer_norm_epsilon` 1e-5.
+  c.norm_eps = family == "gpt2" || family == "falcon" ? r.epsilon_or({"layer_norm_epsilon"}, 1e-5)
+               : family == "gpt_neox"                 ? r.epsilon_or({"layer_norm_eps"}, 1e-5)
+                                                      : r.epsilon_or({"rms_norm_eps"}, family == "mixtral" ? 1e-5 : 1e-6);
   // Dropout, site by site, as each family's modelling code applies it (transformers 5.17):
   // GPT-2: embd_pdrop on the embeddings' sum, attn_pdrop on the attention probabilities,
   //   resid_pdrop on the attention and MLP outputs (modeling_gpt2.py);

@@ -184,6 +184,26 @@ TEST_CASE("--attention with --config: flash (SDPA, Hugging Face's default) unles
   CHECK_THROWS_AS(make_inputs(bad), usage_error);
 }
 
+TEST_CASE("import reads the norms' epsilon under each family's name, with its config class's default") {
+  const auto eps = [](std::string_view text) { return parse_hf_config(text, "config.json").config.norm_eps; };
+  const std::string llama = R"("hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8)";
+  CHECK(eps(R"({"architectures": ["LlamaForCausalLM"], )" + llama + "}") == 1e-6);
+  CHECK(eps(R"({"architectures": ["LlamaForCausalLM"], "rms_norm_eps": 1e-05, )" + llama + "}") == 1e-5);
+  CHECK(eps(R"({"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2, )" + llama + "}") == 1e-5);
+  const std::string gpt2 = R"("n_embd": 64, "n_layer": 2, "n_head": 8, "n_positions": 32, "vocab_size": 10)";
+  CHECK(eps(R"({"architectures": ["GPT2LMHeadModel"], )" + gpt2 + "}") == 1e-5);
+  CHECK(eps(R"({"architectures": ["GPT2LMHeadModel"], "layer_norm_epsilon": 1e-6, )" + gpt2 + "}") == 1e-6);
+  // The plan's model carries it to the norms (the runtime reads it there).
+  const hf_model m = parse_hf_config(R"({"architectures": ["LlamaForCausalLM"], "rms_norm_eps": 0.0001, )" + llama + "}", "config.json");
+  std::size_t norms = 0;
+  for (const layer_desc& l : m.model)
+    if (l.kind == layer_kind::transformer_block || l.kind == layer_kind::rmsnorm) {
+      ++norms;
+      CHECK(l.shape.norm_eps == 1e-4);
+    }
+  CHECK(norms == 2);
+}
+
 TEST_CASE("import errors name the field, the architecture or the problem") {
   const auto message = [](std::string_view text) {
     try {
@@ -211,6 +231,7 @@ TEST_CASE("import errors name the field, the architecture or the problem") {
   // Found by fuzz/fuzz_hf_config: a number beyond a double is a parse error, not a crash.
   CHECK(message(R"({"hidden_size": 1e00000000000000000000000000000000000000000000001550057157})").find("not valid JSON") != std::string::npos);
   CHECK(message(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "resid_pdrop": 2})").find("'resid_pdrop' must be a probability") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8, "rms_norm_eps": 0})").find("'rms_norm_eps' must be a number in (0, 0.1]") != std::string::npos);
   // An error is one line.
   CHECK(message(R"({"architectures": ["LlamaForCausalLM"], )").find('\n') == std::string::npos);
   CHECK_THROWS_AS(load_hf_config(data("no-such-file.json")), usage_error);

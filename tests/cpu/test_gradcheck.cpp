@@ -65,11 +65,11 @@ TEST_CASE("gradcheck: layernorm") {
   auto loss = [&] {
     vec out(N * C);
     cpu::layernorm_forward(out.data(), static_cast<double*>(nullptr), static_cast<double*>(nullptr), x.data(),
-                           w.data(), b.data(), N, C);
+                           w.data(), b.data(), N, C, 1e-5);
     return dot(out, r);
   };
   vec out(N * C), mean(N), rstd(N);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5);
   vec dx = nans(N * C);
   const vec dw0 = randn(C, 5), db0 = randn(C, 6);
   vec dw = dw0, db = db0;
@@ -84,11 +84,11 @@ TEST_CASE("gradcheck: rmsnorm") {
   vec x = randn(N * C, 1), w = randn(C, 2), r = randn(N * C, 4);
   auto loss = [&] {
     vec out(N * C);
-    cpu::rmsnorm_forward(out.data(), static_cast<double*>(nullptr), x.data(), w.data(), N, C);
+    cpu::rmsnorm_forward(out.data(), static_cast<double*>(nullptr), x.data(), w.data(), N, C, 1e-6);
     return dot(out, r);
   };
   vec out(N * C), rstd(N);
-  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6);
   vec dx = nans(N * C);
   const vec dw0 = randn(C, 5);
   vec dw = dw0;

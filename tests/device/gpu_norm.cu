@@ -29,19 +29,19 @@ TEST_CASE_TEMPLATE("layernorm: forward and backward match the CPU reference", T,
   const auto r_in = to_double(in), r_w = to_double(w), r_b = to_double(b), r_dout = to_double(dout);
 
   std::vector<double> r_out(N * C), r_mean(N), r_rstd(N), r_din(N * C), r_dw = to_double(dw0), r_db = to_double(db0);
-  cpu::layernorm_forward(r_out.data(), r_mean.data(), r_rstd.data(), r_in.data(), r_w.data(), r_b.data(), N, C);
+  cpu::layernorm_forward(r_out.data(), r_mean.data(), r_rstd.data(), r_in.data(), r_w.data(), r_b.data(), N, C, 1e-5);
   cpu::layernorm_backward(r_din.data(), r_dw.data(), r_db.data(), r_dout.data(), r_in.data(), r_w.data(),
                           r_mean.data(), r_rstd.data(), N, C);
 
   dbuf<T> d_in(in), d_w(w), d_b(b), d_out(N * C), d_dout(dout), d_din(N * C), d_dw(dw0), d_db(db0);
   dbuf<float> d_mean(N), d_rstd(N);
-  cu::layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_in.get(), d_w.get(), d_b.get(), N, C);
+  cu::layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_in.get(), d_w.get(), d_b.get(), N, C, 1e-5f);
   check_close<T>("out", d_out.download(), r_out);
   check_close<T>("mean", d_mean.download(), r_mean, stats_tolerance);
   check_close<T>("rstd", d_rstd.download(), r_rstd, stats_tolerance);
   {  // the statistics alone (a backward that recomputes them): the forward's bits
     dbuf<float> s_mean(N), s_rstd(N);
-    cu::layernorm_stats(s_mean.get(), s_rstd.get(), d_in.get(), N, C);
+    cu::layernorm_stats(s_mean.get(), s_rstd.get(), d_in.get(), N, C, 1e-5f);
     CHECK(s_mean.download() == d_mean.download());
     CHECK(s_rstd.download() == d_rstd.download());
   }
@@ -61,17 +61,17 @@ TEST_CASE_TEMPLATE("rmsnorm: forward and backward match the CPU reference", T, f
   const auto r_in = to_double(in), r_w = to_double(w), r_dout = to_double(dout);
 
   std::vector<double> r_out(N * C), r_rstd(N), r_din(N * C), r_dw = to_double(dw0);
-  cpu::rmsnorm_forward(r_out.data(), r_rstd.data(), r_in.data(), r_w.data(), N, C);
+  cpu::rmsnorm_forward(r_out.data(), r_rstd.data(), r_in.data(), r_w.data(), N, C, 1e-6);
   cpu::rmsnorm_backward(r_din.data(), r_dw.data(), r_dout.data(), r_in.data(), r_w.data(), r_rstd.data(), N, C);
 
   dbuf<T> d_in(in), d_w(w), d_out(N * C), d_dout(dout), d_din(N * C), d_dw(dw0);
   dbuf<float> d_rstd(N);
-  cu::rmsnorm_forward(d_out.get(), d_rstd.get(), d_in.get(), d_w.get(), N, C);
+  cu::rmsnorm_forward(d_out.get(), d_rstd.get(), d_in.get(), d_w.get(), N, C, 1e-6f);
   check_close<T>("out", d_out.download(), r_out);
   check_close<T>("rstd", d_rstd.download(), r_rstd, stats_tolerance);
   {  // rstd alone (a backward that recomputes it): the forward's bits
     dbuf<float> s_rstd(N);
-    cu::rmsnorm_stats(s_rstd.get(), d_in.get(), N, C);
+    cu::rmsnorm_stats(s_rstd.get(), d_in.get(), N, C, 1e-6f);
     CHECK(s_rstd.download() == d_rstd.download());
   }
   cu::rmsnorm_backward(d_din.get(), d_dw.get(), d_dout.get(), d_in.get(), d_w.get(), d_rstd.get(), N, C);

@@ -6,10 +6,13 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
+#include <memalg/exec/gpt/build_program.hpp>
 #include <memalg/exec/gpt/read_model.hpp>
 #include <memalg/memalg.hpp>
 #include <memalg/model/compose.hpp>
@@ -32,6 +35,7 @@ void check_same_model(const m::lm_config& got, const m::lm_config& want) {
   CHECK(got.vocab == want.vocab);
   CHECK(got.positions == want.positions);
   CHECK(got.rms_norm == want.rms_norm);
+  CHECK(got.norm_eps == want.norm_eps);
   CHECK(got.gated == want.gated);
   CHECK(got.tied == want.tied);
   CHECK(got.bias == want.bias);
@@ -84,11 +88,53 @@ TEST_CASE("read_decoder_lm reads transformer_lm's descriptors back") {
   m::lm_config chunked = small(true);
   chunked.loss_chunk = 16;
   chunked.logits = m::dtypes::bf16;
+  chunked.norm_eps = 1e-5;  // Mixtral's rms_norm_eps, not RMSNorm's usual 1e-6
   for (const m::lm_config& c : {gpt, llama, qwen2, neox, dropout, chunked}) {
     const m::exec::lm_reading r = read_decoder_lm(m::transformer_lm(c));
     REQUIRE_MESSAGE(r.ok(), r.problem);
     check_same_model(r.config, c);
   }
+}
+
+TEST_CASE("the norms' epsilon goes from the model descriptor into every norm op of the program") {
+  // Default: the norm kind's (nn.LayerNorm's 1e-5, RMSNorm's 1e-6); set: the model's own.
+  for (const bool llama : {false, true})
+    for (const double eps : {0.0, 1e-5, 2.5e-3}) {
+      m::lm_config c = small(llama);
+      c.norm_eps = eps;
+      const m::exec::lm_reading r = read_decoder_lm(m::transformer_lm(c));
+      REQUIRE_MESSAGE(r.ok(), r.problem);
+      const double want = eps > 0 ? eps : (llama ? 1e-6 : 1e-5);
+      CHECK(m::norm_eps_of(m::transformer_lm(c).entries[2].shape, llama) == want);
+      m::exec::gpt_config g{};
+      g.layers = c.layers;
+      g.hidden = c.hidden;
+      g.heads = c.heads;
+      g.vocab = c.vocab;
+      g.positions = llama ? 0 : c.positions;
+      g.sequence = 8;
+      g.rms_norm = llama;
+      g.norm_eps = r.config.norm_eps;
+      const m::exec::program p = m::exec::build_program(g, m::exec::arena_sizes{std::size_t{1} << 24, std::size_t{1} << 24});
+      std::size_t norms = 0;
+      for (const auto* section : {&p.micro, &p.step_begin, &p.step_end})
+        for (const m::exec::op& o : *section)
+          std::visit(
+              [&](const auto& x) {
+                using X = std::decay_t<decltype(x)>;
+                if constexpr (std::is_same_v<X, m::exec::ops::norm_fwd> || std::is_same_v<X, m::exec::ops::norm_bwd>) {
+                  ++norms;
+                  CHECK(x.eps == want);
+                  CHECK(x.rms == llama);
+                }
+              },
+              o.body);
+      CHECK(norms == 2 * (2 * c.layers + 1));  // two per block and the final one, forward and backward
+    }
+  // The runtime has one ε: a final norm with another is refused.
+  m::model_desc d = m::transformer_lm(small(true));
+  d.entries[d.size - 2].shape.norm_eps = 1e-3;
+  CHECK(std::string(read_decoder_lm(d).problem).find("epsilon") != std::string::npos);
 }
 
 TEST_CASE("read_decoder_lm reads the presets at compile time") {

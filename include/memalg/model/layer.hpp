@@ -76,7 +76,18 @@ struct layer_shape {
   std::uint64_t rank = 0;       ///< low-rank adapters: rank r
   std::uint64_t saved_per_token = 0;  ///< custom entries: activation elements saved per token
   std::uint64_t rotary_dim = 0;  ///< rotary blocks: rotated dimensions per head (0: the whole head)
+  /// Norms and blocks: ε added under the norm's square root (0: the kind's default,
+  /// default_norm_eps). Hugging Face configs name it `layer_norm_epsilon`, `layer_norm_eps`,
+  /// `rms_norm_eps`.
+  double norm_eps = 0;
 };
+
+/// ε of a LayerNorm (PyTorch's nn.LayerNorm default, 1e-5) or an RMSNorm (1e-6, Llama's
+/// `rms_norm_eps` default, transformers' LlamaConfig) when the model names none.
+constexpr double default_norm_eps(bool rms) { return rms ? 1e-6 : 1e-5; }
+
+/// The ε a norm of this shape uses: its own, or its kind's default.
+constexpr double norm_eps_of(const layer_shape& s, bool rms) { return s.norm_eps > 0 ? s.norm_eps : default_norm_eps(rms); }
 
 /// Bits of `layer_shape::flags`. Which ones a kind reads is documented with its builder
 /// (model/layers.hpp, model/transformer.hpp).

@@ -86,6 +86,7 @@ struct lm_config {
   std::uint64_t vocab = 0;
   std::uint64_t positions = 0;  ///< learned position embedding of this many positions (0: rotary, none)
   bool rms_norm = false;
+  double norm_eps = 0;          ///< the norms' ε (0: the kind's default, default_norm_eps)
   bool gated = false;           ///< SwiGLU
   bool tied = true;             ///< output layer shares the token embedding
   bool bias = true;
@@ -149,6 +150,7 @@ constexpr layer_shape block_shape(const lm_config& c) {
             (residual_dropout ? layer_flags::residual_dropout : 0u) |
             (c.qkv_bias ? layer_flags::qkv_bias : 0u);
   s.rotary_dim = c.rotary ? c.rotary_dim : 0;
+  s.norm_eps = c.norm_eps;
   if (c.experts != 0) {
     s.flags |= layer_flags::moe;
     s.experts = c.experts;
@@ -175,6 +177,7 @@ constexpr model_desc transformer_lm(const lm_config& c) {
   block.place = placement::repeated;
   m.push(block);
   layer_desc norm = c.rms_norm ? rmsnorm_layer(c.hidden) : layernorm_layer(c.hidden, c.bias);
+  norm.shape.norm_eps = c.norm_eps;
   norm.name = "final_norm";
   norm.place = placement::last_stage;
   m.push(norm);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/layernorm.hpp — layer normalisation over the channel axis (reference).
 //
-//   forward:  μ = mean(x), rstd = 1/sqrt(var(x) + 1e-5) (biased variance), x̂ = (x − μ)·rstd,
+//   forward:  μ = mean(x), rstd = 1/sqrt(var(x) + ε) (biased variance), x̂ = (x − μ)·rstd,
 //             out = x̂·w + b; saves mean[N], rstd[N] in accum_t<T>
 //   backward: with g = w·dout,  din = rstd·(g − mean(g) − x̂·mean(g·x̂))   (written)
 //             dw += Σ_n dout·x̂,  db += Σ_n dout                           (accumulated)
@@ -16,12 +16,11 @@
 
 namespace memalg::backend::cpu {
 
-inline constexpr double layernorm_eps = 1e-5;
-
-/// out[N, C]; mean[N], rstd[N] may be null (inference); w[C], b[C] (b may be null).
+/// out[N, C]; mean[N], rstd[N] may be null (inference); w[C], b[C] (b may be null); eps: the
+/// model's ε (memalg::norm_eps_of).
 template <storage_type T>
 void layernorm_forward(T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* in, const T* w,
-                       const T* b, std::size_t N, std::size_t C) {
+                       const T* b, std::size_t N, std::size_t C, double eps) {
   using A = accum_t<T>;
   for (std::size_t n = 0; n < N; ++n) {
     const T* x = in + n * C;
@@ -34,7 +33,7 @@ void layernorm_forward(T* out, accum_t<T>* mean, accum_t<T>* rstd, const T* in, 
       v += d * d;
     }
     v /= static_cast<A>(C);
-    const A r = A(1) / std::sqrt(v + static_cast<A>(layernorm_eps));
+    const A r = A(1) / std::sqrt(v + static_cast<A>(eps));
     for (std::size_t c = 0; c < C; ++c) {
       A y = (to_float(x[c]) - m) * r * to_float(w[c]);
       if (b) y += to_float(b[c]);

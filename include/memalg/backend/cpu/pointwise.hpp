@@ -37,10 +37,10 @@ void add_bias(T* x, const T* bias, std::size_t N, std::size_t C) {
     for (std::size_t i = 0; i < C; ++i) x[n * C + i] = from_float<T>(to_float(x[n * C + i]) + to_float(bias[i]));
 }
 
-/// mean[N], rstd[N] of in[N, C], as layernorm_forward computes them (biased variance, layernorm_eps).
+/// mean[N], rstd[N] of in[N, C], as layernorm_forward computes them (biased variance, ε = eps).
 /// LayerNorm's backward recomputes them from the saved input: the plan keeps only the norm's input.
 template <storage_type T>
-void layernorm_stats(accum_t<T>* mean, accum_t<T>* rstd, const T* in, std::size_t N, std::size_t C) {
+void layernorm_stats(accum_t<T>* mean, accum_t<T>* rstd, const T* in, std::size_t N, std::size_t C, double eps) {
   using A = accum_t<T>;
   for (std::size_t n = 0; n < N; ++n) {
     A m = 0, v = 0;
@@ -51,7 +51,7 @@ void layernorm_stats(accum_t<T>* mean, accum_t<T>* rstd, const T* in, std::size_
       v += d * d;
     }
     mean[n] = m;
-    rstd[n] = A(1) / std::sqrt(v / static_cast<A>(C) + static_cast<A>(layernorm_eps));
+    rstd[n] = A(1) / std::sqrt(v / static_cast<A>(C) + static_cast<A>(eps));
   }
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cpu/rmsnorm.hpp — root-mean-square normalisation (Zhang & Sennrich 2019), reference.
 //
-//   forward:  rstd = 1/sqrt(mean(x²) + 1e-6), out = x·rstd·w; saves rstd[N] in accum_t<T>
+//   forward:  rstd = 1/sqrt(mean(x²) + ε), out = x·rstd·w; saves rstd[N] in accum_t<T>
 //   backward: with g = w·dout,  din = rstd·(g − x·rstd²·mean(g·x))   (written)
 //             dw += Σ_n dout·x·rstd                                   (accumulated)
 // The din formula follows from ∂rstd/∂x_j = −rstd³·x_j / C.
@@ -15,18 +15,16 @@
 
 namespace memalg::backend::cpu {
 
-inline constexpr double rmsnorm_eps = 1e-6;
-
-/// out[N, C]; rstd[N] may be null (inference); w[C].
+/// out[N, C]; rstd[N] may be null (inference); w[C]; eps: the model's ε (memalg::norm_eps_of).
 template <storage_type T>
 void rmsnorm_forward(T* out, accum_t<T>* rstd, const T* in, const T* w, std::size_t N,
-                     std::size_t C) {
+                     std::size_t C, double eps) {
   using A = accum_t<T>;
   for (std::size_t n = 0; n < N; ++n) {
     const T* x = in + n * C;
     A ss = 0;
     for (std::size_t c = 0; c < C; ++c) ss += to_float(x[c]) * to_float(x[c]);
-    const A r = A(1) / std::sqrt(ss / static_cast<A>(C) + static_cast<A>(rmsnorm_eps));
+    const A r = A(1) / std::sqrt(ss / static_cast<A>(C) + static_cast<A>(eps));
     for (std::size_t c = 0; c < C; ++c) out[n * C + c] = from_float<T>(to_float(x[c]) * r * to_float(w[c]));
     if (rstd) rstd[n] = r;
   }

@@ -20,7 +20,6 @@
 
 namespace memalg::backend::cuda {
 
-inline constexpr float layernorm_eps = 1e-5f;
 
 namespace detail {
 
@@ -110,7 +109,7 @@ struct layernorm_param_store {
 /// LayerNorm of in[rows, cols]; bias, mean and rstd may be null.
 template <storage_type T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* in, const T* weight, const T* bias,
-                       std::int64_t rows, std::int64_t cols, float eps = layernorm_eps,
+                       std::int64_t rows, std::int64_t cols, float eps,
                        cudaStream_t stream = nullptr) {
   const launch_1d l = warp_per_row_launch(rows);
   if (l.grid == 0) return;
@@ -123,7 +122,7 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* in, const T* w
 /// bits): for a backward that recomputes the statistics from the saved input.
 template <storage_type T>
 void layernorm_stats(float* mean, float* rstd, const T* in, std::int64_t rows, std::int64_t cols,
-                     float eps = layernorm_eps, cudaStream_t stream = nullptr) {
+                     float eps, cudaStream_t stream = nullptr) {
   const launch_1d l = warp_per_row_launch(rows);
   if (l.grid == 0) return;
   detail::layernorm_forward_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(

@@ -18,7 +18,6 @@
 
 namespace memalg::backend::cuda {
 
-inline constexpr float rmsnorm_eps = 1e-6f;
 
 namespace detail {
 
@@ -87,7 +86,7 @@ struct rmsnorm_param_store {
 /// RMSNorm of in[rows, cols]; rstd may be null.
 template <storage_type T>
 void rmsnorm_forward(T* out, float* rstd, const T* in, const T* weight, std::int64_t rows, std::int64_t cols,
-                     float eps = rmsnorm_eps, cudaStream_t stream = nullptr) {
+                     float eps, cudaStream_t stream = nullptr) {
   const launch_1d l = warp_per_row_launch(rows);
   if (l.grid == 0) return;
   detail::rmsnorm_forward_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream>>>(out, rstd, in, weight, rows,
@@ -98,7 +97,7 @@ void rmsnorm_forward(T* out, float* rstd, const T* in, const T* weight, std::int
 /// rstd[rows] of in[rows, cols] only, with rmsnorm_forward's arithmetic (the same bits): for a
 /// backward that recomputes it from the saved input.
 template <storage_type T>
-void rmsnorm_stats(float* rstd, const T* in, std::int64_t rows, std::int64_t cols, float eps = rmsnorm_eps,
+void rmsnorm_stats(float* rstd, const T* in, std::int64_t rows, std::int64_t cols, float eps,
                    cudaStream_t stream = nullptr) {
   const launch_1d l = warp_per_row_launch(rows);
   if (l.grid == 0) return;

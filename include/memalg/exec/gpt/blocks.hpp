@@ -89,7 +89,7 @@ class gpt_blocks : public gpt_parallel {
     const std::uint32_t nr = u32(R);
     block_saved s{};
     s.ln1_out = push("ln1_out", R * C, T_, kind);
-    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), nr, cc, rms});
+    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), nr, cc, rms, norm_eps()});
     s.qkv = push("qkv", N * Q, T_, kind);
     {
       const operand in = gathered_rows(s.ln1_out, "sp_gathered");
@@ -121,7 +121,7 @@ class gpt_blocks : public gpt_parallel {
       emit(ops::residual_add{branch, branch, x_in});
       if (!c_.shared_norm) {
         s.ln2_out = push("ln2_out", R * C, T_, kind);
-        emit(ops::norm_fwd{s.ln2_out, x_in, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms});
+        emit(ops::norm_fwd{s.ln2_out, x_in, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms, norm_eps()});
       }
       mlp_inner_forward(s, c_.shared_norm ? s.ln1_out : s.ln2_out, W, kind);
       s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
@@ -139,7 +139,7 @@ class gpt_blocks : public gpt_parallel {
       pop(proj);
     }
     s.ln2_out = push("ln2_out", R * C, T_, kind);
-    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms});
+    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms, norm_eps()});
     mlp_inner_forward(s, s.ln2_out, W, kind);
     s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
     {
@@ -255,7 +255,7 @@ class gpt_blocks : public gpt_parallel {
     const std::size_t C = c_.hidden;
     operand dnorm = transient("grad_norm_in", rows() * C, T_, category::temporaries);
     emit(ops::norm_bwd{dnorm, w_at(G, w_at_, C), b_at(G, b_at_, C, block_norm_bias()), slot, x, w_at(W, w_at_, C),
-                       u32(rows()), u32(C), c_.rms_norm});
+                       u32(rows()), u32(C), c_.rms_norm, norm_eps()});
     emit(ops::residual_add{dres, dres, dnorm});
     pop(dnorm);
   }
@@ -316,7 +316,7 @@ class gpt_blocks : public gpt_parallel {
     qkv_backward(s, datty, W, G, dnorm);
     emit(ops::residual_add{slot, slot, dnorm});  // d(ln_out) = the MLP's + the attention's
     emit(ops::norm_bwd{dnorm, w_at(G, blk_.ln1_w, C), b_at(G, blk_.ln1_b, C, block_norm_bias()), slot, x_in,
-                       w_at(W, blk_.ln1_w, C), u32(rows()), u32(C), c_.rms_norm});
+                       w_at(W, blk_.ln1_w, C), u32(rows()), u32(C), c_.rms_norm, norm_eps()});
     emit(ops::residual_add{dres, dres, dnorm});
     pop(dnorm);
     pop(datty);

@@ -45,6 +45,7 @@ struct gpt_config {
   std::size_t kv_heads = 0;     ///< key/value heads (0: heads; fewer: grouped-query attention)
   std::size_t head_dim = 0;     ///< 0: hidden / heads
   bool rms_norm = false;        ///< RMSNorm instead of LayerNorm
+  double norm_eps = 0;          ///< the norms' ε (0: the kind's default, memalg::default_norm_eps)
   bool gated = false;           ///< SwiGLU MLP (fc1 writes [gate ‖ up]) instead of GeLU
   bool bias = true;             ///< biases of the projections and LayerNorms
   bool qkv_bias = false;        ///< without `bias`: biases on the q, k, v projection only (Qwen2)

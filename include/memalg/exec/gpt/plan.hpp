@@ -251,6 +251,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.kv_heads = c.kv_heads != 0 ? c.kv_heads : c.heads;
   g.head_dim = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   g.rms_norm = c.rms_norm;
+  g.norm_eps = c.norm_eps;
   g.gated = c.gated;
   g.bias = c.bias;
   g.qkv_bias = c.qkv_bias && !c.bias;

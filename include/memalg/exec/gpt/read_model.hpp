@@ -91,6 +91,7 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
   c.ffn = s.ffn;
   c.dropout_permille = s.dropout_permille;
   c.rms_norm = detail::has(f, rms_norm);
+  c.norm_eps = s.norm_eps;
   c.gated = detail::has(f, gated);
   c.bias = detail::has(f, bias);
   c.qkv_bias = detail::has(f, qkv_bias) && !c.bias;
@@ -117,6 +118,8 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
     return refuse("after the blocks the runtime expects one final norm of the blocks' kind and width");
   if (m.entries[i].kind == layer_kind::layernorm && detail::has(m.entries[i].shape.flags, bias) != c.bias)
     return refuse("the final LayerNorm must have biases exactly when the blocks do");
+  if (norm_eps_of(m.entries[i].shape, c.rms_norm) != norm_eps_of(s, c.rms_norm))
+    return refuse("the final norm must have the blocks' epsilon (the runtime has one norm epsilon)");
   ++i;
   if (!has(i) || m.entries[i].kind != layer_kind::output || m.entries[i].count != 1 ||
       m.entries[i].shape.hidden != c.hidden || m.entries[i].shape.vocab != c.vocab)

@@ -23,6 +23,7 @@
 #include "memalg/exec/gpt/layout.hpp"
 #include "memalg/exec/lowering.hpp"
 #include "memalg/exec/program.hpp"
+#include "memalg/model/layer.hpp"
 
 namespace memalg::exec::detail {
 
@@ -88,6 +89,8 @@ class gpt_state : public lowering_base {
   std::size_t fc1_rows() const { return c_.gated ? 2 * local_ffn() : local_ffn(); }
   bool rotary() const { return c_.positions == 0; }
   bool norm_bias() const { return !c_.rms_norm && c_.bias; }
+  /// Every norm's ε: the model's, or its kind's default (model/layer.hpp, default_norm_eps).
+  double norm_eps() const { return c_.norm_eps > 0 ? c_.norm_eps : default_norm_eps(c_.rms_norm); }
   /// A block's norms: a shared LayerNorm keeps its shift without `bias` (Falcon-7B's nn.LayerNorm;
   /// model/transformer.hpp, transformer_block_params).
   bool block_norm_bias() const { return !c_.rms_norm && (c_.bias || c_.shared_norm); }

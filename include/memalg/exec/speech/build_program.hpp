@@ -196,7 +196,7 @@ class speech_lowering : speech_state {
     block_saved s{};
     // self-attention
     s.ln1_out = push("ln1_out", N * C, T_);
-    emit(ops::norm_fwd{s.ln1_out, x_in, sub(W, b.ln1_w, C), sub(W, b.ln1_b, C), n, cc});
+    emit(ops::norm_fwd{s.ln1_out, x_in, sub(W, b.ln1_w, C), sub(W, b.ln1_b, C), n, cc, false, norm_eps()});
     s.qkv = push("qkv", N * 3 * C, T_);
     emit(ops::linear_fwd{s.qkv, s.ln1_out, sub(W, b.qkv_w, 3 * C * C), sub(W, b.qkv_b, 3 * C), n, cc, u32(3 * C)});
     s.lse = push("attention_lse", lse_n, A_);
@@ -210,7 +210,7 @@ class speech_lowering : speech_state {
     if (cross) {
       const std::size_t lsex_n = c_.micro_batch * c_.heads * c_.frames;
       s.lnx_out = push("lnx_out", N * C, T_);
-      emit(ops::norm_fwd{s.lnx_out, s.x_mid, sub(W, b.lnx_w, C), sub(W, b.lnx_b, C), n, cc});
+      emit(ops::norm_fwd{s.lnx_out, s.x_mid, sub(W, b.lnx_w, C), sub(W, b.lnx_b, C), n, cc, false, norm_eps()});
       s.qx = push("cross_q", N * C, T_);
       emit(ops::linear_fwd{s.qx, s.lnx_out, sub(W, b.q_w, C * C), sub(W, b.q_b, C), n, cc, cc});
       s.kvx = push("cross_kv", Ne() * 2 * C, T_);
@@ -225,7 +225,7 @@ class speech_lowering : speech_state {
     }
     // MLP
     s.ln2_out = push("ln2_out", N * C, T_);
-    emit(ops::norm_fwd{s.ln2_out, stream, sub(W, b.ln2_w, C), sub(W, b.ln2_b, C), n, cc});
+    emit(ops::norm_fwd{s.ln2_out, stream, sub(W, b.ln2_w, C), sub(W, b.ln2_b, C), n, cc, false, norm_eps()});
     s.fc1_out = push("fc1_out", N * F, T_);
     emit(ops::linear_fwd{s.fc1_out, s.ln2_out, sub(W, b.fc1_w, F * C), sub(W, b.fc1_b, F), n, cc, u32(F)});
     s.gelu_out = push("gelu_out", N * F, T_);
@@ -267,7 +267,7 @@ class speech_lowering : speech_state {
   void norm_into(const operand& dres, const operand& dslot, const operand& x, const operand& w, const operand& dw,
                  const operand& db, std::size_t N) {
     operand dn = transient("grad_norm_in", N * c_.hidden, T_);
-    emit(ops::norm_bwd{dn, dw, db, dslot, x, w, u32(N), u32(c_.hidden)});
+    emit(ops::norm_bwd{dn, dw, db, dslot, x, w, u32(N), u32(c_.hidden), false, norm_eps()});
     emit(ops::residual_add{dres, dres, dn});
     pop(dn);
   }
@@ -346,7 +346,7 @@ class speech_lowering : speech_state {
     operand enc = push("encoder_output", NE * C, T_);
     {
       const unit& n = units_[enc_norm_];
-      emit(ops::norm_fwd{enc, enc_in.back(), sub(n.weight, 0, C), sub(n.weight, C, C), u32(NE), u32(C)});
+      emit(ops::norm_fwd{enc, enc_in.back(), sub(n.weight, 0, C), sub(n.weight, C, C), u32(NE), u32(C), false, norm_eps()});
     }
     operand denc = push("encoder_output_grad", NE * C, T_);
     emit(ops::zero{denc});
@@ -371,7 +371,7 @@ class speech_lowering : speech_state {
     operand lnf = push("decoder_norm_out", ND * C, T_);
     {
       const unit& n = units_[dec_norm_];
-      emit(ops::norm_fwd{lnf, dec_in.back(), sub(n.weight, 0, C), sub(n.weight, C, C), u32(ND), u32(C)});
+      emit(ops::norm_fwd{lnf, dec_in.back(), sub(n.weight, 0, C), sub(n.weight, C, C), u32(ND), u32(C), false, norm_eps()});
     }
     // The mel ‖ stop projection, its output's gradient kept with it.
     unit& out = units_[out_];
@@ -430,7 +430,8 @@ class speech_lowering : speech_state {
     {
       unit& n = units_[dec_norm_];
       operand din = transient("grad_residual", ND * C, T_);
-      emit(ops::norm_bwd{din, sub(n.grad, 0, C), sub(n.grad, C, C), dx, dec_in.back(), sub(n.weight, 0, C), u32(ND), u32(C)});
+      emit(ops::norm_bwd{din, sub(n.grad, 0, C), sub(n.grad, C, C), dx, dec_in.back(), sub(n.weight, 0, C), u32(ND), u32(C),
+                         false, norm_eps()});
       reduce(n);
       g = hand_down(dx, din);
     }
@@ -457,7 +458,8 @@ class speech_lowering : speech_state {
     {
       unit& n = units_[enc_norm_];
       operand din = transient("grad_residual", NE * C, T_);
-      emit(ops::norm_bwd{din, sub(n.grad, 0, C), sub(n.grad, C, C), enc, enc_in.back(), sub(n.weight, 0, C), u32(NE), u32(C)});
+      emit(ops::norm_bwd{din, sub(n.grad, 0, C), sub(n.grad, C, C), enc, enc_in.back(), sub(n.weight, 0, C), u32(NE), u32(C),
+                         false, norm_eps()});
       reduce(n);
       pop(enc);
       g = din;

@@ -21,6 +21,7 @@ struct speech_config {
   std::size_t encoder_convs = 3, postnet_convs = 3;  ///< the pre-net's convolutions; the post-net's middle ones
   std::size_t text_tokens = 32;                       ///< phonemes per utterance (the encoder's sequence)
   bool batchnorm = true;
+  double norm_eps = 0;  ///< the LayerNorms' ε (0: nn.LayerNorm's default, memalg::default_norm_eps)
   float block_dropout = 0.1f, net_dropout = 0.5f;  ///< blocks; pre- and post-nets
   bool l1 = true;                                   ///< mel loss: L1 (else MSE)
   // batch

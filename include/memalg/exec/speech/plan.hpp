@@ -71,6 +71,7 @@ constexpr speech_reading read_speech_model(const model_desc& m) {
   c.heads = eb.shape.heads;
   c.ffn = eb.shape.ffn;
   c.block_dropout = static_cast<float>(eb.shape.dropout_permille) / 1000.0f;
+  c.norm_eps = eb.shape.norm_eps;
   const auto plain_block = [&](const layer_desc& b) {
     const layer_shape& s = b.shape;
     return s.hidden == c.hidden && s.heads == c.heads && (s.kv_heads == 0 || s.kv_heads == s.heads) &&

@@ -16,6 +16,7 @@
 #include "memalg/exec/lowering.hpp"
 #include "memalg/exec/program.hpp"
 #include "memalg/exec/speech/config.hpp"
+#include "memalg/model/layer.hpp"
 
 namespace memalg::exec::detail {
 
@@ -38,6 +39,8 @@ class speech_state : public lowering_base {
   std::size_t Nd() const { return c_.micro_batch * c_.frames; }       // decoder rows
   std::size_t Ne() const { return c_.micro_batch * c_.text_tokens; }  // encoder rows
   std::size_t D() const { return c_.hidden / c_.heads; }
+  /// Every LayerNorm's ε: the model's, or nn.LayerNorm's default (model/layer.hpp).
+  double norm_eps() const { return c_.norm_eps > 0 ? c_.norm_eps : default_norm_eps(false); }
 
   // ---- the inputs -----------------------------------------------------------------------------------
   operand feature(std::size_t at, std::size_t n) const { return {at, n, elem::f32, where::features}; }

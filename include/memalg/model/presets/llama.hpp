@@ -28,6 +28,7 @@ constexpr lm_config llama_config(std::string_view name, std::uint64_t layers, st
   c.ffn = ffn;
   c.vocab = vocab;
   c.rms_norm = true;
+  c.norm_eps = 1e-5;  // rms_norm_eps of the published Llama 2, Llama 3, Mistral and Mixtral config.json
   c.gated = true;
   c.tied = false;
   c.bias = false;
