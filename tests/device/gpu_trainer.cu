@@ -222,11 +222,13 @@ TEST_CASE("CUDA step backend: the plan's arena is the measured high-water mark, 
   host::trainer reference(host::config, host::arena, hdp, htp);
   for (int s = 0; s < 2; ++s) reference.train_step(ids(c, s, false), ids(c, s, true));
 
-  std::printf("arena: predicted %zu B, CUDA program high-water %zu B (device grew by %zu B), CPU program %zu B\n",
-              predicted, trainer.memory().high_water(), trainer.backend().memory_report().arena_measured,
-              reference.memory().high_water());
+  std::printf("arena: predicted %zu B, measured on the device %zu B (laid out %zu B, device grew by %zu B), on the CPU "
+              "%zu B\n",
+              predicted, trainer.meter().high_water(), trainer.memory().high_water(),
+              trainer.backend().memory_report().arena_measured, reference.meter().high_water());
+  CHECK(trainer.meter().high_water() == predicted);
+  CHECK(reference.meter().high_water() == predicted);
   CHECK(trainer.memory().high_water() == predicted);
-  CHECK(reference.memory().high_water() == predicted);
   CHECK(trainer.step_program().trace == reference.step_program().trace);
   // The device's used memory grew by at least the arena when the backend allocated it.
   CHECK(trainer.backend().memory_report().arena_measured >= predicted);

@@ -141,6 +141,30 @@ TEST_CASE("the CUDA runtime trains Llama-style blocks, as the CPU runtime does")
   CHECK(issue<m::precision::fp32>(c) == ex::cuda_runtime_issue::head_width);
 }
 
+TEST_CASE("MFU: a tiny GPT's training flops per token, counted matmul by matmul") {
+  // GPT-2's structure (tied output, learned positions) in one block of width C = 4, one head, MLP
+  // width 16, vocabulary 8, sequence T = 2.
+  m::lm_config c = gpt2(8);
+  c.layers = c.heads = 1;
+  c.hidden = 4;
+  c.positions = 2;
+  // Per token, a weight matrix of in × out costs 2·in·out flops forward and twice that backward
+  // (the input's gradient and the weight's): 6·in·out.
+  const double qkv = 6 * (4 * 12), proj = 6 * (4 * 4), fc1 = 6 * (4 * 16), fc2 = 6 * (16 * 4), head = 6 * (4 * 8);
+  CHECK(qkv + proj + fc1 + fc2 + head == 1344);
+  // Attention: each token's scores against T keys (T·C multiply-adds) and its weighted sum of T
+  // values (T·C more): 4·T·C flops forward over the full square, 12·T·C with the backward; the
+  // causal mask keeps half of the square (llm.c's convention, PaLM's appendix B halved): 6·T·C = 48.
+  const double attention = 12.0 * 2 * 4 / 2;
+  // The parameters no matmul reads, which llm.c's 6N counts as if one did: the position table
+  // (T·C = 8), two LayerNorms in the block and the final one (3 · 2C = 24), the biases of qkv,
+  // proj, fc1 and fc2 (12 + 4 + 16 + 4 = 36): 68 parameters, 408 flops.
+  const double outside = 6.0 * (8 + 24 + 36);
+  CHECK(ex::flops_per_token(c, 2) == qkv + proj + fc1 + fc2 + head + attention + outside);  // 1800
+  // 1000 tokens/s need 1.8 Mflop/s: half the peak of two devices of 1.8 Mflop/s each.
+  CHECK(ex::model_flops_utilisation(c, 2, 1000.0, 1.8e6, 2) == doctest::Approx(0.5));
+}
+
 TEST_CASE("MFU: GPT-2 124M parameters and 6N + 6LCT flops per token") {
   // Hugging Face's gpt2 (vocab 50257) has 124,439,808 parameters; llm.c pads the vocabulary to
   // 50304 and prints num_parameters 124,475,904.

@@ -5,8 +5,9 @@
 // the backend's arena, stages fp32 features and u8 masks as a step would, runs the op through
 // the backend's call operator and compares what it wrote with a direct call of the CPU kernel
 // (bit for bit) or with a double-precision loop of the op's formula (exec/program.hpp). Every
-// case also checks the live-bytes meter: the op's arena operands, placed one after another, are
-// all live at the op, so the measured high water is where the last of them ends.
+// case also checks the interpreter's live-bytes meter (exec/meter.hpp), fed each op the backend
+// ran, as exec::run feeds it: the op's arena operands, placed one after another, are all live at
+// the op, so the measured high water is where the last of them ends.
 #include <doctest/doctest.h>
 
 #include <memalg/backend/cpu/activation.hpp>
@@ -16,6 +17,7 @@
 #include <memalg/backend/cpu/linear.hpp>
 #include <memalg/backend/cpu/local_communicator.hpp>
 #include <memalg/backend/cpu/step_backend.hpp>
+#include <memalg/exec/meter.hpp>
 #include <memalg/exec/null_backend.hpp>
 #include <memalg/exec/program.hpp>
 #include <memalg/exec/run.hpp>
@@ -54,14 +56,15 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-/// A bare program and its CPU backend of storage type T: operands are placed one after another
-/// in a stack region of 1 MiB (64-byte aligned), inputs written, the op run inside one step.
+/// A bare program, its CPU backend of storage type T and its meter: operands are placed one after
+/// another in a stack region of 1 MiB (64-byte aligned), inputs written, the op run inside one step.
 template <class T>
 struct rig_t {
   static constexpr ex::elem storage = cpu::elem_of<T>();
   comm dp, tp;
   ex::program p;
   std::unique_ptr<cpu::step_backend<T, comm>> b;
+  std::unique_ptr<ex::live_bytes_meter> meter;
   ex::run_state s;
   std::vector<float> features;
   std::vector<std::uint8_t> masks;
@@ -77,6 +80,7 @@ struct rig_t {
     p.masks_per_micro = masks_per_micro;
     p.loss_scaling = loss_scaling;
     b = std::make_unique<cpu::step_backend<T, comm>>(p, dp, tp);
+    meter = std::make_unique<ex::live_bytes_meter>(p);
   }
   ex::operand alloc(std::size_t n, ex::elem e = storage) {
     const ex::operand o{used, n, e, ex::where::arena};
@@ -107,16 +111,20 @@ struct rig_t {
   }
   void begin(std::uint64_t micro = 0) {
     b->begin_step(p, {{}, {}, features, masks}, s);
+    meter->begin_step();
     s.micro = micro;
   }
   template <class Op>
   void operator()(const Op& o) {
     (*b)(o, s);
+    meter->record(o);
   }
   /// Ends the step; returns scalars::loss after a loss_mean over one micro-batch (= loss_sum).
   float end() {
-    (*b)(ops::loss_mean{1}, s);
-    return b->end_step(p, s).loss;
+    (*this)(ops::loss_mean{1});
+    const float loss = b->end_step(p, s).loss;
+    meter->end_step();
+    return loss;
   }
 };
 using rig = rig_t<float>;
@@ -270,7 +278,7 @@ TEST_CASE("frames_in: out[b, t] = src[b, t − shift] of this micro-batch's feat
                     std::invalid_argument);
     r.end();
   }
-  CHECK(r.b->measured_high_water() == r.top);
+  CHECK(r.meter->high_water() == r.top);
 }
 
 TEST_CASE("mask_rows zeroes the padded rows; a mask past the micro-batch's masks throws") {
@@ -288,7 +296,7 @@ TEST_CASE("mask_rows zeroes the padded rows; a mask past the micro-batch's masks
   CHECK_THROWS_AS(r(ops::mask_rows{x, msk(0, N - 1), N, C}), std::invalid_argument);  // not [N]
   CHECK_THROWS_AS(r(ops::mask_rows{x, ex::operand{0, N, ex::elem::u8, ex::where::arena}, N, C}), std::invalid_argument);
   r.end();
-  CHECK(r.b->measured_high_water() == r.top);
+  CHECK(r.meter->high_water() == r.top);
 }
 
 TEST_CASE("relu and tanh in place: forward from x, backward from the output y") {
@@ -318,7 +326,7 @@ TEST_CASE("relu and tanh in place: forward from x, backward from the output y") 
       CHECK(y[i] == doctest::Approx(want_y).epsilon(1e-6));
       CHECK(dx[i] == doctest::Approx(want_dx).epsilon(1e-5).scale(1.0));
     }
-    CHECK(r.b->measured_high_water() == r.top);
+    CHECK(r.meter->high_water() == r.top);
   }
 }
 
@@ -350,7 +358,7 @@ TEST_CASE("linear_bwd with add_din accumulates the input gradient; without it ov
         for (std::size_t o = 0; o < OC; ++o) v += double(dout0[n * OC + o]) * w0[o * IC + i];
         CHECK(want[n * IC + i] == doctest::Approx(v).epsilon(1e-5).scale(1.0));
       }
-    CHECK(r.b->measured_high_water() == r.top);
+    CHECK(r.meter->high_water() == r.top);
   }
 }
 
@@ -376,7 +384,7 @@ TEST_CASE("conv1d forward and backward are backend/cpu/conv1d.hpp's") {
     CHECK(same_bits(r.get(din), din_want));
     CHECK(same_bits(r.get(dw), dw_want));
     CHECK(same_bits(r.get(db), db_want));
-    CHECK(r.b->measured_high_water() == r.top);
+    CHECK(r.meter->high_water() == r.top);
   }
 }
 
@@ -416,7 +424,7 @@ TEST_CASE("batchnorm forward and backward with a mask: statistics recomputed fro
       CHECK(out_want[n * C + c] == doctest::Approx(want).epsilon(1e-5).scale(1.0));
     }
   }
-  CHECK(r.b->measured_high_water() == r.top);
+  CHECK(r.meter->high_water() == r.top);
 }
 
 TEST_CASE("masked attention: fused self-attention and cross-attention, naive and flash, with a key mask") {
@@ -477,7 +485,7 @@ TEST_CASE("masked attention: fused self-attention and cross-attention, naive and
           CHECK(same_bits(got_dq, g_q));
           CHECK(same_bits(got_dkv, g_kv));
         }
-        CHECK(r.b->measured_high_water() == r.top);
+        CHECK(r.meter->high_water() == r.top);
       }
 }
 
@@ -541,7 +549,7 @@ TEST_CASE("mel_loss: masked L1 / MSE over a fixed divisor, with the loss scale a
           }
         CHECK(loss == doctest::Approx(want / divisor).epsilon(1e-6));
         check_close(r.get(grad), g, 1e-6);
-        CHECK(r.b->measured_high_water() == r.top);
+        CHECK(r.meter->high_water() == r.top);
       }
   // No real frame: loss 0 and a zero gradient.
   rig r(4, 2);
@@ -577,7 +585,7 @@ TEST_CASE("stop_loss: BCE with logits over every frame, strided logits, a fixed 
     for (std::size_t c = 1; c < ld; ++c) CHECK(got[n * ld + c] == logits0[n * ld + c]);  // other columns untouched
   }
   CHECK(loss == doctest::Approx(want / divisor).epsilon(1e-6));
-  CHECK(r.b->measured_high_water() == r.top);
+  CHECK(r.meter->high_water() == r.top);
 }
 
 TEST_CASE_TEMPLATE("16-bit storage: frames_in rounds the fp32 features, the losses read them in fp32", T, m::bf16, m::fp16) {
@@ -605,5 +613,5 @@ TEST_CASE_TEMPLATE("16-bit storage: frames_in rounds the fp32 features, the loss
       CHECK(grad[n * M + c] == doctest::Approx(r.masks[n] ? 2 * d / 48.0 : 0.0).epsilon(1e-2).scale(1e-3));
     }
   CHECK(loss == doctest::Approx(sum / 48.0).epsilon(1e-6));
-  CHECK(r.b->measured_high_water() == r.top);
+  CHECK(r.meter->high_water() == r.top);
 }

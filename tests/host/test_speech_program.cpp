@@ -184,17 +184,17 @@ TEST_CASE("the speech program's measured arena is its layout (fp32, batch norm, 
   using run = run_of<plan>;
   comm dp, tp;
   trainer_of<plan> t(run::program_for(0, ex::optimizer_hparams{}, 7), dp, tp);
-  CHECK(t.backend().measured_high_water() == 0);
+  CHECK(t.meter().high_water() == 0);
   for (std::uint64_t s = 0; s < 2; ++s) {
     const inputs in = synthetic(run::config, s);
     const float loss = t.train_step(in.io());
     CHECK(std::isfinite(loss));
     CHECK(loss > 0.0f);
   }
-  CAPTURE(t.backend().measured_peak_op());
-  CHECK(t.backend().unplaced_ops() == 0);
+  CAPTURE(t.meter().peak_op());
+  CHECK(t.meter().unplaced_ops() == 0);
   CHECK(t.memory().high_water() == run::arena.persistent + run::arena.stack);
-  CHECK(t.backend().measured_high_water() == t.memory().high_water());
+  CHECK(t.meter().high_water() == t.memory().high_water());
 }
 
 namespace {

@@ -68,11 +68,12 @@ void check_plan() {
   m::backend::cpu::step_backend<T, comm> backend(prog, bdp, btp);
   CHECK(backend.storage() == prog.storage);
   m::exec::run_state state;
+  m::exec::live_bytes_meter meter(prog);
   g::record got;
   got.key = key;
   for (int s = 0; s < g::matrix_steps; ++s) {
     const std::vector<std::int32_t> tok = ids(n, s), tgt = ids(n, s + 1);
-    const m::exec::step_result r = m::exec::run(prog, backend, {tok, tgt}, state);
+    const m::exec::step_result r = m::exec::run(prog, backend, {tok, tgt}, state, meter);
     got.loss.push_back(g::bits(r.loss));
     got.norm.push_back(g::bits(r.grad_norm));
     CHECK(r.grad_norm == backend.last_grad_norm());
@@ -86,14 +87,15 @@ void check_plan() {
   CHECK(state.step == static_cast<std::uint64_t>(g::matrix_steps));
   CHECK(backend.step_count() == static_cast<std::size_t>(g::matrix_steps));
 
-  // Memory: the live-bytes meter never above the plan, the plan tight (16 bytes less is refused),
-  // and over a step the backend touches every byte of it.
+  // Memory: the interpreter's live-bytes meter reaches the plan, the plan is tight (16 bytes less
+  // is refused), and over a step the ops touch every byte of it.
   const m::breakdown& plan = Plan::result.per_rank;
-  CHECK(backend.measured_high_water() > 0);
-  CHECK(backend.measured_high_water() <= (plan.total() - plan.reserve).value);
+  CAPTURE(meter.peak_op());
+  CHECK(meter.high_water() == (plan.total() - plan.reserve).value);
+  CHECK(meter.unplaced_ops() == 0);
   CHECK(short_plan_refused(config, run::arena));
   CHECK(prog.high_water == (plan.total() - plan.reserve).value);
-  CHECK(backend.touched_bytes() == (plan.total() - plan.reserve).value);
+  CHECK(meter.touched_bytes() == (plan.total() - plan.reserve).value);
 
   // gpt_run's trainer is the program on this backend: the same numbers, and memory() reports the
   // program's layout.
@@ -108,6 +110,7 @@ void check_plan() {
   facade.store_counters();
   again.sections = g::sections_digest(facade.state_sections());
   CHECK(g::compare(again, want) == "");
+  CHECK(facade.meter().high_water() == meter.high_water());
   CHECK(facade.memory().high_water() == prog.high_water);
   CHECK(facade.memory().peak_by_category() == prog.peak_by_category);
 }

@@ -60,7 +60,7 @@ trained<Plan> train(const m::exec::optimizer_hparams& h, int steps) {
   const std::size_t n = run::config.grad_accum * run::config.micro_batch * run::config.sequence;
   for (int s = 0; s < steps; ++s) r.losses.push_back(t.train_step(ids(n, s), ids(n, s + 1)));
   for (std::size_t u = 0; u < t.unit_count(); ++u) r.after.push_back(t.unit_weights(u));
-  r.measured = t.backend().measured_high_water();
+  r.measured = t.meter().high_water();
   r.high_water = t.memory().high_water();
   return r;
 }

@@ -41,13 +41,13 @@ bool check(cpu::mpi_communicator& world) {
   for (int s = 0; s < 2; ++s) t.train_step(memalg_test::ids(n, s + dp_rank), memalg_test::ids(n, s + dp_rank + 1));
   const std::size_t predicted =
       static_cast<std::size_t>((Plan::result.per_rank.total() - Plan::result.per_rank.reserve).value);
-  const std::size_t measured = t.backend().measured_high_water();
-  const bool ok = measured == predicted && t.backend().unplaced_ops() == 0;
+  const std::size_t measured = t.meter().high_water();
+  const bool ok = measured == predicted && t.meter().unplaced_ops() == 0;
   if (me == 0 || !ok)
     std::printf("rank %d: dp=%llu tp=%llu zero=%d recompute=%d: measured %zu, predicted %zu, unplaced ops %zu%s\n", me,
                 static_cast<unsigned long long>(mesh.dp), static_cast<unsigned long long>(mesh.tp), mesh.zero_stage,
                 static_cast<int>(Plan::training.recompute), measured, predicted,
-                t.backend().unplaced_ops(),
+                t.meter().unplaced_ops(),
                 ok ? "" : ": FAILED");
   return ok;
 }

@@ -97,14 +97,15 @@ bool check(const char* name, cpu::mpi_communicator& world) {
     worst = std::max(worst, std::fabs(static_cast<double>(got[s]) - want[s]) / std::fabs(static_cast<double>(want[s])));
   const m::breakdown& plan = Plan::result.per_rank;
   const bool memory = trainer.memory().high_water() == (plan.total() - plan.reserve).value &&
-                      trainer.backend().measured_high_water() <= run::arena.persistent + run::arena.stack &&
+                      trainer.meter().high_water() == (plan.total() - plan.reserve).value &&
                       short_plan_refused(run::config, run::arena, {static_cast<std::size_t>(dp_rank), static_cast<std::size_t>(tp_rank)});
   const bool ok = worst <= tolerance && got.back() < got.front() && memory;
   if (me == 0 || !ok)
     std::printf("rank %d: %s loss %.6f -> %.6f (1 rank: %.6f -> %.6f), max relative difference %.2e, high-water %zu "
-                "(plan %llu): %s\n",
+                "measured %zu (plan %llu): %s\n",
                 me, name, static_cast<double>(got.front()), static_cast<double>(got.back()),
                 static_cast<double>(want.front()), static_cast<double>(want.back()), worst, trainer.memory().high_water(),
+                trainer.meter().high_water(),
                 static_cast<unsigned long long>((plan.total() - plan.reserve).value), ok ? "ok" : "FAILED");
   return ok;
 }

@@ -27,9 +27,13 @@
 // it sends its own input gradient, which is what keeps blocking point-to-point free of deadlock.
 #pragma once
 
+#include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -232,6 +236,130 @@ using op_body =
                  ops::position_add, ops::vocab_parallel_loss, ops::masked_attention_fwd, ops::masked_attention_bwd,
                  ops::conv1d_fwd, ops::conv1d_bwd, ops::batchnorm_fwd, ops::batchnorm_bwd, ops::frames_in,
                  ops::mel_loss, ops::stop_loss, ops::mask_rows>;
+
+// ---- what each op does with its arena operands -------------------------------------------------
+/// How an op uses an operand: reads it, overwrites it without reading it first, or reads and
+/// rewrites it (accumulation, in-place rotation, the loss turning its logits into their gradient).
+/// The interpreter's live-bytes meter (exec/meter.hpp) counts from these declarations, and the
+/// CPU backend holds its kernels to them (backend/cpu/step_backend.hpp).
+enum class access : std::uint8_t { read, write, update };
+
+struct operand_access {
+  operand t;
+  access a = access::read;
+};
+
+/// An op's operands with their access, null operands left out. Operands outside the arena (ids,
+/// features, masks, scalar slots) may be listed; only arena operands are metered and checked.
+class access_list {
+ public:
+  static constexpr std::size_t max = 8;
+  constexpr access_list() = default;
+  constexpr access_list(std::initializer_list<operand_access> l) {
+    for (const operand_access& x : l)
+      if (!x.t.null()) at_[size_++] = x;
+  }
+  constexpr std::size_t size() const { return size_; }
+  constexpr const operand_access* begin() const { return at_.data(); }
+  constexpr const operand_access* end() const { return at_.data() + size_; }
+  constexpr const operand_access& operator[](std::size_t i) const { return at_[i]; }
+
+ private:
+  std::array<operand_access, max> at_{};
+  std::size_t size_ = 0;
+};
+
+namespace ops {  // one declaration per op, as its kernels use the operands (the CPU backend checks)
+inline constexpr access R = access::read, W = access::write, U = access::update;
+inline constexpr operand_access none{};  ///< an operand the op's other fields say it does not use
+
+constexpr access_list accesses(const embedding_fwd& o) { return {{o.out, W}, {o.tok, R}, {o.wte, R}, {o.wpe, R}}; }
+constexpr access_list accesses(const embedding_bwd& o) { return {{o.dwte, U}, {o.dwpe, U}, {o.dout, R}, {o.tok, R}}; }
+constexpr access_list accesses(const position_add& o) { return {{o.x, U}, {o.wpe, R}}; }
+constexpr access_list accesses(const norm_fwd& o) {  // RMSNorm has no shift
+  return {{o.out, W}, {o.in, R}, {o.w, R}, o.rms ? none : operand_access{o.b, R}};
+}
+constexpr access_list accesses(const norm_bwd& o) {
+  return {{o.din, W}, {o.dw, U}, o.rms ? none : operand_access{o.db, U}, {o.dout, R}, {o.in, R}, {o.w, R}};
+}
+constexpr access_list accesses(const linear_fwd& o) { return {{o.out, W}, {o.in, R}, {o.w, R}, {o.bias, R}}; }
+constexpr access_list accesses(const linear_bwd& o) {
+  return {{o.din, o.add_din ? U : W}, {o.dw, U}, {o.dbias, U}, {o.dout, R}, {o.in, R}, {o.w, R}};
+}
+constexpr access_list accesses(const attention_fwd& o) { return {{o.out, W}, {o.probs_or_lse, W}, {o.qkv, R}}; }
+constexpr access_list accesses(const attention_bwd& o) {  // naive backward needs no output
+  return {{o.dqkv, W}, {o.dout, R}, {o.qkv, R}, o.sh.flash ? operand_access{o.out, R} : none, {o.probs_or_lse, R}};
+}
+constexpr access_list accesses(const rotary_fwd& o) { return {{o.qkv, U}}; }
+constexpr access_list accesses(const rotary_bwd& o) { return {{o.dqkv, U}}; }
+constexpr access_list accesses(const activation_fwd& o) { return {{o.out, W}, {o.in, R}}; }
+constexpr access_list accesses(const activation_bwd& o) { return {{o.din, W}, {o.dout, R}, {o.in, R}}; }
+constexpr access_list accesses(const dropout_fwd& o) { return {{o.out, W}, {o.mask, W}, {o.in, R}}; }
+constexpr access_list accesses(const dropout_bwd& o) { return {{o.din, W}, {o.dout, R}, {o.mask, R}}; }
+constexpr access_list accesses(const masked_attention_fwd& o) {  // fused: q and kv name one qkv
+  return {{o.out, W}, {o.probs_or_lse, W}, {o.q, R}, o.sh.fused ? none : operand_access{o.kv, R}, {o.key_mask, R}};
+}
+constexpr access_list accesses(const masked_attention_bwd& o) {  // fused: dq and dkv name one dqkv
+  return {{o.dq, W}, o.sh.fused ? none : operand_access{o.dkv, W}, {o.dout, R}, {o.q, R},
+          o.sh.fused ? none : operand_access{o.kv, R}, o.sh.flash ? operand_access{o.out, R} : none,
+          {o.probs_or_lse, R}, {o.key_mask, R}};
+}
+constexpr access_list accesses(const conv1d_fwd& o) { return {{o.out, W}, {o.in, R}, {o.w, R}, {o.bias, R}}; }
+constexpr access_list accesses(const conv1d_bwd& o) {
+  return {{o.din, W}, {o.dw, U}, {o.dbias, U}, {o.dout, R}, {o.in, R}, {o.w, R}};
+}
+constexpr access_list accesses(const batchnorm_fwd& o) {
+  return {{o.out, W}, {o.in, R}, {o.gamma, R}, {o.beta, R}, {o.mask, R}};
+}
+constexpr access_list accesses(const batchnorm_bwd& o) {
+  return {{o.din, W}, {o.dgamma, U}, {o.dbeta, U}, {o.dout, R}, {o.in, R}, {o.gamma, R}, {o.mask, R}};
+}
+constexpr access_list accesses(const frames_in& o) { return {{o.out, W}, {o.src, R}}; }
+constexpr access_list accesses(const mel_loss& o) { return {{o.pred, R}, {o.target, R}, {o.mask, R}, {o.grad, W}}; }
+constexpr access_list accesses(const stop_loss& o) { return {{o.logits, R}, {o.targets, R}, {o.grad, W}}; }
+constexpr access_list accesses(const mask_rows& o) { return {{o.x, U}, {o.mask, R}}; }
+constexpr access_list accesses(const residual_add& o) { return {{o.out, W}, {o.a, R}, {o.b, R}}; }
+constexpr access_list accesses(const bias_add& o) { return {{o.x, U}, {o.bias, R}}; }
+constexpr access_list accesses(const loss& o) { return {{o.logits, U}, {o.targets, R}}; }
+constexpr access_list accesses(const vocab_parallel_loss& o) { return {{o.logits, U}, {o.targets, R}}; }
+constexpr access_list accesses(const loss_mean&) { return {}; }
+constexpr access_list accesses(const scalar_div&) { return {}; }
+constexpr access_list accesses(const zero& o) { return {{o.t, W}}; }
+constexpr access_list accesses(const copy& o) { return {{o.dst, W}, {o.src, R}}; }
+constexpr access_list accesses(const sqnorm& o) { return {{o.g, R}}; }
+constexpr access_list accesses(const norm_parts&) { return {}; }
+constexpr access_list accesses(const clip_scale&) { return {}; }
+// The states the optimizer has (program::hp.optimizer): the builder leaves the others null.
+constexpr access_list accesses(const optimizer_update& o) {
+  return {{o.param, U}, {o.master, U}, {o.s1, U}, {o.s2, U}, {o.grad, R}};
+}
+constexpr access_list accesses(const all_reduce& o) { return {{o.buf, U}}; }
+constexpr access_list accesses(const reduce_scatter& o) { return {{o.send, U}, {o.recv, W}}; }
+constexpr access_list accesses(const all_gather& o) { return {{o.send, R}, {o.recv, W}}; }
+constexpr access_list accesses(const send& o) { return {{o.buf, R}}; }
+constexpr access_list accesses(const recv& o) { return {{o.buf, W}}; }
+}  // namespace ops
+
+/// Whether op type O declares its operands' accesses (ops::accesses).
+template <class O>
+concept declares_accesses = requires(const O& o) {
+  { accesses(o) } -> std::same_as<access_list>;
+};
+
+namespace detail {
+template <class V>
+struct all_declare_accesses : std::false_type {};
+template <class... O>
+struct all_declare_accesses<std::variant<O...>> : std::bool_constant<(declares_accesses<O> && ...)> {};
+}  // namespace detail
+
+static_assert(detail::all_declare_accesses<op_body>::value,
+              "exec::op_body: every op declares what it does with its operands (an ops::accesses overload)");
+
+/// The accesses of whichever op `b` holds.
+constexpr access_list accesses_of(const op_body& b) {
+  return std::visit([](const auto& x) { return accesses(x); }, b);
+}
 
 struct op {
   op_body body;

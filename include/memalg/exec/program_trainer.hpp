@@ -17,7 +17,8 @@
 // memory() reports the program's layout of the arena: the bytes the backend allocated, the
 // persistent region, the high-water mark and its breakdown by category. The layout is laid out
 // by the builder (exec/arena_layout.hpp) and does not depend on data, so it is known before any
-// kernel runs; the backend checks every operand it resolves against the capacity.
+// kernel runs; the backend checks every operand it resolves against the capacity. meter() is
+// what the steps measured: the interpreter's live-bytes meter (exec/meter.hpp), on any backend.
 #pragma once
 
 #include <concepts>
@@ -33,6 +34,7 @@
 #include "memalg/exec/gpt/build_program.hpp"
 #include "memalg/exec/checkpoint.hpp"
 #include "memalg/exec/gpt/config.hpp"
+#include "memalg/exec/meter.hpp"
 #include "memalg/exec/program.hpp"
 #include "memalg/exec/run.hpp"
 #include "memalg/plan/breakdown.hpp"
@@ -101,7 +103,8 @@ class program_trainer {
                                rank_coords{static_cast<std::size_t>(dp.rank()), static_cast<std::size_t>(tp.rank())},
                                Backend::storage_elem)),
         backend_(program_, dp, tp),
-        memory_(program_, backend_.capacity()) {}
+        memory_(program_, backend_.capacity()),
+        meter_(program_) {}
   /// A pipeline stage (cfg.pp > 1): `pp` is the group of the stages, its rank this rank's stage;
   /// `sizes` the plan's arena of that stage (gpt_run::stage_arena). The backend must take the
   /// pipeline group as a fourth constructor argument.
@@ -113,10 +116,11 @@ class program_trainer {
                                            static_cast<std::size_t>(pp.rank())},
                                Backend::storage_elem)),
         backend_(program_, dp, tp, pp),
-        memory_(program_, backend_.capacity()) {}
+        memory_(program_, backend_.capacity()),
+        meter_(program_) {}
   /// Any program built for this rank (e.g. exec/speech/build_program.hpp's), in its own sizes.
   program_trainer(program p, dp_comm& dp, tp_comm& tp)
-      : program_(std::move(p)), backend_(program_, dp, tp), memory_(program_, backend_.capacity()) {}
+      : program_(std::move(p)), backend_(program_, dp, tp), memory_(program_, backend_.capacity()), meter_(program_) {}
   program_trainer(const program_trainer&) = delete;
   program_trainer& operator=(const program_trainer&) = delete;
 
@@ -125,6 +129,9 @@ class program_trainer {
   Backend& backend() { return backend_; }
   const Backend& backend() const { return backend_; }
   const program_memory& memory() const { return memory_; }
+  /// The live-bytes meter of the steps trained so far (exec/meter.hpp): meter().high_water() is
+  /// the measured arena.
+  const live_bytes_meter& meter() const { return meter_; }
   std::size_t step_count() const { return static_cast<std::size_t>(state_.step); }
   std::size_t skipped_steps() const { return static_cast<std::size_t>(backend_.skipped_steps()); }
   float last_grad_norm() const { return last_.grad_norm; }
@@ -135,13 +142,13 @@ class program_trainer {
   /// sequences: grad_accum × micro_batch × sequence ids each. Returns the mean loss over all
   /// data-parallel ranks and micro-batches.
   float train_step(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
-    last_ = run(program_, backend_, step_io{tokens, targets}, state_);
+    last_ = run(program_, backend_, step_io{tokens, targets}, state_, meter_);
     return last_.loss;
   }
 
   /// One optimizer step over every input the program reads (step_io: ids, features, masks).
   float train_step(const step_io& io) {
-    last_ = run(program_, backend_, io, state_);
+    last_ = run(program_, backend_, io, state_, meter_);
     return last_.loss;
   }
 
@@ -162,6 +169,7 @@ class program_trainer {
   program program_;
   Backend backend_;
   program_memory memory_;
+  live_bytes_meter meter_;
   run_state state_{};
   step_result last_{};
 };

@@ -8,6 +8,10 @@
 // once, honouring each op's `when`. A pipeline stage's program (pp > 1) has no `micro`: `run`
 // walks its sections in schedule order instead, with run_state::micro set to each section's
 // micro-batch (so its ids, dropout streams and last-micro-batch reductions are its own).
+//
+// Given a live_bytes_meter (exec/meter.hpp), `run` hands it every op it executed, after the
+// backend did: the meter counts the arena's live bytes from the ops' declared accesses, the same
+// on every backend (the null backend's dry run included).
 #pragma once
 
 #include <concepts>
@@ -19,6 +23,7 @@
 #include <variant>
 
 #include "memalg/exec/communicator.hpp"
+#include "memalg/exec/meter.hpp"
 #include "memalg/exec/program.hpp"
 
 namespace memalg::exec {
@@ -62,9 +67,9 @@ concept step_backend = detail::handles_all<B, op_body>::value &&
                          requires communicator<std::remove_reference_t<decltype(b.tp())>>;
                        };
 
-/// One optimizer step of `p` on backend `b`.
+namespace detail {
 template <step_backend B>
-step_result run(const program& p, B& b, step_io io, run_state& s) {
+step_result run(const program& p, B& b, step_io io, run_state& s, live_bytes_meter* meter) {
   if (io.tokens.size() != p.grad_accum * p.tokens_per_micro || io.targets.size() != p.grad_accum * p.targets_per_micro ||
       io.features.size() != p.grad_accum * p.features_per_micro || io.masks.size() != p.grad_accum * p.masks_per_micro)
     throw std::invalid_argument(
@@ -72,10 +77,16 @@ step_result run(const program& p, B& b, step_io io, run_state& s) {
   ++s.step;
   s.skip = false;
   b.begin_step(p, io, s);
+  if (meter) meter->begin_step();
   const auto exec = [&](const op& o) {
     if (o.cond == when::last_micro && s.micro + 1 != p.grad_accum) return;
     if (o.cond == when::unless_skipped && s.skip) return;
-    std::visit([&](const auto& x) { b(x, s); }, o.body);
+    std::visit(
+        [&](const auto& x) {
+          b(x, s);
+          if (meter) meter->record(x);
+        },
+        o.body);
   };
   for (const op& o : p.step_begin) exec(o);
   if (p.pipeline.empty()) {
@@ -89,7 +100,23 @@ step_result run(const program& p, B& b, step_io io, run_state& s) {
   }
   s.micro = p.grad_accum - 1;  // step_end sees the last micro-batch, as the trainer does
   for (const op& o : p.step_end) exec(o);
-  return b.end_step(p, s);
+  const step_result r = b.end_step(p, s);
+  if (meter) meter->end_step();
+  return r;
+}
+}  // namespace detail
+
+/// One optimizer step of `p` on backend `b`, its live arena bytes counted by `meter` (a meter of
+/// `p`, exec/meter.hpp): every op executed, as its declaration says it uses its operands.
+template <step_backend B>
+step_result run(const program& p, B& b, step_io io, run_state& s, live_bytes_meter& meter) {
+  return detail::run(p, b, io, s, &meter);
+}
+
+/// One optimizer step of `p` on backend `b`, unmetered.
+template <step_backend B>
+step_result run(const program& p, B& b, step_io io, run_state& s) {
+  return detail::run(p, b, io, s, nullptr);
 }
 
 }  // namespace memalg::exec

@@ -11,10 +11,11 @@
 //     trainer's;
 //   * the step's scalar file (exec::scalars: loss sum, loss, Σg², non-finite flag, norm, clip scale);
 //   * the loss scaler and the checkpoint counters;
-//   * a meter of the arena's live bytes (measured_high_water): every op says which of its operands
-//     it reads, overwrites or updates, and at the end of each step a sweep finds the op where the
-//     values still to be read, held by the two stacks as exec/arena_layout.hpp places them, need
-//     the most bytes (see "the live-bytes meter" below; docs/runtime.md).
+//   * a check that each op's kernel touches only its operands, as the op declares them
+//     (exec/program.hpp, ops::accesses): every arena access lies within an operand declared with
+//     that access (read, write or update), and every declared operand is accessed; so the
+//     interpreter's live-bytes meter (exec/meter.hpp), which counts from the declarations, counts
+//     what the kernels did.
 // Construction initialises the parameters from program::units (GPT-2's init by logical index).
 //
 // T is the storage type (float, bf16, fp16; accum_t<T> is float for all three); Comm is any
@@ -27,7 +28,6 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -81,6 +81,58 @@ template <class O, class... Os>
 struct is_op<O, std::variant<Os...>> : std::bool_constant<(std::is_same_v<O, Os> || ...)> {};
 }  // namespace detail
 
+/// Holds one op's kernel to the op's declaration (exec/program.hpp, ops::accesses): between open
+/// and close, every arena access the kernel makes must lie within an operand the op declares with
+/// that access, and by the end every declared arena operand must have been accessed so. A kernel
+/// that reads an operand declared written, or touches bytes outside its operands, throws; so does
+/// a declaration that names an operand the kernel never uses. Outside an op nothing is checked.
+class declared_accesses {
+ public:
+  void open(const exec::access_list& l) {
+    list_ = l;
+    accessed_ = 0;
+    open_ = true;
+  }
+  void close() { open_ = false; }
+  void check(const exec::operand& o, exec::access a) {
+    if (!open_) return;
+    bool found = false, other_access = false;
+    for (std::size_t i = 0; i < list_.size(); ++i) {
+      const exec::operand& d = list_[i].t;
+      if (d.in != exec::where::arena || o.offset < d.offset || o.offset + o.bytes() > d.offset + d.bytes()) continue;
+      if (list_[i].a == a) {
+        accessed_ |= 1u << i;
+        found = true;
+      } else {
+        other_access = true;
+      }
+    }
+    if (found) return;
+    if (other_access) fail(std::string("a kernel ") + verb(a) + " an operand its op does not declare " + declared(a));
+    fail("a kernel touches arena bytes outside the operands its op declares");
+  }
+  void require_all_accessed() const {
+    for (std::size_t i = 0; i < list_.size(); ++i)
+      if (list_[i].t.in == exec::where::arena && list_[i].t.bytes() != 0 && (accessed_ & (1u << i)) == 0)
+        fail(std::string("an op declares an operand ") + declared(list_[i].a) + " that its kernel does not access so");
+  }
+
+ private:
+  static_assert(exec::access_list::max <= 32);
+  [[noreturn]] static void fail(const std::string& why) {
+    throw std::invalid_argument("cpu::step_backend: " + why + " (exec/program.hpp, ops::accesses)");
+  }
+  static const char* verb(exec::access a) {
+    return a == exec::access::read ? "reads" : a == exec::access::write ? "writes" : "updates";
+  }
+  static const char* declared(exec::access a) {
+    return a == exec::access::read ? "read" : a == exec::access::write ? "written" : "updated";
+  }
+  exec::access_list list_;
+  std::uint32_t accessed_ = 0;
+  bool open_ = false;
+};
+
 template <storage_type T, class Comm>
   requires exec::communicator<Comm, float>
 class step_backend {
@@ -108,7 +160,6 @@ class step_backend {
         pp_(pp_comm),
         capacity_(p.sizes.persistent + p.sizes.stack),
         persistent_capacity_(p.sizes.persistent),
-        stack_granule0_(p.sizes.persistent / granule),
         memory_(static_cast<std::byte*>(::operator new(capacity_ == 0 ? 1 : capacity_, std::align_val_t{alignment}))),
         units_(p.units),
         checkpoint_(p.checkpoint),
@@ -132,16 +183,8 @@ class step_backend {
       fail("a pipeline stage needs the pipeline group of its program's stages, at its stage");
     if (p.persistent_bytes > p.sizes.persistent || p.high_water > capacity_)
       fail("the program does not fit its own capacities");
-    touched_.assign((capacity_ + granule - 1) / granule, 0);
-    value_first_.assign(touched_.size() - stack_granule0_, closed);
-    value_last_.assign(value_first_.size(), 0);
-    for (const exec::arena_event& e : p.trace)
-      if (e.kind != exec::arena_layout::event_kind::persistent && e.offset >= persistent_capacity_)
-        events_.push_back({e.kind == exec::arena_layout::event_kind::push, e.where == exec::arena_layout::side::transient,
-                           e.offset / granule - stack_granule0_, (e.offset + e.bytes) / granule - stack_granule0_});
     std::memset(memory_, 0, p.sizes.persistent);
     initialise(p);
-    pending_.clear();
   }
 
  public:
@@ -173,13 +216,6 @@ class step_backend {
     features_ = io.features;
     masks_ = io.masks;
     for (float& x : scalars_) x = 0.0f;
-    op_ = 0;
-    pending_.clear();
-    bottoms_.clear();
-    tops_.clear();
-    event_ = 0;
-    saved_top_ = 0;
-    transient_bottom_ = value_first_.size();
     s.loss_scale = loss_scaling_ ? scaler_.scale() : 1.0f;
   }
   exec::step_result end_step(const exec::program&, exec::run_state& s) {
@@ -187,19 +223,21 @@ class step_backend {
     updates_ = s.updates;
     s.loss_scale = loss_scaling_ ? scaler_.scale() : 1.0f;
     last_grad_norm_ = scalars_[exec::scalars::norm];
-    meter_step();
     return {scalars_[exec::scalars::loss], last_grad_norm_, s.skip};
   }
 
   // ---- ops ------------------------------------------------------------------------------------
-  /// Executes one op of the program and records, for the live-bytes meter, which arena bytes it
-  /// read and wrote.
+  /// Executes one op of the program, its kernel held to the op's declared accesses.
   template <class Op>
     requires detail::is_op<Op, exec::op_body>::value
   void operator()(const Op& o, exec::run_state& s) {
-    pending_.clear();
+    declared_.open(exec::ops::accesses(o));
+    const struct closer {
+      declared_accesses& d;
+      ~closer() { d.close(); }
+    } guard{declared_};
     execute(o, s);
-    meter_op();
+    declared_.require_all_accessed();
   }
 
  private:
@@ -393,11 +431,11 @@ class step_backend {
     scalars_[exec::scalars::loss] = static_cast<float>(static_cast<A>(scalars_[exec::scalars::loss_sum]) / static_cast<A>(o.grad_accum));
   }
   void execute(const exec::ops::scalar_div& o, exec::run_state&) { scalar(o.slot) /= o.by; }
-  void execute(const exec::ops::zero& o, exec::run_state&) { std::memset(raw(o.t, access::write), 0, o.t.bytes()); }
+  void execute(const exec::ops::zero& o, exec::run_state&) { std::memset(raw(o.t, exec::access::write), 0, o.t.bytes()); }
   void execute(const exec::ops::copy& o, exec::run_state&) {
     if (o.dst.bytes() != o.src.bytes()) fail("copy: operand sizes differ");
-    std::byte* src = raw(o.src, access::read);
-    std::memmove(raw(o.dst, access::write), src, o.src.bytes());
+    std::byte* src = raw(o.src, exec::access::read);
+    std::memmove(raw(o.dst, exec::access::write), src, o.src.bytes());
   }
   void execute(const exec::ops::sqnorm& o, exec::run_state&) {
     // One serial sum over all segments in program order, as the trainer's loop over units.
@@ -661,25 +699,6 @@ class step_backend {
   // ---- state, for tests and checkpoints -------------------------------------------------------
  public:
   std::size_t capacity() const { return capacity_; }
-  /// The measured high-water mark of live arena bytes over the steps run so far: at the op of a
-  /// step with the most live bytes, the persistent bytes touched plus every stack byte that holds
-  /// a value an op wrote (or read first) there and an op at or after it reads or updates (see the
-  /// live-bytes meter below; docs/runtime.md). Measured from the operands the executed ops used,
-  /// not from the program's layout; 0 before the first step.
-  std::size_t measured_high_water() const { return measured_high_water_; }
-  /// The index, among the ops executed in its step, of the op where measured_high_water was reached.
-  std::size_t measured_peak_op() const { return measured_peak_op_; }
-  /// Ops, over the steps run, at which a live stack value lay outside both stacks as the
-  /// program's layout had placed them by then (0 when every operand lies in a tensor the layout
-  /// pushed; such values are counted with the saved stack).
-  std::size_t unplaced_ops() const { return unplaced_ops_; }
-  /// Bytes of the arena any op (or the initialisation) has read or written so far, in granules of
-  /// 16 bytes: the measured footprint, at most the plan's arena.
-  std::size_t touched_bytes() const {
-    std::size_t n = 0;
-    for (std::uint8_t t : touched_) n += t;
-    return n * granule;
-  }
   float last_grad_norm() const { return last_grad_norm_; }
   std::size_t step_count() const { return step_; }
   std::size_t skipped_steps() const { return static_cast<std::size_t>(scaler_.skipped_steps()); }
@@ -689,7 +708,7 @@ class step_backend {
   /// All weights of unit `i` in logical order (gathered over the data-parallel group under ZeRO-3).
   std::vector<float> unit_weights(std::size_t i) {
     const exec::param_unit& u = units_.at(i);
-    const T* w = cptr<T>(u.weight);
+    const T* w = ptr<T>(u.weight);
     std::vector<T> full(u.elements);
     if (u.weight.count == u.elements) {
       std::memcpy(full.data(), w, u.elements * sizeof(T));
@@ -734,8 +753,6 @@ class step_backend {
   }
 
  private:
-  static constexpr std::size_t granule = 16;
-
   [[noreturn]] static void fail(const std::string& why) { throw std::invalid_argument("cpu::step_backend: " + why); }
 
   Comm& group(exec::group g) { return g == exec::group::dp ? dp_ : g == exec::group::tp ? tp_ : pp(); }
@@ -796,197 +813,40 @@ class step_backend {
     else fail("a collective over an element type other than f32 and the storage type");
   }
 
-  /// How an op uses an operand: reads it, overwrites it, or reads and rewrites it (accumulation,
-  /// in-place rotation, the loss over its logits). Only ops' operands count for the live bytes.
-  enum class access : std::uint8_t { other, read, write, update };
-
-  /// The bytes of an arena operand, checked against the capacity and recorded as touched (and,
-  /// inside an op, as one access of the op for the live-bytes meter).
-  std::byte* raw(const exec::operand& o, access a = access::other) {
+  /// The bytes of an arena operand, checked against the capacity.
+  std::byte* raw(const exec::operand& o) {
     if (o.in != exec::where::arena) fail("expected an arena operand");
     if (o.offset > capacity_ || o.bytes() > capacity_ - o.offset) fail("an operand lies outside the arena");
-    mark(o.offset, o.bytes());
-    if (a != access::other && o.bytes() != 0 && o.offset + o.bytes() > persistent_capacity_) {
-      const std::size_t from = std::max<std::size_t>(o.offset, persistent_capacity_);
-      pending_.push_back({from / granule - stack_granule0_, (o.offset + o.bytes() + granule - 1) / granule - stack_granule0_, a});
-    }
     return memory_ + o.offset;
   }
-  void mark(std::size_t offset, std::size_t bytes) {
-    if (bytes == 0) return;
-    for (std::size_t g = offset / granule, e = (offset + bytes + granule - 1) / granule; g < e; ++g) touched_[g] = 1;
+  /// The same, inside an op: an access `a` its declaration allows.
+  std::byte* raw(const exec::operand& o, exec::access a) {
+    std::byte* b = raw(o);
+    declared_.check(o, a);
+    return b;
   }
   /// A typed pointer to an arena operand (null for a null operand); the type must be the operand's.
-  template <class U>
-  U* ptr(const exec::operand& o, access a = access::other) {
+  template <class U, class... Access>
+  U* ptr(const exec::operand& o, Access... a) {
     if (o.null()) return nullptr;
     if (o.type != elem_of<U>())
       fail("an operand's element type is not the kernel's");
-    return reinterpret_cast<U*>(raw(o, a));
+    return reinterpret_cast<U*>(raw(o, a...));
   }
   /// An operand the op reads.
   template <class U>
   const U* cptr(const exec::operand& o) {
-    return ptr<U>(o, access::read);
+    return ptr<U>(o, exec::access::read);
   }
   /// An operand the op overwrites without reading it first.
   template <class U>
   U* out(const exec::operand& o) {
-    return ptr<U>(o, access::write);
+    return ptr<U>(o, exec::access::write);
   }
   /// An operand the op reads and rewrites.
   template <class U>
   U* inout(const exec::operand& o) {
-    return ptr<U>(o, access::update);
-  }
-
-  // ---- the live-bytes meter ---------------------------------------------------------------------
-  // Stack granules (16 bytes past the persistent region) hold values: a value starts at an op that
-  // writes the granule without reading it (or reads it first in the step) and lasts to the last
-  // op that reads or updates it before the next such write. When a value ends (at the next write,
-  // or at the end of the step) its interval of ops is kept, merged with its neighbour granules'.
-  //
-  // Which stack a granule belongs to at an op is the layout's (exec/arena_layout.hpp: the saved
-  // stack grows up from the persistent region, the transient stack down from the arena's end): the
-  // program's trace of one step's pushes and pops is replayed as the ops run, each push (and the
-  // pops before it) applied when an op first needs bytes it places. (Pops cannot be applied any
-  // earlier: the trace does not say after which op they come. A program without a trace has one
-  // stack, the saved one, over the whole region.) A stack must hold everything between its base and its
-  // farthest live value (it is last-in first-out), so at op t the live stack bytes are the saved
-  // stack up to its farthest live granule plus the transient stack down to its farthest one. The
-  // sweep at the end of the step takes the op with the most; the arena's live bytes there are
-  // those plus the persistent bytes touched. Values are the executed ops' own reads and writes:
-  // a tensor the layout places but no op writes and then reads is not live, and a byte an op uses
-  // outside what the layout placed counts all the same.
-  struct pending_access {
-    std::size_t first, end;  ///< stack granules [first, end)
-    access a;
-  };
-  struct value_run {
-    std::uint32_t first_op, last_op;
-    std::size_t first, end;  ///< stack granules [first, end)
-  };
-  struct stack_event {
-    bool push, transient;
-    std::size_t first, end;  ///< stack granules [first, end)
-  };
-  static constexpr std::uint32_t closed = ~std::uint32_t{0};
-  void close_value(std::size_t g, std::uint32_t first, std::int64_t last) {
-    if (last < static_cast<std::int64_t>(first)) return;
-    const auto l = static_cast<std::uint32_t>(last);
-    if (!runs_.empty() && runs_.back().end == g && runs_.back().first_op == first && runs_.back().last_op == l) {
-      ++runs_.back().end;
-      return;
-    }
-    runs_.push_back({first, l, g, g + 1});
-  }
-  static void replay(const stack_event& e, std::size_t& top, std::size_t& bottom) {
-    if (e.transient) bottom = e.push ? e.first : e.end;
-    else top = e.push ? e.end : e.first;
-  }
-  /// Advances the replay until `p` lies on a stack; if no later push places it, the replay stays.
-  void place(const pending_access& p) {
-    std::size_t e = event_, top = saved_top_, bottom = transient_bottom_;
-    while (!(p.end <= top || p.first >= bottom)) {
-      if (e == events_.size()) return;
-      replay(events_[e++], top, bottom);
-    }
-    event_ = e;
-    saved_top_ = top;
-    transient_bottom_ = bottom;
-  }
-  /// After op number op_ of the step: the layout's stacks as this op needs them, then reads and
-  /// updates extend their granules' values, and writes start new ones (an op may read a buffer
-  /// and write over it, as swiglu's backward does).
-  void meter_op() {
-    const std::uint32_t t = op_++;
-    // Until every access lies on a stack: placing one may pop what an earlier one was found in.
-    for (std::size_t before = event_ + 1; before != event_;) {
-      before = event_;
-      for (const pending_access& p : pending_) place(p);
-    }
-    tops_.push_back(saved_top_);
-    bottoms_.push_back(transient_bottom_);
-    for (int pass = 0; pass < 2; ++pass)
-      for (const pending_access& p : pending_) {
-        if ((p.a == access::write) != (pass == 1)) continue;
-        for (std::size_t g = p.first; g < p.end; ++g) {
-          std::uint32_t& first = value_first_[g];
-          std::uint32_t& last = value_last_[g];
-          if (p.a == access::write) {
-            if (first != closed) close_value(g, first, last == t ? std::int64_t{t} - 1 : std::int64_t{last});
-            first = t;
-          } else if (first == closed) {
-            first = t;  // read before any write in this step: live from here
-          }
-          last = t;
-        }
-      }
-    pending_.clear();
-  }
-  static void set_bits(std::vector<std::uint64_t>& bits, std::size_t first, std::size_t end, bool on) {
-    for (std::size_t g = first; g < end;) {
-      const std::size_t w = g / 64, b = g % 64, n = std::min<std::size_t>(64 - b, end - g);
-      const std::uint64_t m = (n == 64 ? ~std::uint64_t{0} : ((std::uint64_t{1} << n) - 1)) << b;
-      bits[w] = on ? (bits[w] | m) : (bits[w] & ~m);
-      g += n;
-    }
-  }
-  /// One past the highest set bit below `end` (0 if none).
-  static std::size_t top_below(const std::vector<std::uint64_t>& bits, std::size_t end) {
-    for (std::size_t w = (end + 63) / 64; w-- > 0;) {
-      std::uint64_t x = bits[w];
-      if (w == end / 64) x &= (std::uint64_t{1} << (end % 64)) - 1;
-      if (x != 0) return w * 64 + 64 - static_cast<std::size_t>(std::countl_zero(x));
-    }
-    return 0;
-  }
-  /// The lowest set bit at or above `from` (`n` if none).
-  static std::size_t bottom_from(const std::vector<std::uint64_t>& bits, std::size_t from, std::size_t n) {
-    for (std::size_t w = from / 64; w < bits.size(); ++w) {
-      std::uint64_t x = bits[w];
-      if (w == from / 64) x &= ~((std::uint64_t{1} << (from % 64)) - 1);
-      if (x != 0) return std::min(n, w * 64 + static_cast<std::size_t>(std::countr_zero(x)));
-    }
-    return n;
-  }
-  /// At the end of a step: close every value, then sweep the ops for the most live bytes.
-  void meter_step() {
-    for (std::size_t g = 0; g < value_first_.size(); ++g)
-      if (value_first_[g] != closed) {
-        close_value(g, value_first_[g], value_last_[g]);
-        value_first_[g] = closed;
-      }
-    std::size_t persistent = 0;
-    for (std::size_t g = 0; g < stack_granule0_; ++g) persistent += touched_[g];
-    const std::size_t n = value_first_.size();
-    std::vector<std::uint64_t> bits((n + 63) / 64, 0);
-    std::vector<std::size_t> by_start(runs_.size()), by_end(runs_.size());
-    for (std::size_t i = 0; i < runs_.size(); ++i) by_start[i] = by_end[i] = i;
-    std::sort(by_start.begin(), by_start.end(), [&](std::size_t a, std::size_t b) { return runs_[a].first_op < runs_[b].first_op; });
-    std::sort(by_end.begin(), by_end.end(), [&](std::size_t a, std::size_t b) { return runs_[a].last_op < runs_[b].last_op; });
-    std::size_t s = 0, e = 0, peak = 0, peak_op = 0;
-    for (std::uint32_t t = 0; t < op_; ++t) {
-      for (; e < by_end.size() && runs_[by_end[e]].last_op < t; ++e) set_bits(bits, runs_[by_end[e]].first, runs_[by_end[e]].end, false);
-      for (; s < by_start.size() && runs_[by_start[s]].first_op <= t; ++s)
-        set_bits(bits, runs_[by_start[s]].first, runs_[by_start[s]].end, true);
-      const std::size_t saved = top_below(bits, bottoms_[t]);
-      const std::size_t c = saved + (n - bottom_from(bits, bottoms_[t], n));
-      if (saved > tops_[t]) ++unplaced_ops_;  // a live value between the stacks the layout had
-      if (c > peak) {
-        peak = c;
-        peak_op = t;
-      }
-    }
-    runs_.clear();
-    bottoms_.clear();
-    tops_.clear();
-    const std::size_t step_peak = (persistent + peak) * granule;
-    if (step_peak > measured_high_water_) {
-      measured_high_water_ = step_peak;
-      measured_peak_op_ = peak_op;
-    }
-    op_ = 0;
+    return ptr<U>(o, exec::access::update);
   }
 
   /// This micro-batch's token or target ids.
@@ -1049,9 +909,8 @@ class step_backend {
   Comm& dp_;
   Comm& tp_;
   Comm* pp_;
-  std::size_t capacity_, persistent_capacity_, stack_granule0_;
+  std::size_t capacity_, persistent_capacity_;
   std::byte* memory_;
-  std::vector<std::uint8_t> touched_;
   std::vector<exec::param_unit> units_;
   std::vector<exec::persistent_tensor> checkpoint_;
   exec::hparams hp_;
@@ -1067,17 +926,7 @@ class step_backend {
   std::size_t step_ = 0, updates_ = 0;
   std::uint64_t counters_[2] = {0, 0};
   float last_grad_norm_ = 0;
-  // the live-bytes meter: this op's stack accesses, each stack granule's current value (first and
-  // last op, `closed` if none), the step's ended values, and the results
-  std::vector<pending_access> pending_;
-  std::vector<std::uint32_t> value_first_, value_last_;
-  std::vector<value_run> runs_;
-  std::vector<stack_event> events_;          // one step's pushes and pops, from program::trace
-  std::size_t event_ = 0, saved_top_ = 0, transient_bottom_ = 0;  // the replay, in stack granules
-  std::vector<std::size_t> bottoms_, tops_;  // transient_bottom_ and saved_top_ at each op of the step
-  std::size_t unplaced_ops_ = 0;
-  std::uint32_t op_ = 0;
-  std::size_t measured_high_water_ = 0, measured_peak_op_ = 0;
+  declared_accesses declared_;  // the op being executed: what it declares
 };
 
 static_assert(exec::step_backend<step_backend<float, local_communicator>>);
