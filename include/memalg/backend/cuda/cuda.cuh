@@ -22,7 +22,6 @@
 #include "memalg/backend/cuda/activation.cuh"
 #include "memalg/backend/cuda/softmax.cuh"
 #include "memalg/backend/cuda/attention.cuh"
-#include "memalg/backend/cuda/cross_attention.cuh"
 #include "memalg/backend/cuda/rotary.cuh"
 #include "memalg/backend/cuda/dropout.cuh"
 #include "memalg/backend/cuda/cross_entropy.cuh"
