@@ -20,13 +20,11 @@
 #include "memalg/backend/cuda/batchnorm.cuh"
 #include "memalg/backend/cuda/conv1d.cuh"
 #include "memalg/backend/cuda/activation.cuh"
-#include "memalg/backend/cuda/softmax.cuh"
 #include "memalg/backend/cuda/attention.cuh"
 #include "memalg/backend/cuda/rotary.cuh"
 #include "memalg/backend/cuda/dropout.cuh"
 #include "memalg/backend/cuda/cross_entropy.cuh"
 #include "memalg/backend/cuda/speech_loss.cuh"
-#include "memalg/backend/cuda/lm_head.cuh"
 #include "memalg/backend/cuda/optimizer.cuh"
 #include "memalg/backend/cuda/grad_norm.cuh"
 #if MEMALG_HAS_NCCL
