@@ -19,6 +19,7 @@
 #include "memalg/backend/cpu/batchnorm.hpp"
 #include "memalg/backend/cpu/conv1d.hpp"
 #include "memalg/backend/cpu/speech_loss.hpp"
+#include "speech_targets.hpp"
 #include "test_util.hpp"
 
 namespace cpu = memalg::backend::cpu;
@@ -357,12 +358,12 @@ TEST_CASE("speech losses: forward values from their definitions; mask and stop-t
   const std::vector<std::int32_t> lengths = {3, 5};
   const std::size_t B = 2, T = 5, N = B * T, n_mels = 3, ld = n_mels + 1;
   mask_t mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
   CHECK(mask == mask_t{1, 1, 1, 0, 0, 1, 1, 1, 1, 1});
   std::vector<float> stop(N);
-  cpu::stop_targets(stop.data(), lengths.data(), B, T);
+  speech_targets::stop_targets(stop.data(), lengths.data(), B, T);
   CHECK(stop == std::vector<float>{0, 0, 1, 1, 1, 0, 0, 0, 0, 1});
-  CHECK_THROWS_AS(cpu::stop_targets(stop.data(), std::vector<std::int32_t>{0, 5}.data(), B, T), std::out_of_range);
+  CHECK_THROWS_AS(speech_targets::stop_targets(stop.data(), std::vector<std::int32_t>{0, 5}.data(), B, T), std::out_of_range);
 
   const vec out = randn(N * ld, 1), target_d = randn(N * n_mels, 2);  // fused [mel ‖ stop] rows
   const std::vector<float> target(target_d.begin(), target_d.end());  // fp32, as the step's features
@@ -396,9 +397,9 @@ TEST_CASE("gradcheck: masked mel L1 / MSE and stop-token BCE on the fused output
   const std::size_t B = 3, T = 6, N = B * T, n_mels = 4, ld = n_mels + 1;
   const double g = 0.7;  // not 1, to check the scaling
   mask_t mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
   std::vector<float> stop(N);
-  cpu::stop_targets(stop.data(), lengths.data(), B, T);
+  speech_targets::stop_targets(stop.data(), lengths.data(), B, T);
   vec out = randn(N * ld, 1, 2.0);
   const vec target_d = randn(N * n_mels, 2);
   const std::vector<float> target(target_d.begin(), target_d.end());

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../cpu/speech_targets.hpp"
 #include "gpu_test_util.hpp"
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
@@ -219,9 +220,9 @@ TEST_CASE_TEMPLATE("speech losses: masked mel L1/MSE and stop-token BCE match th
   const std::int64_t B = 3, frames = 50, n_mels = 80, ld = n_mels + 1, N = B * frames;
   const std::vector<std::int32_t> lengths = {50, 31, 7};
   std::vector<std::uint8_t> mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, frames);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, frames);
   std::vector<float> stop(N);
-  cpu::stop_targets(stop.data(), lengths.data(), B, frames);
+  speech_targets::stop_targets(stop.data(), lengths.data(), B, frames);
   const auto out = random_values<T>(N * ld, -3, 3, 61);  // fused [mel ‖ stop] rows
   const auto target_t = random_values<T>(N * n_mels, -3, 3, 62);
   const auto r_out = to_double(out), r_target = to_double(target_t);

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../cpu/speech_targets.hpp"
 #include "gpu_test_util.hpp"
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
@@ -338,11 +339,11 @@ TEST_CASE_TEMPLATE("step backend: mel and stop losses with a fixed divisor match
   const std::uint32_t B = 3, S = 50, M = 20, ld = M + 1, N = B * S, grad_accum = 2;
   const std::vector<std::int32_t> lengths = {50, 31, 7};
   std::vector<std::uint8_t> mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, S);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, S);
   std::vector<float> features(N * M + N);  // mel targets, then stop targets
   const auto mel_target = random_values<float>(N * M, -3, 3, 62);
   std::copy(mel_target.begin(), mel_target.end(), features.begin());
-  cpu::stop_targets(features.data() + N * M, lengths.data(), B, S);
+  speech_targets::stop_targets(features.data() + N * M, lengths.data(), B, S);
   const float divisor = static_cast<float>(N * M), stop_divisor = static_cast<float>(N);
 
   for (const bool l1 : {true, false}) {
