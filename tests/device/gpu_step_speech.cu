@@ -220,17 +220,18 @@ TEST_CASE_TEMPLATE("step backend: relu and tanh in place, backward from the outp
 
 namespace {
 
-/// One masked attention op, cross (separate q and kv) or fused (one qkv), naive or flash, forward and
-/// backward, against the CPU's cross_attention_* on q and kv taken from the same values.
+/// One masked attention op, cross (separate q and kv) or fused (one qkv, causal or not), naive or
+/// flash, forward and backward, against the CPU's attention on q and kv taken from the same values.
 template <class T>
-void check_masked_attention(bool fused, bool flash, std::uint32_t seed) {
+void check_masked_attention(bool fused, bool flash, std::uint32_t seed, bool causal = false) {
   CAPTURE(fused);
   CAPTURE(flash);
+  CAPTURE(causal);
   const std::uint32_t B = 2, Sq = 19, Sk = fused ? Sq : 23, H = 4, Hkv = 2, D = 32;
   const std::size_t qw = H * D, kvw = 2 * Hkv * D, nq = B * Sq * qw, nkv = B * Sk * kvw;
   const std::vector<std::uint8_t> mask = padding_mask(B, Sk, 4);
   rig<T> r(1, 0, B * Sk);
-  const ops::xattn_shape sh{B, Sq, Sk, H, Hkv, D, false, flash, fused};
+  const ops::xattn_shape sh{B, Sq, Sk, H, Hkv, D, causal, flash, fused};
   const cpu::cross_attention_shape rsh{B, Sq, Sk, H, Hkv, D};
   const std::uint64_t stats = std::uint64_t{B} * H * Sq * (flash ? 1 : Sk);
   exec::operand q, kv, dq, dkv;
@@ -282,14 +283,17 @@ void check_masked_attention(bool fused, bool flash, std::uint32_t seed) {
 
   const auto r_q = to_double(hq), r_kv = to_double(hkv), r_dout = to_double(hdout);
   std::vector<double> r_out(nq), r_att(std::size_t{B} * H * Sq * Sk), r_lse(std::size_t{B} * H * Sq), r_dq(nq), r_dkv(nkv);
-  cpu::cross_attention_naive_forward(r_out.data(), r_att.data(), r_q.data(), r_kv.data(), mask.data(), rsh);
-  cpu::cross_attention_naive_backward(r_dq.data(), r_dkv.data(), r_dout.data(), r_q.data(), r_kv.data(), r_att.data(),
-                                      mask.data(), rsh);
+  // The CPU's attention over q and kv apart (the layout the fused qkv is split into), causal when the op is.
+  cpu::detail::attention_io rio = cpu::detail::cross_attention_io(rsh, mask.data());
+  rio.causal = causal;
+  cpu::detail::attention_naive_forward_io(r_out.data(), r_att.data(), r_q.data(), r_kv.data(), rio);
+  cpu::detail::attention_naive_backward_io(r_dq.data(), r_dkv.data(), r_dout.data(), r_q.data(), r_kv.data(), r_att.data(),
+                                           rio);  // accumulates into the zeros of r_dq, r_dkv
   check_close<T>("attention out", get<T>(b, out), r_out);
   check_close<T>("attention out, no probabilities or lse kept", get<T>(b, out_eval), r_out);
   if (flash) {
     std::vector<double> r_out_flash(nq);
-    cpu::cross_attention_flash_forward(r_out_flash.data(), r_lse.data(), r_q.data(), r_kv.data(), mask.data(), rsh);
+    cpu::detail::attention_flash_forward_io(r_out_flash.data(), r_lse.data(), r_q.data(), r_kv.data(), rio, 64);
     check_close<T>("attention lse", get<float>(b, pl), r_lse, stats_tolerance);
   } else {
     check_close<T>("attention probabilities", get<T>(b, pl), r_att);
@@ -316,6 +320,8 @@ TEST_CASE_TEMPLATE("step backend: masked attention, cross and fused, naive and f
   std::uint32_t seed = 31;
   for (const bool fused : {false, true})
     for (const bool flash : {false, true}) check_masked_attention<T>(fused, flash, seed += 10);
+  // A causal fused self-attention with a key mask (the CPU's attention_io, causal).
+  for (const bool flash : {false, true}) check_masked_attention<T>(true, flash, seed += 10, true);
 }
 
 TEST_CASE("step backend: causal cross-attention (q and kv apart) is refused with a sentence, as on the CPU") {
