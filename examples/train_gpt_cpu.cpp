@@ -26,13 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include "gpt_cpu_plans.hpp"
+#include "gpt_plans.hpp"
 #include "train_common.hpp"
 
 namespace m = memalg;
 using namespace memalg::literals;
 using namespace train_common;
-using gpt_cpu_plans::plans;
+using plans = gpt_plans::cpu_plans;
 
 namespace {
 
@@ -159,7 +159,7 @@ int dispatch(const options& o, Comm& world, Split&& split) {
     auto [dp, tp, pp] = split(dp_rank, tp_rank, pp_rank);
     result = train<Named>(o, world, dp, tp, pp, static_cast<std::size_t>(dp_rank));
   });
-  if (!found) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
+  if (!found) throw usage_error(gpt_plans::cpu_unknown_plan(o.plan));
   return result;
 }
 

@@ -4,8 +4,9 @@
 // A GPT trained byte-level on the GPL-3 text every Debian system ships: the plan's step program
 // (exec/gpt/build_program.hpp) — the program train_gpt_cpu runs on the CPU step backend — trained by
 // exec::program_trainer on the CUDA step backend (backend/cuda/gpt_run.cuh, step_backend.cuh) in
-// one device arena of exactly its plan's size. Named plans range from a tiny model (the CPU
-// binary's, for comparisons) to a GPT-2 124M-shaped bf16 AdamW plan.
+// one device arena of exactly its plan's size. The named plans are train_gpt_cpu's
+// (examples/gpt_plans.hpp), planned for an H200, from a tiny model to a GPT-2 124M-shaped bf16 AdamW
+// plan; those the CUDA runtime does not implement are refused with its sentence.
 // One process per GPU: multi-rank plans run under MPI (the NCCL unique id is broadcast with it),
 //   mpirun -np 2 train_gpt_cuda --plan dp2-zero1
 // and a build without MPI runs the one-rank plans in one process on one GPU.
@@ -42,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt_plans.hpp"
 #include "train_common.hpp"
 
 namespace m = memalg;
@@ -52,109 +54,8 @@ using namespace train_common;
 namespace {
 
 // ---- the plans ------------------------------------------------------------------------------
-/// GPT-2 small's shape (Radford et al. 2019; 124M parameters with the vocabulary padded to
-/// 50304 = 393·128, as llm.c pads it), bf16 logits, flash attention.
-constexpr m::lm_config gpt2_small() {
-  m::lm_config c{};
-  c.name = "gpt2-124m";
-  c.layers = 12;
-  c.hidden = 768;
-  c.heads = 12;
-  c.vocab = 50304;
-  c.positions = 1024;
-  c.logits = m::dtypes::bf16;
-  c.flash = true;
-  return c;
-}
-struct gpt_fp32 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32); };
-struct gpt_bf16 { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16); };
-struct gpt_bf16_flash { static constexpr m::lm_config value = gpt_bytes(m::dtypes::bf16, true); };
-struct gpt_fp32_dropout { static constexpr m::lm_config value = gpt_bytes(m::dtypes::fp32, true, 100); };
-struct gpt2_124m { static constexpr m::lm_config value = gpt2_small(); };
-/// gpt_fp32 with an untied output layer: pipeline stages keep no copy of a tied embedding on the
-/// last stage (exec/gpt/plan.hpp, find_cpu_pipeline_issue), as in train_gpt_cpu.
-struct gpt_fp32_untied {
-  static constexpr m::lm_config value = [] {
-    m::lm_config c = gpt_bytes(m::dtypes::fp32);
-    c.tied = false;
-    return c;
-  }();
-};
-
-/// Plans target the H200 the benchmark runs on; its device reserve (context estimate + 32 MiB
-/// cuBLASLt workspace) is what the measured overhead layers are compared with.
-template <class Config, class Recipe, class Mesh>
-using gpu_plan = m::plan<m::exec::runtime_gpt_replicated<Config>, Recipe, Mesh, m::device::h200>;  // the CUDA trainer's layout
-/// The step program's tensor-parallel layout: vocabulary-parallel embedding and loss.
-template <class Config, class Recipe, class Mesh>
-using gpu_plan_vocab = m::plan<m::exec::runtime_gpt<Config>, Recipe, Mesh, m::device::h200>;
-template <class Precision, class Optimizer, class Batch, class... Options>
-using recipe = m::train::recipe<Precision, Optimizer, Batch, m::train::reference_kernels, Options...>;
-using tiny_batch = m::train::batch<8, 64>;
-using single = m::parallel::mesh<>;
-
-MEMALG_NAMED_PLAN(tiny_fp32, "tiny-fp32", "fp32, AdamW, 1 rank (train_gpt_cpu's tiny-fp32)",
-                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>, single>);
-MEMALG_NAMED_PLAN(tiny_bf16, "tiny-bf16", "bf16 weights and gradients, fp32 master weights and AdamW states, 1 rank",
-                  gpu_plan<gpt_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch>, single>);
-MEMALG_NAMED_PLAN(tiny_selective, "tiny-selective",
-                  "mixed-bf16, flash attention, selective recomputation, 2 accumulated micro-batches, 1 rank",
-                  gpu_plan<gpt_bf16_flash,
-                           recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch, m::train::recompute::selective,
-                                  m::train::grad_accum<2>>,
-                           single>);
-// Momentum SGD needs a larger step than the Adam-family default: this run's own learning rate
-// (train_gpt_cpu's tiny-recompute's).
-MEMALG_NAMED_PLAN_LR(tiny_recompute, "tiny-recompute",
-                     "fp32, momentum SGD (lr 0.05), dropout 0.1, full recomputation, 2 accumulated micro-batches, 1 rank",
-                     0.05f,
-                     gpu_plan<gpt_fp32_dropout,
-                              recipe<m::precision::fp32, m::optim::momentum<>, tiny_batch, m::train::recompute::full,
-                                     m::train::grad_accum<2>>,
-                              single>);
-MEMALG_NAMED_PLAN(dp2_zero1, "dp2-zero1", "fp32 AdamW, 2 data-parallel ranks, ZeRO-1",
-                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
-                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>>);
-MEMALG_NAMED_PLAN(dp2_zero2_bf16, "dp2-zero2-bf16", "mixed-bf16 AdamW, 2 data-parallel ranks, ZeRO-2 (NCCL reduces bf16)",
-                  gpu_plan<gpt_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>, tiny_batch>,
-                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>>>);
-MEMALG_NAMED_PLAN(dp4_zero3, "dp4-zero3", "fp32 AdamW, 4 data-parallel ranks, ZeRO-3 (one layer gathered at a time)",
-                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
-                           m::parallel::mesh<m::parallel::data<4, m::parallel::zero<3, 0>>>>);
-MEMALG_NAMED_PLAN(tp2, "tp2", "fp32 AdamW, 2 tensor-parallel ranks",
-                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
-                           m::parallel::mesh<m::parallel::tensor<2>>>);
-MEMALG_NAMED_PLAN(tp2_vocab, "tp2-vocab", "fp32 AdamW, 2 tensor-parallel ranks, vocabulary-parallel embedding and loss",
-                  gpu_plan_vocab<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
-                                 m::parallel::mesh<m::parallel::tensor<2>>>);
-MEMALG_NAMED_PLAN(tp2_sp, "tp2-sp", "fp32 AdamW, 2 tensor-parallel ranks with sequence parallelism, vocabulary-parallel",
-                  gpu_plan_vocab<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
-                                 m::parallel::mesh<m::parallel::tensor<2, true>>>);
-MEMALG_NAMED_PLAN(tp2_sp_dropout, "tp2-sp-dropout",
-                  "fp32 AdamW, dropout 0.1, flash attention, 2 tensor-parallel ranks with sequence parallelism",
-                  gpu_plan_vocab<gpt_fp32_dropout, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
-                                 m::parallel::mesh<m::parallel::tensor<2, true>>>);
-MEMALG_NAMED_PLAN(dp2_tp2_zero2, "dp2-tp2-zero2", "fp32 AdamW, 2 data-parallel x 2 tensor-parallel ranks, ZeRO-2",
-                  gpu_plan<gpt_fp32, recipe<m::precision::fp32, m::optim::adamw<>, tiny_batch>,
-                           m::parallel::mesh<m::parallel::data<2, m::parallel::zero<2>>, m::parallel::tensor<2>>>);
-MEMALG_NAMED_PLAN(gpt2_124m_plan, "gpt2-124m",
-                  "GPT-2 124M shape (vocab 50304, 12x768, 12 heads, seq 1024), mixed-bf16 AdamW, flash, 16x1024 tokens, 1 rank",
-                  gpu_plan<gpt2_124m, recipe<m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<16, 1024>>,
-                           single>);
-template <class Precision, class Optimizer, class... Options>
-using pipeline_recipe =
-    m::train::recipe<Precision, Optimizer, m::train::batch<4, 64>, m::train::grad_accum<4>, m::train::reference_kernels, Options...>;
-MEMALG_NAMED_PLAN(pp2, "pp2", "fp32 AdamW, untied output, 2 pipeline stages (1F1B, 4 micro-batches)",
-                  gpu_plan_vocab<gpt_fp32_untied, pipeline_recipe<m::precision::fp32, m::optim::adamw<>>,
-                                 m::parallel::mesh<m::parallel::pipeline<2>>>);
-MEMALG_NAMED_PLAN(pp2_dp2, "pp2-dp2", "fp32 AdamW, untied output, 2 data-parallel ranks x 2 pipeline stages (1F1B, 4 micro-batches)",
-                  gpu_plan_vocab<gpt_fp32_untied, pipeline_recipe<m::precision::fp32, m::optim::adamw<>>,
-                                 m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>>);
-#undef MEMALG_NAMED_PLAN
-#undef MEMALG_NAMED_PLAN_LR
-
-using plans = std::tuple<tiny_fp32, tiny_bf16, tiny_selective, tiny_recompute, dp2_zero1, dp2_zero2_bf16, dp4_zero3,
-                         tp2, tp2_vocab, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, gpt2_124m_plan, pp2, pp2_dp2>;
+/// examples/gpt_plans.hpp's table, planned for the H200: the plans the CUDA runtime implements.
+using plans = gpt_plans::cuda_plans;
 
 // ---- command line ---------------------------------------------------------------------------
 struct cuda_options : options {
@@ -563,7 +464,7 @@ int run_on_gpu(const cuda_options& o, const process& p) {
     result = train<Named>(o, p, *dp, *tp, pp.get(), static_cast<std::size_t>(dp_rank), static_cast<std::size_t>(pp_rank),
                           meter, ml);
   });
-  if (!found) throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
+  if (!found) throw usage_error(gpt_plans::cuda_unknown_plan(o.plan));
   return result;
 }
 
@@ -597,7 +498,7 @@ int main(int argc, char** argv) {
       if (o.plan == "all")
         std::apply([&](auto... named) { (one(static_cast<decltype(named)*>(nullptr)), ...); }, plans{});
       else if (!for_plan<plans>(o.plan, one))
-        throw usage_error("unknown plan '" + o.plan + "' (see --list-plans)");
+        throw usage_error(gpt_plans::cuda_unknown_plan(o.plan));
       return finish(result);
     }
     const int devices = cu::device_count_or_zero();

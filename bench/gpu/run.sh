@@ -17,7 +17,7 @@
 #      the plan's arena against the program's high-water mark (ctest, JUnit XML in $OUT/ctest.xml);
 #   3. trains with train_gpt_cuda (the plan's step program on the CUDA step backend) the GPT-2
 #      124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for MEMALG_BENCH_STEPS steps (default
-#      40) and the tiny fp32 and bf16 plans, with --json (the multi-rank plans, tp2-vocab,
+#      40) and the tiny fp32 and bf16 plans, with --json (the multi-rank plans, tp2,
 #      tp2-sp and pp2 among them, need one GPU per rank under mpirun: here only ctest's dry run checks them);
 #   3a. trains the tiny fp32 plan with train_gpt_cpu too: the same program on the CPU step
 #      backend, on the same batches; the first losses must agree within a relative 1e-5 and the

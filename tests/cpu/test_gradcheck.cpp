@@ -205,22 +205,3 @@ TEST_CASE("gradcheck: cross-entropy") {
   check_gradient("dlogits", logits, dlogits, loss);
 }
 
-TEST_CASE("gradcheck: chunked lm-head + cross-entropy") {
-  const std::size_t N = 7, C = 4, V = 9;
-  const double dloss = 1.3;
-  vec hidden = randn(N * C, 1), wte = randn(V * C, 2);
-  const auto tgt = randint(N, static_cast<std::int32_t>(V), 3);
-  for (const std::size_t R : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{100}}) {
-    CAPTURE(R);
-    auto loss = [&] {
-      vec l(N);
-      return dloss * cpu::lm_head_ce_forward(l.data(), hidden.data(), wte.data(), tgt.data(), N, C, V, R);
-    };
-    vec dh = nans(N * C);
-    const vec dwte0 = randn(V * C, 4);
-    vec dwte = dwte0;
-    cpu::lm_head_ce_backward(dh.data(), dwte.data(), hidden.data(), wte.data(), tgt.data(), dloss, N, C, V, R);
-    check_gradient("dhidden", hidden, dh, loss);
-    check_gradient("dwte", wte, minus(dwte, dwte0), loss);
-  }
-}

@@ -19,6 +19,7 @@
 #include "memalg/backend/cpu/batchnorm.hpp"
 #include "memalg/backend/cpu/conv1d.hpp"
 #include "memalg/backend/cpu/speech_loss.hpp"
+#include "speech_targets.hpp"
 #include "test_util.hpp"
 
 namespace cpu = memalg::backend::cpu;
@@ -357,63 +358,67 @@ TEST_CASE("speech losses: forward values from their definitions; mask and stop-t
   const std::vector<std::int32_t> lengths = {3, 5};
   const std::size_t B = 2, T = 5, N = B * T, n_mels = 3, ld = n_mels + 1;
   mask_t mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
   CHECK(mask == mask_t{1, 1, 1, 0, 0, 1, 1, 1, 1, 1});
-  vec stop(N);
-  cpu::stop_targets(stop.data(), lengths.data(), B, T);
-  CHECK(stop == vec{0, 0, 1, 1, 1, 0, 0, 0, 0, 1});
-  CHECK_THROWS_AS(cpu::stop_targets(stop.data(), std::vector<std::int32_t>{0, 5}.data(), B, T), std::out_of_range);
+  std::vector<float> stop(N);
+  speech_targets::stop_targets(stop.data(), lengths.data(), B, T);
+  CHECK(stop == std::vector<float>{0, 0, 1, 1, 1, 0, 0, 0, 0, 1});
+  CHECK_THROWS_AS(speech_targets::stop_targets(stop.data(), std::vector<std::int32_t>{0, 5}.data(), B, T), std::out_of_range);
 
-  const vec out = randn(N * ld, 1), target = randn(N * n_mels, 2);  // fused [mel ‖ stop] rows
+  const vec out = randn(N * ld, 1), target_d = randn(N * n_mels, 2);  // fused [mel ‖ stop] rows
+  const std::vector<float> target(target_d.begin(), target_d.end());  // fp32, as the step's features
   double l1 = 0, l2 = 0, bce = 0;
   for (std::size_t n = 0; n < N; ++n) {
+    const double p = 1 / (1 + std::exp(-out[n * ld + n_mels]));  // −[y log p + (1 − y) log(1 − p)], every row
+    bce -= stop[n] * std::log(p) + (1 - stop[n]) * std::log(1 - p);
     if (!mask[n]) continue;
     for (std::size_t c = 0; c < n_mels; ++c) {
       const double d = out[n * ld + c] - target[n * n_mels + c];
-      l1 += std::abs(d) / 24;  // 8 real frames × 3 bins
-      l2 += d * d / 24;
+      l1 += std::abs(d);
+      l2 += d * d;
     }
-    const double p = 1 / (1 + std::exp(-out[n * ld + n_mels]));  // −[y log p + (1 − y) log(1 − p)]
-    bce -= (stop[n] * std::log(p) + (1 - stop[n]) * std::log(1 - p)) / 8;
   }
-  CHECK(cpu::mel_loss_forward(cpu::mel_loss_kind::l1, out.data(), ld, target.data(), mask.data(), N, n_mels) ==
+  vec grad(N * ld);
+  CHECK(cpu::mel_loss(grad.data(), true, out.data(), ld, target.data(), mask.data(), N, n_mels, 1.0) ==
         doctest::Approx(l1).epsilon(1e-14));
-  CHECK(cpu::mel_loss_forward(cpu::mel_loss_kind::mse, out.data(), ld, target.data(), mask.data(), N, n_mels) ==
+  CHECK(cpu::mel_loss(grad.data(), false, out.data(), ld, target.data(), mask.data(), N, n_mels, 1.0) ==
         doctest::Approx(l2).epsilon(1e-14));
-  CHECK(cpu::stop_bce_forward(out.data() + n_mels, ld, stop.data(), mask.data(), N) ==
+  CHECK(cpu::stop_loss(grad.data() + n_mels, out.data() + n_mels, ld, stop.data(), N, 1.0) ==
         doctest::Approx(bce).epsilon(1e-13));
-  // Large logits stay finite (the stable form): x = ±40 with the wrong target costs 40.
-  const vec big = {40, -40}, wrong = {0, 1};
-  CHECK(cpu::stop_bce_forward(big.data(), 1, wrong.data(), nullptr, 2) == doctest::Approx(40.0).epsilon(1e-14));
+  // Large logits stay finite (the stable form): x = ±40 with the wrong target costs 40 each.
+  const vec big = {40, -40};
+  const std::vector<float> wrong = {0, 1};
+  vec gbig(2);
+  CHECK(cpu::stop_loss(gbig.data(), big.data(), 1, wrong.data(), 2, 1.0) == doctest::Approx(80.0).epsilon(1e-14));
 }
 
 TEST_CASE("gradcheck: masked mel L1 / MSE and stop-token BCE on the fused output") {
   const std::vector<std::int32_t> lengths = {4, 6, 2};
   const std::size_t B = 3, T = 6, N = B * T, n_mels = 4, ld = n_mels + 1;
-  const double dloss = 0.7;  // not 1, to check the scaling
+  const double g = 0.7;  // not 1, to check the scaling
   mask_t mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
-  vec stop(N);
-  cpu::stop_targets(stop.data(), lengths.data(), B, T);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, T);
+  std::vector<float> stop(N);
+  speech_targets::stop_targets(stop.data(), lengths.data(), B, T);
   vec out = randn(N * ld, 1, 2.0);
-  const vec target = randn(N * n_mels, 2);
-  for (const auto kind : {cpu::mel_loss_kind::l1, cpu::mel_loss_kind::mse}) {
-    CAPTURE(static_cast<int>(kind));
-    auto loss = [&] {
-      return dloss * cpu::mel_loss_forward(kind, out.data(), ld, target.data(), mask.data(), N, n_mels);
-    };
-    vec grad = nans(out.size());
-    cpu::mel_loss_backward(kind, grad.data(), out.data(), ld, target.data(), mask.data(), dloss, N, n_mels);
-    for (std::size_t n = 0; n < N; ++n) {
-      CHECK(std::isnan(grad[n * ld + n_mels]));  // the stop column is not the mel loss's
-      grad[n * ld + n_mels] = 0;
-    }
+  const vec target_d = randn(N * n_mels, 2);
+  const std::vector<float> target(target_d.begin(), target_d.end());
+  for (const bool l1 : {true, false}) {
+    CAPTURE(l1);
+    vec scratch(N * n_mels);
+    auto loss = [&] { return g * cpu::mel_loss(scratch.data(), l1, out.data(), ld, target.data(), mask.data(), N, n_mels, 1.0); };
+    vec grad_mel = nans(N * n_mels);
+    cpu::mel_loss(grad_mel.data(), l1, out.data(), ld, target.data(), mask.data(), N, n_mels, g);
+    vec grad(out.size(), 0.0);  // contiguous [N, n_mels] into the fused rows; the stop column is not the mel loss's
+    for (std::size_t n = 0; n < N; ++n)
+      for (std::size_t c = 0; c < n_mels; ++c) grad[n * ld + c] = grad_mel[n * n_mels + c];
     check_gradient("dpred", out, grad, loss);
   }
-  auto loss = [&] { return dloss * cpu::stop_bce_forward(out.data() + n_mels, ld, stop.data(), mask.data(), N); };
+  vec scratch(out.size());
+  auto loss = [&] { return g * cpu::stop_loss(scratch.data() + n_mels, out.data() + n_mels, ld, stop.data(), N, 1.0); };
   vec grad(out.size(), 0.0);
   for (std::size_t n = 0; n < N; ++n) grad[n * ld + n_mels] = std::numeric_limits<double>::quiet_NaN();
-  cpu::stop_bce_backward(grad.data() + n_mels, out.data() + n_mels, ld, stop.data(), mask.data(), dloss, N);
+  cpu::stop_loss(grad.data() + n_mels, out.data() + n_mels, ld, stop.data(), N, g);
   check_gradient("dlogits", out, grad, loss);
 }
 
@@ -489,11 +494,12 @@ TEST_CASE("speech kernels: bf16 storage against fp32") {
   SUBCASE("losses") {
     std::vector<bf16> dh(B * S * C);
     std::vector<float> df(B * S * C);
-    const float lh = cpu::mel_loss_forward(cpu::mel_loss_kind::l1, xh.data(), C, dyh.data(), mask.data(), B * S, C);
-    const float lf = cpu::mel_loss_forward(cpu::mel_loss_kind::l1, xf.data(), C, dyf.data(), mask.data(), B * S, C);
+    const std::vector<float> target = widen(dyh);
+    const float lh = cpu::mel_loss(dh.data(), true, xh.data(), C, target.data(), mask.data(), B * S, C, 1.0f);
+    const float lf = cpu::mel_loss(df.data(), true, xf.data(), C, target.data(), mask.data(), B * S, C, 1.0f);
     CHECK(lh == lf);  // same widened inputs, float accumulation in both
-    cpu::mel_loss_backward(cpu::mel_loss_kind::mse, dh.data(), xh.data(), C, dyh.data(), mask.data(), 1.0f, B * S, C);
-    cpu::mel_loss_backward(cpu::mel_loss_kind::mse, df.data(), xf.data(), C, dyf.data(), mask.data(), 1.0f, B * S, C);
+    cpu::mel_loss(dh.data(), false, xh.data(), C, target.data(), mask.data(), B * S, C, 1.0f);
+    cpu::mel_loss(df.data(), false, xf.data(), C, target.data(), mask.data(), B * S, C, 1.0f);
     CHECK(rel(widen(dh), df) <= 2 * u);
   }
 }

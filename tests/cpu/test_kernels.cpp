@@ -81,37 +81,6 @@ TEST_CASE("attention: rejects H not a multiple of Hkv") {
   CHECK_THROWS_AS(cpu::attention_naive_forward(out.data(), static_cast<float*>(nullptr), qkv.data(), sh), std::invalid_argument);
 }
 
-TEST_CASE_TEMPLATE("lm-head + CE: chunked equals unchunked bit for bit", T, double, float, bf16) {
-  const std::size_t N = 11, C = 6, V = 13;
-  const auto hidden = cast<T>(randn(N * C, 1)), wte = cast<T>(randn(V * C, 2));
-  const auto tgt = randint(N, static_cast<std::int32_t>(V), 3);
-  const accum_t<T> dloss = 1;
-  const auto dwte0 = cast<T>(randn(V * C, 4, 0.1));
-
-  // Unchunked: materialise all N×V logits.
-  std::vector<T> logits(N * V), dlogits(N * V), dh_ref(N * C);
-  std::vector<accum_t<T>> loss_ref(N);
-  cpu::linear_forward(logits.data(), hidden.data(), wte.data(), static_cast<const T*>(nullptr), N, C, V);
-  const auto mean_ref = cpu::cross_entropy_forward(loss_ref.data(), logits.data(), tgt.data(), N, V);
-  cpu::cross_entropy_backward(dlogits.data(), logits.data(), tgt.data(), dloss, N, V);
-  auto dwte_ref = dwte0;
-  cpu::linear_backward(dh_ref.data(), dwte_ref.data(), static_cast<T*>(nullptr), dlogits.data(), hidden.data(),
-                       wte.data(), N, C, V);
-
-  for (const std::size_t R : {std::size_t{1}, std::size_t{4}, std::size_t{11}, std::size_t{64}}) {
-    CAPTURE(R);
-    std::vector<accum_t<T>> loss(N);
-    const auto mean = cpu::lm_head_ce_forward(loss.data(), hidden.data(), wte.data(), tgt.data(), N, C, V, R);
-    CHECK(mean == mean_ref);
-    CHECK(loss == loss_ref);
-    std::vector<T> dh(N * C);
-    auto dwte = dwte0;
-    cpu::lm_head_ce_backward(dh.data(), dwte.data(), hidden.data(), wte.data(), tgt.data(), dloss, N, C, V, R);
-    CHECK(widen(dh) == widen(dh_ref));
-    CHECK(widen(dwte) == widen(dwte_ref));
-  }
-}
-
 TEST_CASE("cross-entropy: hand-checked values and in-place backward") {
   // Uniform logits over V classes: loss = log V, gradient (1/V − onehot)/N.
   const std::size_t N = 2, V = 4;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// GPU tests of gemm.cuh and lm_head.cuh against the CPU reference (run in double).
+// GPU tests of gemm.cuh against the CPU reference (run in double).
 #include <doctest/doctest.h>
 
 #include <stdexcept>
@@ -11,7 +11,6 @@
 #include "memalg/backend/cpu/linear.hpp"
 #include "memalg/backend/cuda/device.cuh"
 #include "memalg/backend/cuda/gemm.cuh"
-#include "memalg/backend/cuda/lm_head.cuh"
 
 using namespace gpu_test;
 namespace cpu = memalg::backend::cpu;
@@ -91,42 +90,6 @@ TEST_CASE_TEMPLATE("linear: GeLU epilogue, unfused and fused, with and without p
       check_close<T>("gelu out (no aux)", d_out.download(), r_out, tol);
     }
   }
-}
-
-TEST_CASE_TEMPLATE("lm head: chunked fused cross-entropy matches the CPU reference", T, float, cu::bf16, cu::fp16) {
-  const std::int64_t N = 40, C = 64, V = 300, R = 16;  // three chunks, the last one partial
-  const auto hidden = random_values<T>(N * C, -1, 1, 21);
-  const auto wte = random_values<T>(V * C, -0.5f, 0.5f, 22);
-  const auto dwte0 = random_values<T>(V * C, -0.1f, 0.1f, 23);
-  const auto targets = random_ints(N, 0, V - 1, 24);
-  const auto r_h = to_double(hidden), r_wte = to_double(wte);
-
-  std::vector<double> r_loss(N), r_dh(N * C), r_dwte = to_double(dwte0);
-  const double r_mean = cpu::lm_head_ce_forward(r_loss.data(), r_h.data(), r_wte.data(), targets.data(), N, C, V, R);
-  cpu::lm_head_ce_backward(r_dh.data(), r_dwte.data(), r_h.data(), r_wte.data(), targets.data(), 1.0, N, C, V, R);
-
-  blas b;
-  const cu::gemm_context ctx = b.context();
-  dbuf<T> d_h(hidden), d_wte(wte), d_dh(N * C), d_dwte(dwte0), d_logits(R * V);
-  dbuf<std::int32_t> d_t(targets);
-  dbuf<float> d_loss(N), d_mean(1);
-  cu::lm_head_ce_forward(ctx, d_loss.get(), d_h.get(), d_wte.get(), d_t.get(), N, C, V, R, d_logits.get(),
-                         d_mean.get());
-  check_close<T>("loss", d_loss.download(), r_loss);
-  check_close<T>("mean loss", d_mean.download(), std::vector<double>{r_mean});
-
-  d_loss.zero();
-  cu::lm_head_ce_fused(ctx, d_loss.get(), d_dh.get(), d_dwte.get(), d_h.get(), d_wte.get(), d_t.get(), 1.0f, N, C, V,
-                       R, d_logits.get());
-  check_close<T>("loss (fused)", d_loss.download(), r_loss);
-  check_close<T>("dhidden", d_dh.download(), r_dh);
-  check_close<T>("dwte", d_dwte.download(), r_dwte);
-
-  d_dwte.upload(dwte0);
-  cu::lm_head_ce_backward(ctx, d_dh.get(), d_dwte.get(), d_h.get(), d_wte.get(), d_t.get(), 1.0f, N, C, V, R,
-                          d_logits.get());
-  check_close<T>("dhidden (backward)", d_dh.download(), r_dh);
-  check_close<T>("dwte (backward)", d_dwte.download(), r_dwte);
 }
 
 TEST_CASE("linear: fp8 forward with per-tensor scales (compute capability >= 8.9)") {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
-// GPU tests of activation.cuh, dropout.cuh, softmax.cuh and cross_entropy.cuh against the CPU
-// reference (in double; softmax, which the CPU backend has no kernel for, against a loop here).
+// GPU tests of activation.cuh, dropout.cuh and cross_entropy.cuh against the CPU
+// reference (in double).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -15,7 +15,6 @@
 #include "memalg/backend/cuda/activation.cuh"
 #include "memalg/backend/cuda/cross_entropy.cuh"
 #include "memalg/backend/cuda/dropout.cuh"
-#include "memalg/backend/cuda/softmax.cuh"
 
 using namespace gpu_test;
 namespace cpu = memalg::backend::cpu;
@@ -99,40 +98,6 @@ TEST_CASE_TEMPLATE("dropout: the mask equals the CPU backend's bit for bit", T, 
     cu::dropout_backward(d_din.get(), d_dout.get(), d_mask.get(), n, p);
     check_close<T>("din", d_din.download(), r_din);
   }
-}
-
-TEST_CASE_TEMPLATE("softmax: forward and backward match a double-precision loop", T, float, cu::bf16, cu::fp16) {
-  const std::int64_t rows = 7, cols = 777;
-  const float scale = 0.5f;
-  const auto in = random_values<T>(rows * cols, -6, 6, 31);
-  const auto dout = random_values<T>(rows * cols, -1, 1, 32);
-  std::vector<double> r_out(rows * cols), r_din(rows * cols);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    double mx = -INFINITY, sum = 0, dot = 0;
-    for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, scale * double(cu::to_float(in[r * cols + c])));
-    for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(scale * double(cu::to_float(in[r * cols + c])) - mx);
-    for (std::int64_t c = 0; c < cols; ++c) {
-      r_out[r * cols + c] = std::exp(scale * double(cu::to_float(in[r * cols + c])) - mx) / sum;
-      dot += r_out[r * cols + c] * cu::to_float(dout[r * cols + c]);
-    }
-    for (std::int64_t c = 0; c < cols; ++c)
-      r_din[r * cols + c] = scale * r_out[r * cols + c] * (cu::to_float(dout[r * cols + c]) - dot);
-  }
-  dbuf<T> d_in(in), d_out(rows * cols), d_dout(dout), d_din(rows * cols);
-  cu::softmax_forward(d_out.get(), d_in.get(), rows, cols, scale);
-  const auto out = d_out.download();
-  check_close<T>("out", out, r_out);
-  // The backward consumes the GPU's (rounded) output; the reference recomputes from it too.
-  std::vector<double> r_din_from_gpu(rows * cols);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    double dot = 0;
-    for (std::int64_t c = 0; c < cols; ++c) dot += double(cu::to_float(out[r * cols + c])) * cu::to_float(dout[r * cols + c]);
-    for (std::int64_t c = 0; c < cols; ++c)
-      r_din_from_gpu[r * cols + c] =
-          scale * double(cu::to_float(out[r * cols + c])) * (cu::to_float(dout[r * cols + c]) - dot);
-  }
-  cu::softmax_backward(d_din.get(), d_out.get(), d_dout.get(), rows, cols, scale);
-  check_close<T>("din", d_din.download(), r_din_from_gpu);
 }
 
 TEST_CASE_TEMPLATE("cross-entropy: loss, mean and dlogits match the CPU reference", T, float, cu::bf16, cu::fp16) {

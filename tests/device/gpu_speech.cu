@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
 // GPU tests of the speech model's kernels — conv1d.cuh, batchnorm.cuh, relu/tanh of
-// activation.cuh, cross_attention.cuh, speech_loss.cuh — against the CPU reference (in double).
+// activation.cuh, attention.cuh's cross-attention, speech_loss.cuh — against the CPU reference (in double).
 // Tolerances are gpu_test_util.hpp's (max |gpu − ref| / max |ref|): fp32 1e-5, bf16 2e-2,
 // fp16 5e-3; float statistics (BatchNorm mean/rstd, lse, losses) at the fp32 tolerance.
 #include <doctest/doctest.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../cpu/speech_targets.hpp"
 #include "gpu_test_util.hpp"
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
@@ -15,9 +16,9 @@
 #include "memalg/backend/cpu/conv1d.hpp"
 #include "memalg/backend/cpu/speech_loss.hpp"
 #include "memalg/backend/cuda/activation.cuh"
+#include "memalg/backend/cuda/attention.cuh"
 #include "memalg/backend/cuda/batchnorm.cuh"
 #include "memalg/backend/cuda/conv1d.cuh"
-#include "memalg/backend/cuda/cross_attention.cuh"
 #include "memalg/backend/cuda/speech_loss.cuh"
 
 using namespace gpu_test;
@@ -219,44 +220,40 @@ TEST_CASE_TEMPLATE("speech losses: masked mel L1/MSE and stop-token BCE match th
   const std::int64_t B = 3, frames = 50, n_mels = 80, ld = n_mels + 1, N = B * frames;
   const std::vector<std::int32_t> lengths = {50, 31, 7};
   std::vector<std::uint8_t> mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, frames);
-  std::vector<double> r_stop(N);
-  cpu::stop_targets(r_stop.data(), lengths.data(), B, frames);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, frames);
+  std::vector<float> stop(N);
+  speech_targets::stop_targets(stop.data(), lengths.data(), B, frames);
   const auto out = random_values<T>(N * ld, -3, 3, 61);  // fused [mel ‖ stop] rows
-  const auto target = random_values<T>(N * n_mels, -3, 3, 62);
-  const auto r_out = to_double(out), r_target = to_double(target);
-  const double dloss = 0.7;
+  const auto target_t = random_values<T>(N * n_mels, -3, 3, 62);
+  const auto r_out = to_double(out), r_target = to_double(target_t);
+  const std::vector<float> target(r_target.begin(), r_target.end());  // fp32 features
+  const double g = 0.7 / 88.0;  // dloss / divisor: the mean over the 88 real frames
+  const float divisor = 88.0f;
 
-  dbuf<std::int32_t> d_len(lengths);
-  dbuf<std::uint8_t> d_mask(N);
-  dbuf<T> d_stop(N), d_out(out), d_target(target), d_grad(N * ld);
-  dbuf<float> d_result(2);
-  cu::stop_targets_and_mask(d_stop.get(), d_mask.get(), d_len.get(), B, frames);
-  CHECK(d_mask.download() == mask);
-  check_close<T>("stop targets", d_stop.download(), r_stop);
+  dbuf<std::uint8_t> d_mask(mask);
+  dbuf<T> d_out(out), d_grad(N * ld);
+  dbuf<float> d_stop(stop), d_target(target), d_slot(1);
 
-  for (const auto kind : {cu::mel_loss_kind::l1, cu::mel_loss_kind::mse}) {
-    const auto rkind = kind == cu::mel_loss_kind::l1 ? cpu::mel_loss_kind::l1 : cpu::mel_loss_kind::mse;
-    CAPTURE(static_cast<int>(kind));
-    const double r_loss = cpu::mel_loss_forward(rkind, r_out.data(), ld, r_target.data(), mask.data(), N, n_mels);
-    std::vector<double> r_grad(N * ld, 0.0);
-    cpu::mel_loss_backward(rkind, r_grad.data(), r_out.data(), ld, r_target.data(), mask.data(), dloss, N, n_mels);
-    d_grad.zero();
-    cu::mel_loss_forward(d_result.get(), kind, d_out.get(), ld, d_target.get(), d_mask.get(), N, n_mels);
-    cu::mel_loss_backward(d_grad.get(), kind, d_out.get(), ld, d_target.get(), d_mask.get(), d_result.get(),
-                          static_cast<float>(dloss), N, n_mels);
-    const auto res = d_result.download();
-    check_close<T>("mel loss", std::vector<float>{res[0]}, {r_loss}, stats_tolerance);
-    CHECK(res[1] == 50 + 31 + 7);
-    check_close<T>("mel dpred", d_grad.download(), r_grad);
+  for (const bool l1 : {true, false}) {
+    CAPTURE(l1);
+    std::vector<double> r_grad(N * n_mels, 0.0);
+    const double r_loss =
+        cpu::mel_loss(r_grad.data(), l1, r_out.data(), ld, target.data(), mask.data(), N, n_mels, g) / divisor;
+    d_grad.upload(random_values<T>(N * ld, -9, 9, 99));  // must be overwritten
+    cu::mel_loss_forward(d_slot.get(), l1, d_out.get(), ld, d_target.get(), d_mask.get(), N, n_mels, divisor);
+    cu::mel_loss_backward(d_grad.get(), l1, d_out.get(), ld, d_target.get(), d_mask.get(), N, n_mels,
+                          static_cast<float>(g));
+    check_close<T>("mel loss", d_slot.download(), {r_loss}, stats_tolerance);
+    auto grad = d_grad.download();
+    grad.resize(N * n_mels);  // contiguous [N, n_mels]
+    check_close<T>("mel grad", grad, r_grad);
   }
-  const double r_bce = cpu::stop_bce_forward(r_out.data() + n_mels, ld, r_stop.data(), mask.data(), N);
   std::vector<double> r_grad(N * ld, 0.0);
-  cpu::stop_bce_backward(r_grad.data() + n_mels, r_out.data() + n_mels, ld, r_stop.data(), mask.data(), dloss, N);
+  const double r_bce =
+      cpu::stop_loss(r_grad.data() + n_mels, r_out.data() + n_mels, ld, stop.data(), N, g) / divisor;
   d_grad.zero();
-  cu::stop_bce_forward(d_result.get(), d_out.get() + n_mels, ld, d_stop.get(), d_mask.get(), N);
-  cu::stop_bce_backward(d_grad.get() + n_mels, d_out.get() + n_mels, ld, d_stop.get(), d_mask.get(), d_result.get(),
-                        static_cast<float>(dloss), N);
-  check_close<T>("stop loss", std::vector<float>{d_result.download()[0]}, {r_bce}, stats_tolerance);
-  check_close<T>("stop dlogits", d_grad.download(), r_grad);
+  cu::stop_loss_forward(d_slot.get(), d_out.get() + n_mels, ld, d_stop.get(), N, divisor);
+  cu::stop_loss_backward(d_grad.get() + n_mels, d_out.get() + n_mels, ld, d_stop.get(), N, static_cast<float>(g));
+  check_close<T>("stop loss", d_slot.download(), {r_bce}, stats_tolerance);
+  check_close<T>("stop grad", d_grad.download(), r_grad);
 }

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../cpu/speech_targets.hpp"
 #include "gpu_test_util.hpp"
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
@@ -219,17 +220,18 @@ TEST_CASE_TEMPLATE("step backend: relu and tanh in place, backward from the outp
 
 namespace {
 
-/// One masked attention op, cross (separate q and kv) or fused (one qkv), naive or flash, forward and
-/// backward, against the CPU's cross_attention_* on q and kv taken from the same values.
+/// One masked attention op, cross (separate q and kv) or fused (one qkv, causal or not), naive or
+/// flash, forward and backward, against the CPU's attention on q and kv taken from the same values.
 template <class T>
-void check_masked_attention(bool fused, bool flash, std::uint32_t seed) {
+void check_masked_attention(bool fused, bool flash, std::uint32_t seed, bool causal = false) {
   CAPTURE(fused);
   CAPTURE(flash);
+  CAPTURE(causal);
   const std::uint32_t B = 2, Sq = 19, Sk = fused ? Sq : 23, H = 4, Hkv = 2, D = 32;
   const std::size_t qw = H * D, kvw = 2 * Hkv * D, nq = B * Sq * qw, nkv = B * Sk * kvw;
   const std::vector<std::uint8_t> mask = padding_mask(B, Sk, 4);
   rig<T> r(1, 0, B * Sk);
-  const ops::xattn_shape sh{B, Sq, Sk, H, Hkv, D, false, flash, fused};
+  const ops::xattn_shape sh{B, Sq, Sk, H, Hkv, D, causal, flash, fused};
   const cpu::cross_attention_shape rsh{B, Sq, Sk, H, Hkv, D};
   const std::uint64_t stats = std::uint64_t{B} * H * Sq * (flash ? 1 : Sk);
   exec::operand q, kv, dq, dkv;
@@ -281,14 +283,17 @@ void check_masked_attention(bool fused, bool flash, std::uint32_t seed) {
 
   const auto r_q = to_double(hq), r_kv = to_double(hkv), r_dout = to_double(hdout);
   std::vector<double> r_out(nq), r_att(std::size_t{B} * H * Sq * Sk), r_lse(std::size_t{B} * H * Sq), r_dq(nq), r_dkv(nkv);
-  cpu::cross_attention_naive_forward(r_out.data(), r_att.data(), r_q.data(), r_kv.data(), mask.data(), rsh);
-  cpu::cross_attention_naive_backward(r_dq.data(), r_dkv.data(), r_dout.data(), r_q.data(), r_kv.data(), r_att.data(),
-                                      mask.data(), rsh);
+  // The CPU's attention over q and kv apart (the layout the fused qkv is split into), causal when the op is.
+  cpu::detail::attention_io rio = cpu::detail::cross_attention_io(rsh, mask.data());
+  rio.causal = causal;
+  cpu::detail::attention_naive_forward_io(r_out.data(), r_att.data(), r_q.data(), r_kv.data(), rio);
+  cpu::detail::attention_naive_backward_io(r_dq.data(), r_dkv.data(), r_dout.data(), r_q.data(), r_kv.data(), r_att.data(),
+                                           rio);  // accumulates into the zeros of r_dq, r_dkv
   check_close<T>("attention out", get<T>(b, out), r_out);
   check_close<T>("attention out, no probabilities or lse kept", get<T>(b, out_eval), r_out);
   if (flash) {
     std::vector<double> r_out_flash(nq);
-    cpu::cross_attention_flash_forward(r_out_flash.data(), r_lse.data(), r_q.data(), r_kv.data(), mask.data(), rsh);
+    cpu::detail::attention_flash_forward_io(r_out_flash.data(), r_lse.data(), r_q.data(), r_kv.data(), rio, 64);
     check_close<T>("attention lse", get<float>(b, pl), r_lse, stats_tolerance);
   } else {
     check_close<T>("attention probabilities", get<T>(b, pl), r_att);
@@ -315,14 +320,16 @@ TEST_CASE_TEMPLATE("step backend: masked attention, cross and fused, naive and f
   std::uint32_t seed = 31;
   for (const bool fused : {false, true})
     for (const bool flash : {false, true}) check_masked_attention<T>(fused, flash, seed += 10);
+  // A causal fused self-attention with a key mask (the CPU's attention_io, causal).
+  for (const bool flash : {false, true}) check_masked_attention<T>(true, flash, seed += 10, true);
 }
 
-TEST_CASE("step backend: causal masked attention is refused with a sentence") {
+TEST_CASE("step backend: causal cross-attention (q and kv apart) is refused with a sentence, as on the CPU") {
   const std::uint32_t B = 1, S = 8, H = 2, Hkv = 2, D = 16;
   rig<float> r;
-  const auto qkv = r.arena(B * S * (H + 2 * Hkv) * D), out = r.arena(B * S * H * D),
+  const auto q = r.arena(B * S * H * D), kv = r.arena(B * S * 2 * Hkv * D), out = r.arena(B * S * H * D),
              lse = r.arena(B * H * S, exec::elem::f32);
-  const ops::masked_attention_fwd fwd{out, lse, qkv, qkv, {}, {B, S, S, H, Hkv, D, true, true, true}};
+  const ops::masked_attention_fwd fwd{out, lse, q, kv, {}, {B, S, S, H, Hkv, D, true, true, false}};
   r.add(fwd);
   const exec::program& p = r.done();
   cu::local_device_communicator dp, tp;
@@ -332,17 +339,17 @@ TEST_CASE("step backend: causal masked attention is refused with a sentence") {
   CHECK_THROWS_AS(b(fwd, s), std::invalid_argument);
 }
 
-TEST_CASE_TEMPLATE("step backend: mel and stop losses with a fixed divisor match the CPU's, rescaled", T, float,
+TEST_CASE_TEMPLATE("step backend: mel and stop losses with a fixed divisor match the CPU's", T, float,
                    cu::bf16) {
   // The decoder's fused rows [mel ‖ stop] (ld = M + 1), three utterances of 50, 31 and 7 frames.
   const std::uint32_t B = 3, S = 50, M = 20, ld = M + 1, N = B * S, grad_accum = 2;
   const std::vector<std::int32_t> lengths = {50, 31, 7};
   std::vector<std::uint8_t> mask(N);
-  cpu::frame_mask_from_lengths(mask.data(), lengths.data(), B, S);
+  speech_targets::frame_mask_from_lengths(mask.data(), lengths.data(), B, S);
   std::vector<float> features(N * M + N);  // mel targets, then stop targets
   const auto mel_target = random_values<float>(N * M, -3, 3, 62);
   std::copy(mel_target.begin(), mel_target.end(), features.begin());
-  cpu::stop_targets(features.data() + N * M, lengths.data(), B, S);
+  speech_targets::stop_targets(features.data() + N * M, lengths.data(), B, S);
   const float divisor = static_cast<float>(N * M), stop_divisor = static_cast<float>(N);
 
   for (const bool l1 : {true, false}) {
@@ -371,20 +378,15 @@ TEST_CASE_TEMPLATE("step backend: mel and stop losses with a fixed divisor match
     b(mel_in_place, s);
     b(stop, s);
 
-    const auto kind = l1 ? cpu::mel_loss_kind::l1 : cpu::mel_loss_kind::mse;
-    const auto r_out = to_double(hout), r_pred = to_double(hpred), r_target = to_double(mel_target);
-    const std::vector<double> r_stop(features.begin() + N * M, features.end());
-    const double real = 50 + 31 + 7, dloss = 1.0 / grad_accum;
-    // The CPU's mean over the real frames' M·real elements, times M·real / divisor: Σ / divisor.
-    const double r_mel = cpu::mel_loss_forward(kind, r_out.data(), ld, r_target.data(), mask.data(), N, M) * (M * real) / divisor;
-    const double r_mel2 = cpu::mel_loss_forward(kind, r_pred.data(), M, r_target.data(), mask.data(), N, M) * (M * real) / divisor;
-    const double r_bce = cpu::stop_bce_forward(r_out.data() + M, ld, r_stop.data(), nullptr, N) * N / stop_divisor;
+    const auto r_out = to_double(hout), r_pred = to_double(hpred);
+    const float* r_target = mel_target.data();
+    const float* r_stop = features.data() + N * M;
+    const double dloss = 1.0 / grad_accum;
+    // The CPU backend's kernels (cpu/speech_loss.hpp) in double: Σ / divisor, gradients by dloss / divisor.
     std::vector<double> r_dout(N * ld, 0.0), r_dpred(N * M, 0.0), r_grad(N * M);
-    cpu::mel_loss_backward(kind, r_dout.data(), r_out.data(), ld, r_target.data(), mask.data(), dloss * M * real / divisor, N, M);
-    cpu::mel_loss_backward(kind, r_dpred.data(), r_pred.data(), M, r_target.data(), mask.data(), dloss * M * real / divisor, N, M);
-    cpu::stop_bce_backward(r_dout.data() + M, r_out.data() + M, ld, r_stop.data(), nullptr, dloss * N / stop_divisor, N);
-    for (std::size_t n = 0; n < N; ++n)
-      for (std::size_t c = 0; c < M; ++c) r_grad[n * M + c] = r_dout[n * ld + c];
+    const double r_mel = cpu::mel_loss(r_grad.data(), l1, r_out.data(), ld, r_target, mask.data(), N, M, dloss / divisor) / divisor;
+    const double r_mel2 = cpu::mel_loss(r_dpred.data(), l1, r_pred.data(), M, r_target, mask.data(), N, M, dloss / divisor) / divisor;
+    const double r_bce = cpu::stop_loss(r_dout.data() + M, r_out.data() + M, ld, r_stop, N, dloss / stop_divisor) / stop_divisor;
     check_close<T>("mel grad", get<T>(b, grad), r_grad);
     check_close<T>("mel grad in place", get<T>(b, in_place), r_dpred);
     const auto g_out = get<T>(b, out);

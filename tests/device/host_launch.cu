@@ -11,7 +11,6 @@
 #include "memalg/backend/cuda/embedding.cuh"
 #include "memalg/backend/cuda/grad_norm.cuh"
 #include "memalg/backend/cuda/launch.cuh"
-#include "memalg/backend/cuda/lm_head.cuh"
 
 namespace cu = memalg::backend::cuda;
 
@@ -192,8 +191,6 @@ TEST_CASE("GEMM workspace and fp8 rules") {
   CHECK(cu::fp8_gemm_dims_ok(16, 768, 2304));
   CHECK_FALSE(cu::fp8_gemm_dims_ok(16, 768, 50257));
   CHECK_FALSE(cu::fp8_gemm_dims_ok(0, 16, 16));
-  CHECK(cu::lm_head_scratch_bytes<cu::bf16>(1024, 50304) == std::size_t{1024} * 50304 * 2);
-  CHECK(cu::lm_head_scratch_bytes<float>(8, 100) == 8 * 100 * 4);
 }
 
 TEST_CASE("norm reduction: partial blocks depend on the element count only; clip coefficient") {

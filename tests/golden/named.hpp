@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "golden.hpp"
-#include "gpt_cpu_plans.hpp"
+#include "gpt_plans.hpp"
 #include "train_common.hpp"
 
 namespace memalg_golden {

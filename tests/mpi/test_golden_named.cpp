@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include <memalg/backend/cpu/gpt_run.hpp>
 #include <memalg/backend/cpu/mpi_communicator.hpp>
 
 #include "../golden/golden.hpp"
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
               }(static_cast<Named*>(nullptr)),
               ...);
         },
-        pointers<gpt_cpu_plans::plans>::value);
+        pointers<gpt_plans::cpu_plans>::value);
     if (checked == 0) {
       std::fprintf(stderr, "rank %d: no recorded named plan of %d rank(s)\n", me, world.size());
       ++failures;

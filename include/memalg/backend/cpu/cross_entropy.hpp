@@ -1,17 +1,9 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/backend/cpu/cross_entropy.hpp — softmax cross-entropy, and the chunked tied lm-head + CE
-// (reference).
+// memalg/backend/cpu/cross_entropy.hpp — softmax cross-entropy (reference).
 //
 //   forward:  lse_n = log Σ_v exp(logit_nv) (max-subtracted), loss[n] = lse_n − logit[n, target_n]
 //             (accum_t<T>: float, double for T = double); returns mean_n loss[n]
 //   backward: dlogits = (softmax − onehot(target))·dloss/N   (written; may alias logits)
-//
-// Chunked lm-head (tied weights, as in GPT-2): logits = hidden·wteᵀ with hidden[N, C], wte[V, C].
-// The N×V logits dominate activation memory for large vocabularies, so rows are processed in
-// chunks of R: only an R×V logits buffer exists at a time, and the backward recomputes it. Each
-// chunk does exactly what the unchunked path (linear_forward → cross_entropy_* → linear_backward)
-// does, with logits and dlogits rounded to T, and dwte is accumulated over all chunks in
-// accum_t<T> and rounded once — so chunked and unchunked results agree.
 //
 // Vocabulary-parallel (Megatron-LM's vocab_parallel_cross_entropy, megatron/core/tensor_parallel/
 // cross_entropy.py): each tensor-parallel rank holds the logits of columns [vocab_begin,
@@ -31,7 +23,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include "memalg/backend/cpu/linear.hpp"
 #include "memalg/core/float16.hpp"
 
 namespace memalg::backend::cpu {
@@ -152,47 +143,6 @@ accum_t<T> vocab_parallel_ce_finish(accum_t<T>* loss, T* logits, const accum_t<T
     }
   }
   return detail::mean_of(loss, N);
-}
-
-/// Chunked tied lm-head + CE forward: loss[N] per row, returns the mean. R = rows per chunk.
-template <storage_type T>
-accum_t<T> lm_head_ce_forward(accum_t<T>* loss, const T* hidden, const T* wte,
-                              const std::int32_t* targets, std::size_t N, std::size_t C,
-                              std::size_t V, std::size_t R) {
-  if (R == 0) throw std::invalid_argument("lm_head_ce_forward: chunk rows R must be positive");
-  std::vector<T> logits(std::min(R, N) * V);  // the only logits buffer: one chunk
-  for (std::size_t n0 = 0; n0 < N; n0 += R) {
-    const std::size_t rows = std::min(R, N - n0);
-    linear_forward(logits.data(), hidden + n0 * C, wte, static_cast<const T*>(nullptr), rows, C, V);
-    detail::cross_entropy_rows(loss + n0, logits.data(), targets + n0, rows, V);
-  }
-  return detail::mean_of(loss, N);
-}
-
-/// Chunked tied lm-head + CE backward: dhidden[N, C] written (may be null), dwte[V, C] accumulated
-/// (may be null); recomputes each chunk's logits.
-template <storage_type T>
-void lm_head_ce_backward(T* dhidden, T* dwte, const T* hidden, const T* wte,
-                         const std::int32_t* targets, accum_t<T> dloss, std::size_t N,
-                         std::size_t C, std::size_t V, std::size_t R) {
-  using A = accum_t<T>;
-  if (R == 0) throw std::invalid_argument("lm_head_ce_backward: chunk rows R must be positive");
-  const A g = dloss / static_cast<A>(N);
-  std::vector<T> logits(std::min(R, N) * V);
-  std::vector<A> dwte_acc;
-  if (dwte) {
-    dwte_acc.resize(V * C);
-    for (std::size_t k = 0; k < V * C; ++k) dwte_acc[k] = to_float(dwte[k]);
-  }
-  for (std::size_t n0 = 0; n0 < N; n0 += R) {
-    const std::size_t rows = std::min(R, N - n0);
-    linear_forward(logits.data(), hidden + n0 * C, wte, static_cast<const T*>(nullptr), rows, C, V);
-    detail::cross_entropy_grad_rows(logits.data(), logits.data(), targets + n0, g, rows, V);  // in place
-    if (dhidden) detail::linear_input_grad(dhidden + n0 * C, logits.data(), wte, rows, C, V);
-    if (dwte) detail::linear_weight_grad_accumulate(dwte_acc.data(), logits.data(), hidden + n0 * C, rows, C, V);
-  }
-  if (dwte)
-    for (std::size_t k = 0; k < V * C; ++k) dwte[k] = from_float<T>(dwte_acc[k]);
 }
 
 }  // namespace memalg::backend::cpu

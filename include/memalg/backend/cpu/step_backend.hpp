@@ -56,6 +56,7 @@
 #include "memalg/backend/cpu/pointwise.hpp"
 #include "memalg/backend/cpu/rmsnorm.hpp"
 #include "memalg/backend/cpu/rotary.hpp"
+#include "memalg/backend/cpu/speech_loss.hpp"
 #include "memalg/core/float16.hpp"
 #include "memalg/exec/checkpoint.hpp"
 #include "memalg/exec/communicator.hpp"
@@ -626,9 +627,8 @@ class step_backend {
         for (std::size_t c = 0; c < M; ++c) row[c] = from_float<T>(static_cast<A>(from[c]));
       }
   }
-  // The two losses run their loops here rather than through speech_loss.hpp's kernels: those
-  // normalise by the real count, the ops by a fixed divisor, and rescaling would round twice.
-  // Sums and gradients are speech_loss.hpp's formulas, in A, with the target read in fp32.
+  // The losses add Σ / divisor (a fixed divisor, not the real count: every micro-batch the same
+  // weight) to acc, as the loss op adds its mean; their gradients are scaled by dloss / divisor.
   void execute(const exec::ops::mel_loss& o, exec::run_state& s) {
     const std::size_t N = o.N, M = o.M, ld = o.ld;
     if (ld < M) fail("mel_loss: row stride smaller than the row");
@@ -641,22 +641,7 @@ class step_backend {
     T* grad = out<T>(o.grad);  // may alias pred: each row is read whole before it is written
     const A divisor = static_cast<A>(o.divisor);
     const A g = loss_scale() / static_cast<A>(o.grad_accum) / divisor;  // dloss / divisor
-    std::vector<A> row(M);
-    A sum = 0;
-    for (std::size_t n = 0; n < N; ++n) {
-      const bool real = !m || m[n] != 0;
-      for (std::size_t c = 0; c < M; ++c) row[c] = to_float(pred[n * ld + c]) - static_cast<A>(target[n * M + c]);
-      for (std::size_t c = 0; c < M; ++c) {
-        const A d = row[c];
-        A v = 0;
-        if (real) {
-          sum += o.l1 ? std::abs(d) : d * d;
-          v = o.l1 ? g * static_cast<A>((d > A(0)) - (d < A(0))) : g * A(2) * d;
-        }
-        grad[n * M + c] = from_float<T>(v);
-      }
-    }
-    scalar(o.acc) += sum / divisor;
+    scalar(o.acc) += cpu::mel_loss(grad, o.l1, pred, ld, target, m, N, M, g) / divisor;
   }
   void execute(const exec::ops::stop_loss& o, exec::run_state& s) {
     const std::size_t N = o.N, ld = o.ld;
@@ -670,13 +655,7 @@ class step_backend {
     T* grad = out<T>(o.grad);  // may alias logits
     const A divisor = static_cast<A>(o.divisor);
     const A g = loss_scale() / static_cast<A>(o.grad_accum) / divisor;
-    A sum = 0;
-    for (std::size_t n = 0; n < N; ++n) {
-      const A x = to_float(logits[n * ld]), t = static_cast<A>(y[n]);
-      sum += std::max(x, A(0)) - x * t + std::log1p(std::exp(-std::abs(x)));  // BCE with logits, stable form
-      grad[n * ld] = from_float<T>(g * (A(1) / (A(1) + std::exp(-x)) - t));
-    }
-    scalar(o.acc) += sum / divisor;
+    scalar(o.acc) += cpu::stop_loss(grad, logits, ld, y, N, g) / divisor;
   }
   void execute(const exec::ops::mask_rows& o, exec::run_state& s) {
     if (o.x.count != std::size_t{o.N} * o.C) fail("mask_rows: x is not [N, C]");

@@ -1,18 +1,29 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/backend/cuda/attention.cuh — multi-head attention with GQA, naive and flash-style.
+// memalg/backend/cuda/attention.cuh — multi-head attention with GQA, naive and flash-style: causal
+// self-attention over a fused qkv and, with the same kernels, attention with a key mask over
+// separate q and kv (the speech model's cross-attention and bidirectional encoder self-attention);
+// the CUDA twin of backend/cpu/attention.hpp.
 //
 // Layouts (launch.cuh: attention_shape, the same fields as the CPU backend's): qkv[N,(H+2Hkv)·D]
 // = [q ‖ k ‖ v] with token row n = b·S + i, out[N,H·D], att[B,H,S,S], lse[B,H,S]; query head h
-// reads key/value head h / (H/Hkv); scale 1/√D; causal when sh.causal.
+// reads key/value head h / (H/Hkv); scale 1/√D; causal when sh.causal. Cross-attention
+// (cross_attention_shape): q[B·Sq, H·D] (decoder rows b·Sq + i), kv[B·Sk, 2·Hkv·D] = [k ‖ v] per
+// encoder row b·Sk + j, out[B·Sq, H·D], att[B, H, Sq, Sk], lse[B, H, Sq]; never causal.
+// Both reach the kernels as an attention_io (the CPU's: row strides and head-0 columns of q, k and
+// v, the causal flag and a key mask). key_mask[B·Sk] (1 real, 0 padding; null: all real); a query
+// row without a real key gets out = 0, lse = −∞ and no gradient (as on the CPU). Input gradients
+// are written in the layout of what they differentiate (dqkv, or dq and dkv).
 //
-// naive:  forward writes the probabilities att (T; zero above the diagonal when causal) and
-//         out = P·v (from the float probabilities, before rounding); backward (dqkv =) reads att and needs a float scratch of b·H·s row dots
+// naive:  forward writes the probabilities att (T; zero for keys a query does not see; may be
+//         null) and out = P·v (from the float probabilities, before rounding); backward reads att
+//         and needs a float scratch of one row dot per (b, h, i)
 //         (attention_naive_backward_scratch_bytes).
 // flash:  forward keeps tiles of q, k, v in shared memory with an online softmax and saves only
-//         lse (float); backward recomputes the probabilities from lse in two deterministic
-//         kernels, one per query tile for dQ and one per key tile for dK and dV (summing the
-//         query heads of its GQA group itself, so no atomics). Needs out and dout: the row dots
-//         Σ_d dO·O are computed in both kernels with the same code, hence the same bits.
+//         lse (float; may be null when no backward follows); backward recomputes the
+//         probabilities from lse in two deterministic kernels, one per query tile for dQ and one
+//         per key tile for dK and dV (summing the query heads of its GQA group itself, so no
+//         atomics). Needs out and dout: the row dots Σ_d dO·O are computed in both kernels with
+//         the same code, hence the same bits.
 //
 // The flash kernels are scalar (no tensor cores): they reproduce the memory behaviour of flash
 // attention (O(s) saved state, O(tile) working set) with float accumulation, and are checked
@@ -36,9 +47,87 @@
 
 namespace memalg::backend::cuda {
 
+/// The shape of cross-attention: Sq decoder queries over Sk encoder keys and values.
+struct cross_attention_shape {
+  std::int64_t B = 0;    ///< batch
+  std::int64_t Sq = 0;   ///< query (decoder) positions
+  std::int64_t Sk = 0;   ///< key/value (encoder) positions
+  std::int64_t H = 0;    ///< query heads
+  std::int64_t Hkv = 0;  ///< key/value heads, H % Hkv == 0
+  std::int64_t D = 0;    ///< head width
+
+  MEMALG_HOST_DEVICE constexpr std::int64_t q_width() const noexcept { return H * D; }
+  MEMALG_HOST_DEVICE constexpr std::int64_t kv_width() const noexcept { return 2 * Hkv * D; }
+  MEMALG_HOST_DEVICE constexpr std::int64_t stat_elements() const noexcept { return B * H * Sq; }
+  MEMALG_HOST_DEVICE constexpr std::int64_t att_elements() const noexcept { return stat_elements() * Sk; }
+  MEMALG_HOST_DEVICE constexpr bool valid() const noexcept {
+    return B > 0 && Sq > 0 && Sk > 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0;
+  }
+};
+
+/// Where one attention call finds its operands (the CPU backend's detail::attention_io): query rows
+/// b·Sq + i of q_ld elements, query head h at column q_col + h·D; key/value rows b·Sk + j of kv_ld
+/// elements, key/value head hk at k_col + hk·D and v_col + hk·D; out[B·Sq, H·D]; statistics
+/// [B, H, Sq]; probabilities [B, H, Sq, Sk]. A gradient shares the layout of what it differentiates.
+struct attention_io {
+  std::int64_t B = 0, Sq = 0, Sk = 0, H = 0, Hkv = 0, D = 0;
+  bool causal = false;                     ///< query i sees keys j ≤ i (needs Sq == Sk)
+  const std::uint8_t* key_mask = nullptr;  ///< [B·Sk], null: every key is real
+  std::int64_t q_ld = 0, q_col = 0, kv_ld = 0, k_col = 0, v_col = 0;
+
+  MEMALG_HOST_DEVICE constexpr std::int64_t out_width() const noexcept { return H * D; }
+  MEMALG_HOST_DEVICE constexpr std::int64_t group() const noexcept { return H / Hkv; }
+  MEMALG_HOST_DEVICE constexpr std::int64_t kv_head_of(std::int64_t h) const noexcept { return h / group(); }
+  /// Keys query position i may see: [0, keys(i)); the key mask removes more.
+  MEMALG_HOST_DEVICE constexpr std::int64_t keys(std::int64_t i) const noexcept {
+    return causal ? min_i64(i + 1, Sk) : Sk;
+  }
+  MEMALG_HOST_DEVICE constexpr bool real_key(std::int64_t b, std::int64_t j) const noexcept {
+    return key_mask == nullptr || key_mask[b * Sk + j] != 0;
+  }
+  MEMALG_HOST_DEVICE constexpr bool valid() const noexcept {
+    return B > 0 && Sq > 0 && Sk > 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0 && (!causal || Sq == Sk);
+  }
+  MEMALG_HOST_DEVICE constexpr std::int64_t q_index(std::int64_t b, std::int64_t i, std::int64_t h, std::int64_t d) const noexcept {
+    return (b * Sq + i) * q_ld + q_col + h * D + d;
+  }
+  MEMALG_HOST_DEVICE constexpr std::int64_t k_index(std::int64_t b, std::int64_t j, std::int64_t hk, std::int64_t d) const noexcept {
+    return (b * Sk + j) * kv_ld + k_col + hk * D + d;
+  }
+  MEMALG_HOST_DEVICE constexpr std::int64_t v_index(std::int64_t b, std::int64_t j, std::int64_t hk, std::int64_t d) const noexcept {
+    return (b * Sk + j) * kv_ld + v_col + hk * D + d;
+  }
+  MEMALG_HOST_DEVICE constexpr std::int64_t out_index(std::int64_t b, std::int64_t i, std::int64_t h, std::int64_t d) const noexcept {
+    return (b * Sq + i) * out_width() + h * D + d;
+  }
+  MEMALG_HOST_DEVICE constexpr std::int64_t stat_index(std::int64_t b, std::int64_t h, std::int64_t i) const noexcept {
+    return (b * H + h) * Sq + i;
+  }
+  MEMALG_HOST_DEVICE constexpr std::int64_t att_index(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const noexcept {
+    return stat_index(b, h, i) * Sk + j;
+  }
+  MEMALG_HOST_DEVICE constexpr std::int64_t stat_elements() const noexcept { return B * H * Sq; }
+};
+
+/// Self-attention over one qkv[B·S, (H + 2Hkv)·D] (q, kv and the gradients all point at it).
+constexpr attention_io self_attention_io(const attention_shape& s, const std::uint8_t* key_mask = nullptr) noexcept {
+  return {s.B, s.S, s.S, s.H, s.Hkv, s.D, s.causal, key_mask, s.qkv_width(), 0, s.qkv_width(), s.H * s.D,
+          (s.H + s.Hkv) * s.D};
+}
+/// Cross-attention over q[B·Sq, H·D] and kv[B·Sk, 2·Hkv·D].
+constexpr attention_io cross_attention_io(const cross_attention_shape& s, const std::uint8_t* key_mask) noexcept {
+  return {s.B, s.Sq, s.Sk, s.H, s.Hkv, s.D, false, key_mask, s.q_width(), 0, s.kv_width(), 0, s.Hkv * s.D};
+}
+
 /// Float scratch of the naive backward pass: one row dot per (b, h, i).
-constexpr std::size_t attention_naive_backward_scratch_bytes(const attention_shape& s) noexcept {
+constexpr std::size_t attention_naive_backward_scratch_bytes(const attention_io& s) noexcept {
   return static_cast<std::size_t>(s.stat_elements()) * sizeof(float);
+}
+constexpr std::size_t attention_naive_backward_scratch_bytes(const attention_shape& s) noexcept {
+  return attention_naive_backward_scratch_bytes(self_attention_io(s));
+}
+constexpr std::size_t cross_attention_naive_backward_scratch_bytes(const cross_attention_shape& s) noexcept {
+  return attention_naive_backward_scratch_bytes(cross_attention_io(s, nullptr));
 }
 
 /// The softmax scale 1/√D, computed the same way on every backend.
@@ -80,45 +169,46 @@ __device__ __forceinline__ float row_dot_warp(const T* dout_row, const T* out_ro
 // out = Σ_j p_j v_j from the float probabilities (as the CPU reference does).
 template <class T>
 __global__ void __launch_bounds__(naive_warps * warp_size)
-    naive_forward_kernel(T* out, T* att, const T* qkv, attention_shape sh, float scale) {
+    naive_forward_kernel(T* out, T* att, const T* q, const T* kv, attention_io io, float scale) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * naive_warps + threadIdx.x / warp_size;
   const int lane = threadIdx.x % warp_size;
-  if (r >= sh.stat_elements()) return;  // whole warps leave together
-  const std::int64_t i = r % sh.S;
-  const std::int64_t h = (r / sh.S) % sh.H;
-  const std::int64_t b = r / (sh.S * sh.H);
-  const std::int64_t hk = sh.kv_head_of(h);
-  const std::int64_t end = sh.keys(i);
-  const T* q = qkv + sh.q_index(b, i, h, 0);
+  if (r >= io.stat_elements()) return;  // whole warps leave together
+  const std::int64_t i = r % io.Sq;
+  const std::int64_t h = (r / io.Sq) % io.H;
+  const std::int64_t b = r / (io.Sq * io.H);
+  const std::int64_t hk = io.kv_head_of(h);
+  const std::int64_t end = io.keys(i);
+  const T* qi = q + io.q_index(b, i, h, 0);
   softmax_stats st = softmax_empty();
   for (std::int64_t j = lane; j < end; j += warp_size)
-    st = softmax_push(st, dot_global(q, qkv + sh.k_index(b, j, hk, 0), sh.D) * scale);
+    if (io.real_key(b, j)) st = softmax_push(st, dot_global(qi, kv + io.k_index(b, j, hk, 0), io.D) * scale);
   st = warp_softmax(st);
-  const float inv = 1.0f / st.l;
-  T* row = att + sh.att_index(b, h, i, 0);
+  const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;  // 0: no real key
+  T* row = att != nullptr ? att + io.att_index(b, h, i, 0) : nullptr;
   float o[naive_dpl];
 #pragma unroll
   for (int t = 0; t < naive_dpl; ++t) o[t] = 0.0f;
-  for (std::int64_t j0 = 0; j0 < sh.S; j0 += warp_size) {
+  for (std::int64_t j0 = 0; j0 < io.Sk; j0 += warp_size) {
     const std::int64_t j = j0 + lane;
     float p = 0.0f;
-    if (j < end) p = expf(dot_global(q, qkv + sh.k_index(b, j, hk, 0), sh.D) * scale - st.m) * inv;
-    if (j < sh.S) row[j] = from_float<T>(p);
+    if (j < end && io.real_key(b, j)) p = expf(dot_global(qi, kv + io.k_index(b, j, hk, 0), io.D) * scale - st.m) * inv;
+    if (row != nullptr && j < io.Sk) row[j] = from_float<T>(p);
     const int count = static_cast<int>(min_i64(warp_size, end - j0));  // ≤ 0 past the last key
     for (int jj = 0; jj < count; ++jj) {
       const float pj = __shfl_sync(full_warp_mask, p, jj);
-      const T* v = qkv + sh.v_index(b, j0 + jj, hk, 0);
+      if (pj == 0.0f) continue;  // uniform over the warp: a padded key adds nothing
+      const T* v = kv + io.v_index(b, j0 + jj, hk, 0);
 #pragma unroll
       for (int t = 0; t < naive_dpl; ++t) {
         const std::int64_t d = lane + t * warp_size;
-        if (d < sh.D) o[t] += pj * to_float(v[d]);
+        if (d < io.D) o[t] += pj * to_float(v[d]);
       }
     }
   }
 #pragma unroll
   for (int t = 0; t < naive_dpl; ++t) {
     const std::int64_t d = lane + t * warp_size;
-    if (d < sh.D) out[sh.out_index(b, i, h, d)] = from_float<T>(o[t]);
+    if (d < io.D) out[io.out_index(b, i, h, d)] = from_float<T>(o[t]);
   }
 }
 
@@ -126,87 +216,90 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
 // dq_i = scale·Σ_j p_ij (dO_i·v_j − ρ_i) k_j.
 template <class T>
 __global__ void __launch_bounds__(naive_warps * warp_size)
-    naive_backward_q_kernel(T* dqkv, float* row_dots, const T* dout, const T* qkv, const T* att, attention_shape sh,
-                            float scale) {
+    naive_backward_q_kernel(T* dq, float* row_dots, const T* dout, const T* q, const T* kv, const T* att,
+                            attention_io io, float scale) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * naive_warps + threadIdx.x / warp_size;
   const int lane = threadIdx.x % warp_size;
-  if (r >= sh.stat_elements()) return;
-  const std::int64_t i = r % sh.S;
-  const std::int64_t h = (r / sh.S) % sh.H;
-  const std::int64_t b = r / (sh.S * sh.H);
-  const std::int64_t hk = sh.kv_head_of(h);
-  const std::int64_t end = sh.keys(i);
-  const T* d_o = dout + sh.out_index(b, i, h, 0);
-  const T* row = att + sh.att_index(b, h, i, 0);
+  if (r >= io.stat_elements()) return;
+  const std::int64_t i = r % io.Sq;
+  const std::int64_t h = (r / io.Sq) % io.H;
+  const std::int64_t b = r / (io.Sq * io.H);
+  const std::int64_t hk = io.kv_head_of(h);
+  const std::int64_t end = io.keys(i);
+  const T* d_o = dout + io.out_index(b, i, h, 0);
+  const T* row = att + io.att_index(b, h, i, 0);
   float rho = 0.0f;
   for (std::int64_t j = lane; j < end; j += warp_size)
-    rho += to_float(row[j]) * dot_global(d_o, qkv + sh.v_index(b, j, hk, 0), sh.D);
+    if (io.real_key(b, j)) rho += to_float(row[j]) * dot_global(d_o, kv + io.v_index(b, j, hk, 0), io.D);
   rho = warp_sum(rho);
   if (lane == 0) row_dots[r] = rho;
-  float dq[naive_dpl];
+  float acc[naive_dpl];
 #pragma unroll
-  for (int t = 0; t < naive_dpl; ++t) dq[t] = 0.0f;
+  for (int t = 0; t < naive_dpl; ++t) acc[t] = 0.0f;
   for (std::int64_t j0 = 0; j0 < end; j0 += warp_size) {
     const std::int64_t j = j0 + lane;
     float ds = 0.0f;
-    if (j < end) ds = to_float(row[j]) * (dot_global(d_o, qkv + sh.v_index(b, j, hk, 0), sh.D) - rho);
+    if (j < end && io.real_key(b, j))
+      ds = to_float(row[j]) * (dot_global(d_o, kv + io.v_index(b, j, hk, 0), io.D) - rho);
     const int count = static_cast<int>(min_i64(warp_size, end - j0));
     for (int jj = 0; jj < count; ++jj) {
       const float dsj = __shfl_sync(full_warp_mask, ds, jj);
-      const T* k = qkv + sh.k_index(b, j0 + jj, hk, 0);
+      const T* k = kv + io.k_index(b, j0 + jj, hk, 0);
 #pragma unroll
       for (int t = 0; t < naive_dpl; ++t) {
         const std::int64_t d = lane + t * warp_size;
-        if (d < sh.D) dq[t] += dsj * to_float(k[d]);
+        if (d < io.D) acc[t] += dsj * to_float(k[d]);
       }
     }
   }
 #pragma unroll
   for (int t = 0; t < naive_dpl; ++t) {
     const std::int64_t d = lane + t * warp_size;
-    if (d < sh.D) dqkv[sh.q_index(b, i, h, d)] = from_float<T>(scale * dq[t]);
+    if (d < io.D) dq[io.q_index(b, i, h, d)] = from_float<T>(scale * acc[t]);
   }
 }
 
 // One warp per (b, hk, j): dk_j = scale·Σ_{h∈group} Σ_i p_ij (dO_i·v_j − ρ_i) q_i,
-// dv_j = Σ_{h∈group} Σ_i p_ij dO_i.
+// dv_j = Σ_{h∈group} Σ_i p_ij dO_i (zero for a padded key: its probabilities are zero).
 template <class T>
 __global__ void __launch_bounds__(naive_warps * warp_size)
-    naive_backward_kv_kernel(T* dqkv, const float* row_dots, const T* dout, const T* qkv, const T* att,
-                             attention_shape sh, float scale) {
+    naive_backward_kv_kernel(T* dkv, const float* row_dots, const T* dout, const T* q, const T* kv, const T* att,
+                             attention_io io, float scale) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * naive_warps + threadIdx.x / warp_size;
   const int lane = threadIdx.x % warp_size;
-  if (r >= sh.B * sh.Hkv * sh.S) return;
-  const std::int64_t j = r % sh.S;
-  const std::int64_t hk = (r / sh.S) % sh.Hkv;
-  const std::int64_t b = r / (sh.S * sh.Hkv);
-  const T* v = qkv + sh.v_index(b, j, hk, 0);
+  if (r >= io.B * io.Hkv * io.Sk) return;
+  const std::int64_t j = r % io.Sk;
+  const std::int64_t hk = (r / io.Sk) % io.Hkv;
+  const std::int64_t b = r / (io.Sk * io.Hkv);
+  const T* v = kv + io.v_index(b, j, hk, 0);
   float dk[naive_dpl];
   float dv[naive_dpl];
 #pragma unroll
   for (int t = 0; t < naive_dpl; ++t) dk[t] = dv[t] = 0.0f;
-  const std::int64_t first = sh.causal ? j : 0;  // queries that attend to key j
-  for (std::int64_t h = hk * sh.group(); h < (hk + 1) * sh.group(); ++h) {
-    for (std::int64_t i0 = first; i0 < sh.S; i0 += warp_size) {
-      const std::int64_t i = i0 + lane;
-      float p = 0.0f;
-      float ds = 0.0f;
-      if (i < sh.S) {
-        p = to_float(att[sh.att_index(b, h, i, j)]);
-        ds = p * (dot_global(dout + sh.out_index(b, i, h, 0), v, sh.D) - row_dots[sh.stat_index(b, h, i)]);
-      }
-      const int count = static_cast<int>(min_i64(warp_size, sh.S - i0));
-      for (int ii = 0; ii < count; ++ii) {
-        const float pi = __shfl_sync(full_warp_mask, p, ii);
-        const float dsi = __shfl_sync(full_warp_mask, ds, ii);
-        const T* d_o = dout + sh.out_index(b, i0 + ii, h, 0);
-        const T* q = qkv + sh.q_index(b, i0 + ii, h, 0);
+  const std::int64_t first = io.causal ? j : 0;  // queries that attend to key j
+  if (io.real_key(b, j)) {
+    for (std::int64_t h = hk * io.group(); h < (hk + 1) * io.group(); ++h) {
+      for (std::int64_t i0 = first; i0 < io.Sq; i0 += warp_size) {
+        const std::int64_t i = i0 + lane;
+        float p = 0.0f;
+        float ds = 0.0f;
+        if (i < io.Sq) {
+          p = to_float(att[io.att_index(b, h, i, j)]);
+          ds = p * (dot_global(dout + io.out_index(b, i, h, 0), v, io.D) - row_dots[io.stat_index(b, h, i)]);
+        }
+        const int count = static_cast<int>(min_i64(warp_size, io.Sq - i0));
+        for (int ii = 0; ii < count; ++ii) {
+          const float pi = __shfl_sync(full_warp_mask, p, ii);
+          const float dsi = __shfl_sync(full_warp_mask, ds, ii);
+          const T* d_o = dout + io.out_index(b, i0 + ii, h, 0);
+          const T* qi = q + io.q_index(b, i0 + ii, h, 0);
 #pragma unroll
-        for (int t = 0; t < naive_dpl; ++t) {
-          const std::int64_t d = lane + t * warp_size;
-          if (d < sh.D) {
-            dv[t] += pi * to_float(d_o[d]);
-            dk[t] += dsi * to_float(q[d]);
+          for (int t = 0; t < naive_dpl; ++t) {
+            const std::int64_t d = lane + t * warp_size;
+            if (d < io.D) {
+              dv[t] += pi * to_float(d_o[d]);
+              dk[t] += dsi * to_float(qi[d]);
+            }
           }
         }
       }
@@ -215,9 +308,9 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
 #pragma unroll
   for (int t = 0; t < naive_dpl; ++t) {
     const std::int64_t d = lane + t * warp_size;
-    if (d < sh.D) {
-      dqkv[sh.k_index(b, j, hk, d)] = from_float<T>(scale * dk[t]);
-      dqkv[sh.v_index(b, j, hk, d)] = from_float<T>(dv[t]);
+    if (d < io.D) {
+      dkv[io.k_index(b, j, hk, d)] = from_float<T>(scale * dk[t]);
+      dkv[io.v_index(b, j, hk, d)] = from_float<T>(dv[t]);
     }
   }
 }
@@ -241,9 +334,9 @@ __device__ __forceinline__ void load_tile(float* tile, const T* src, std::int64_
 // Block (q tile, h, b). Warp w owns query row w of the tile; lane j owns key j of the key tile.
 template <class T>
 __global__ void __launch_bounds__(flash_threads)
-    flash_forward_kernel(T* out, float* lse, const T* qkv, attention_shape sh, float scale) {
+    flash_forward_kernel(T* out, float* lse, const T* q, const T* kv, attention_io io, float scale) {
   extern __shared__ float smem[];
-  const int hd = static_cast<int>(sh.D);
+  const int hd = static_cast<int>(io.D);
   const int ld = static_cast<int>(flash_smem_stride(hd));
   float* qs = smem;
   float* ks = qs + flash_br * ld;
@@ -251,13 +344,12 @@ __global__ void __launch_bounds__(flash_threads)
   const std::int64_t qt = blockIdx.x;
   const std::int64_t h = blockIdx.y;
   const std::int64_t b = blockIdx.z;
-  const std::int64_t hk = sh.kv_head_of(h);
+  const std::int64_t hk = io.kv_head_of(h);
   const int ri = threadIdx.x / warp_size;
   const int lane = threadIdx.x % warp_size;
   const std::int64_t q0 = qt * flash_br;
   const std::int64_t qpos = q0 + ri;
-  const std::int64_t stride = sh.qkv_width();
-  load_tile(qs, qkv + sh.q_index(b, 0, h, 0), stride, q0, sh.S, hd);
+  load_tile(qs, q + io.q_index(b, 0, h, 0), io.q_ld, q0, io.Sq, hd);
 
   float m = -INFINITY;
   float l = 0.0f;
@@ -265,16 +357,16 @@ __global__ void __launch_bounds__(flash_threads)
 #pragma unroll
   for (int t = 0; t < flash_dpl; ++t) o[t] = 0.0f;
 
-  const std::int64_t kv_end = flash_kv_tile_end(qt, sh.S, sh.causal);
+  const std::int64_t kv_end = flash_kv_tile_end(qt, io.Sk, io.causal);
   for (std::int64_t kt = 0; kt < kv_end; ++kt) {
     const std::int64_t k0 = kt * flash_bc;
     __syncthreads();  // previous tile fully consumed
-    load_tile(ks, qkv + sh.k_index(b, 0, hk, 0), stride, k0, sh.S, hd);
-    load_tile(vs, qkv + sh.v_index(b, 0, hk, 0), stride, k0, sh.S, hd);
+    load_tile(ks, kv + io.k_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
+    load_tile(vs, kv + io.v_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
     __syncthreads();
-    if (qpos >= sh.S) continue;  // uniform over the warp; the barriers above stay matched
+    if (qpos >= io.Sq) continue;  // uniform over the warp; the barriers above stay matched
     const std::int64_t kpos = k0 + lane;
-    const bool valid = kpos < sh.S && attends(qpos, kpos, sh.causal);
+    const bool valid = kpos < io.Sk && attends(qpos, kpos, io.causal) && io.real_key(b, kpos);
     const float sc = valid ? dot_shared(qs + ri * ld, ks + lane * ld, hd) * scale : -INFINITY;
     const float m_new = fmaxf(m, warp_max(sc));
     if (m_new == -INFINITY) continue;  // no key of this tile visible to the row
@@ -295,23 +387,23 @@ __global__ void __launch_bounds__(flash_threads)
     }
   }
 
-  if (qpos >= sh.S) return;
-  const float inv = 1.0f / l;
+  if (qpos >= io.Sq) return;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // 0: no real key
 #pragma unroll
   for (int t = 0; t < flash_dpl; ++t) {
     const int d = lane + t * warp_size;
-    if (d < hd) out[sh.out_index(b, qpos, h, d)] = from_float<T>(o[t] * inv);
+    if (d < hd) out[io.out_index(b, qpos, h, d)] = from_float<T>(o[t] * inv);
   }
-  if (lane == 0) lse[sh.stat_index(b, h, qpos)] = m + logf(l);
+  if (lane == 0 && lse != nullptr) lse[io.stat_index(b, h, qpos)] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 // dQ: block (q tile, h, b); warp w owns query row w of the tile; lane j owns key j of the key tile.
 template <class T>
 __global__ void __launch_bounds__(flash_threads)
-    flash_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                             attention_shape sh, float scale) {
+    flash_backward_dq_kernel(T* dq, const T* dout, const T* q, const T* kv, const T* out, const float* lse,
+                             attention_io io, float scale) {
   extern __shared__ float smem[];
-  const int hd = static_cast<int>(sh.D);
+  const int hd = static_cast<int>(io.D);
   const int ld = static_cast<int>(flash_smem_stride(hd));
   float* qs = smem;
   float* dos = qs + flash_br * ld;
@@ -320,36 +412,35 @@ __global__ void __launch_bounds__(flash_threads)
   const std::int64_t qt = blockIdx.x;
   const std::int64_t h = blockIdx.y;
   const std::int64_t b = blockIdx.z;
-  const std::int64_t hk = sh.kv_head_of(h);
+  const std::int64_t hk = io.kv_head_of(h);
   const int ri = threadIdx.x / warp_size;
   const int lane = threadIdx.x % warp_size;
   const std::int64_t q0 = qt * flash_br;
   const std::int64_t qpos = q0 + ri;
-  const std::int64_t stride = sh.qkv_width();
-  load_tile(qs, qkv + sh.q_index(b, 0, h, 0), stride, q0, sh.S, hd);
-  load_tile(dos, dout + sh.out_index(b, 0, h, 0), sh.out_width(), q0, sh.S, hd);
+  load_tile(qs, q + io.q_index(b, 0, h, 0), io.q_ld, q0, io.Sq, hd);
+  load_tile(dos, dout + io.out_index(b, 0, h, 0), io.out_width(), q0, io.Sq, hd);
   float rho = 0.0f;
-  float row_lse = 0.0f;
-  if (qpos < sh.S) {
-    rho = row_dot_warp(dout + sh.out_index(b, qpos, h, 0), out + sh.out_index(b, qpos, h, 0), hd, lane);
-    row_lse = lse[sh.stat_index(b, h, qpos)];
+  float row_lse = -INFINITY;
+  if (qpos < io.Sq) {
+    rho = row_dot_warp(dout + io.out_index(b, qpos, h, 0), out + io.out_index(b, qpos, h, 0), hd, lane);
+    row_lse = lse[io.stat_index(b, h, qpos)];
   }
 
-  float dq[flash_dpl];
+  float acc[flash_dpl];
 #pragma unroll
-  for (int t = 0; t < flash_dpl; ++t) dq[t] = 0.0f;
+  for (int t = 0; t < flash_dpl; ++t) acc[t] = 0.0f;
 
-  const std::int64_t kv_end = flash_kv_tile_end(qt, sh.S, sh.causal);
+  const std::int64_t kv_end = flash_kv_tile_end(qt, io.Sk, io.causal);
   for (std::int64_t kt = 0; kt < kv_end; ++kt) {
     const std::int64_t k0 = kt * flash_bc;
     __syncthreads();
-    load_tile(ks, qkv + sh.k_index(b, 0, hk, 0), stride, k0, sh.S, hd);
-    load_tile(vs, qkv + sh.v_index(b, 0, hk, 0), stride, k0, sh.S, hd);
+    load_tile(ks, kv + io.k_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
+    load_tile(vs, kv + io.v_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
     __syncthreads();
-    if (qpos >= sh.S) continue;
+    if (qpos >= io.Sq || row_lse == -INFINITY) continue;  // uniform over the warp
     const std::int64_t kpos = k0 + lane;
     float ds = 0.0f;
-    if (kpos < sh.S && attends(qpos, kpos, sh.causal)) {
+    if (kpos < io.Sk && attends(qpos, kpos, io.causal) && io.real_key(b, kpos)) {
       const float p = expf(dot_shared(qs + ri * ld, ks + lane * ld, hd) * scale - row_lse);
       const float dp = dot_shared(dos + ri * ld, vs + lane * ld, hd);
       ds = p * (dp - rho);
@@ -360,16 +451,16 @@ __global__ void __launch_bounds__(flash_threads)
 #pragma unroll
       for (int t = 0; t < flash_dpl; ++t) {
         const int d = lane + t * warp_size;
-        if (d < hd) dq[t] += dsj * krow[d];
+        if (d < hd) acc[t] += dsj * krow[d];
       }
     }
   }
 
-  if (qpos >= sh.S) return;
+  if (qpos >= io.Sq) return;
 #pragma unroll
   for (int t = 0; t < flash_dpl; ++t) {
     const int d = lane + t * warp_size;
-    if (d < hd) dqkv[sh.q_index(b, qpos, h, d)] = from_float<T>(scale * dq[t]);
+    if (d < hd) dq[io.q_index(b, qpos, h, d)] = from_float<T>(scale * acc[t]);
   }
 }
 
@@ -377,10 +468,10 @@ __global__ void __launch_bounds__(flash_threads)
 // query tile. Loops over the query heads of the group and the query tiles that see the key tile.
 template <class T>
 __global__ void __launch_bounds__(flash_threads)
-    flash_backward_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                              attention_shape sh, float scale) {
+    flash_backward_dkv_kernel(T* dkv, const T* dout, const T* q, const T* kv, const T* out, const float* lse,
+                              attention_io io, float scale) {
   extern __shared__ float smem[];
-  const int hd = static_cast<int>(sh.D);
+  const int hd = static_cast<int>(io.D);
   const int ld = static_cast<int>(flash_smem_stride(hd));
   float* ks = smem;
   float* vs = ks + flash_bc * ld;
@@ -395,30 +486,30 @@ __global__ void __launch_bounds__(flash_threads)
   const int lane = threadIdx.x % warp_size;
   const std::int64_t k0 = kt * flash_bc;
   const std::int64_t kpos = k0 + rj;
-  const std::int64_t stride = sh.qkv_width();
-  load_tile(ks, qkv + sh.k_index(b, 0, hk, 0), stride, k0, sh.S, hd);
-  load_tile(vs, qkv + sh.v_index(b, 0, hk, 0), stride, k0, sh.S, hd);
+  const bool key_ok = kpos < io.Sk && io.real_key(b, kpos);
+  load_tile(ks, kv + io.k_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
+  load_tile(vs, kv + io.v_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
 
   float dk[flash_dpl];
   float dv[flash_dpl];
 #pragma unroll
   for (int t = 0; t < flash_dpl; ++t) dk[t] = dv[t] = 0.0f;
 
-  const std::int64_t q_tiles = flash_q_tiles(sh.S);
-  for (std::int64_t h = hk * sh.group(); h < (hk + 1) * sh.group(); ++h) {
-    for (std::int64_t qt = flash_q_tile_begin(kt, sh.causal); qt < q_tiles; ++qt) {
+  const std::int64_t q_tiles = flash_q_tiles(io.Sq);
+  for (std::int64_t h = hk * io.group(); h < (hk + 1) * io.group(); ++h) {
+    for (std::int64_t qt = flash_q_tile_begin(kt, io.causal); qt < q_tiles; ++qt) {
       const std::int64_t q0 = qt * flash_br;
       __syncthreads();  // previous query tile fully consumed
-      load_tile(qs, qkv + sh.q_index(b, 0, h, 0), stride, q0, sh.S, hd);
-      load_tile(dos, dout + sh.out_index(b, 0, h, 0), sh.out_width(), q0, sh.S, hd);
+      load_tile(qs, q + io.q_index(b, 0, h, 0), io.q_ld, q0, io.Sq, hd);
+      load_tile(dos, dout + io.out_index(b, 0, h, 0), io.out_width(), q0, io.Sq, hd);
       {
         // Warp w computes the statistics of query row w of the tile (same code as the dQ kernel).
         const std::int64_t qrow = q0 + rj;
         float rho = 0.0f;
-        float row_lse = 0.0f;
-        if (qrow < sh.S) {
-          rho = row_dot_warp(dout + sh.out_index(b, qrow, h, 0), out + sh.out_index(b, qrow, h, 0), hd, lane);
-          row_lse = lse[sh.stat_index(b, h, qrow)];
+        float row_lse = -INFINITY;
+        if (qrow < io.Sq) {
+          rho = row_dot_warp(dout + io.out_index(b, qrow, h, 0), out + io.out_index(b, qrow, h, 0), hd, lane);
+          row_lse = lse[io.stat_index(b, h, qrow)];
         }
         if (lane == 0) {
           rho_s[rj] = rho;
@@ -426,11 +517,11 @@ __global__ void __launch_bounds__(flash_threads)
         }
       }
       __syncthreads();
-      if (kpos >= sh.S) continue;
+      if (!key_ok) continue;  // uniform over the warp
       const std::int64_t qpos = q0 + lane;
       float p = 0.0f;
       float ds = 0.0f;
-      if (qpos < sh.S && attends(qpos, kpos, sh.causal)) {
+      if (qpos < io.Sq && attends(qpos, kpos, io.causal) && lse_s[lane] != -INFINITY) {
         p = expf(dot_shared(qs + lane * ld, ks + rj * ld, hd) * scale - lse_s[lane]);
         const float dp = dot_shared(dos + lane * ld, vs + rj * ld, hd);
         ds = p * (dp - rho_s[lane]);
@@ -452,26 +543,26 @@ __global__ void __launch_bounds__(flash_threads)
     }
   }
 
-  if (kpos >= sh.S) return;
+  if (kpos >= io.Sk) return;
 #pragma unroll
   for (int t = 0; t < flash_dpl; ++t) {
     const int d = lane + t * warp_size;
     if (d < hd) {
-      dqkv[sh.k_index(b, kpos, hk, d)] = from_float<T>(scale * dk[t]);
-      dqkv[sh.v_index(b, kpos, hk, d)] = from_float<T>(dv[t]);
+      dkv[io.k_index(b, kpos, hk, d)] = from_float<T>(scale * dk[t]);
+      dkv[io.v_index(b, kpos, hk, d)] = from_float<T>(dv[t]);
     }
   }
 }
 
-inline void check_attention_shape(const attention_shape& sh, int max_head_dim, const char* what) {
-  if (!sh.valid()) throw std::invalid_argument(std::string(what) + ": invalid shape (need positive sizes, H % Hkv == 0)");
-  if (sh.D > max_head_dim)
-    throw std::invalid_argument(std::string(what) + ": head_dim " + std::to_string(sh.D) + " exceeds " +
+inline void check_attention_io(const attention_io& io, int max_head_dim, const char* what) {
+  if (!io.valid())
+    throw std::invalid_argument(std::string(what) +
+                                ": invalid shape (need positive sizes, H % Hkv == 0, Sq == Sk when causal)");
+  if (io.D > max_head_dim)
+    throw std::invalid_argument(std::string(what) + ": head_dim " + std::to_string(io.D) + " exceeds " +
                                 std::to_string(max_head_dim));
-}
-
-inline void check_flash_grid(const attention_shape& sh, std::int64_t tiles, const char* what) {
-  if (tiles > 2147483647LL || sh.H > max_grid_yz || sh.B > max_grid_yz)
+  if (flash_q_tiles(io.Sq) > 2147483647LL || flash_kv_tiles(io.Sk) > 2147483647LL || io.H > max_grid_yz ||
+      io.B > max_grid_yz)
     throw std::invalid_argument(std::string(what) + ": grid too large");
 }
 
@@ -486,70 +577,125 @@ void prepare_dynamic_smem(Kernel kernel, std::size_t bytes, const char* what) {
 
 }  // namespace detail
 
+// ---- over an attention_io: the kernels' entry points --------------------------------------------
+
+/// out[B·Sq, H·D] and att[B, H, Sq, Sk] (probabilities in T; may be null).
+template <storage_type T>
+void attention_naive_forward(T* out, T* att, const T* q, const T* kv, const attention_io& io,
+                             cudaStream_t stream = nullptr) {
+  detail::check_attention_io(io, attention_max_head_dim, "attention_naive_forward");
+  const unsigned blocks = static_cast<unsigned>(ceil_div(io.stat_elements(), detail::naive_warps));
+  detail::naive_forward_kernel<<<blocks, detail::naive_warps * warp_size, 0, stream>>>(out, att, q, kv, io,
+                                                                                      attention_scale(io.D));
+  MEMALG_CUDA_CHECK_LAUNCH("naive_forward_kernel");
+}
+
+/// dq and dkv (=) from dout and the saved att; `scratch` holds attention_naive_backward_scratch_bytes.
+template <storage_type T>
+void attention_naive_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* att,
+                              const attention_io& io, float* scratch, cudaStream_t stream = nullptr) {
+  detail::check_attention_io(io, attention_max_head_dim, "attention_naive_backward");
+  if (scratch == nullptr) throw std::invalid_argument("attention_naive_backward: scratch is null");
+  const float scale = attention_scale(io.D);
+  const unsigned q_blocks = static_cast<unsigned>(ceil_div(io.stat_elements(), detail::naive_warps));
+  detail::naive_backward_q_kernel<<<q_blocks, detail::naive_warps * warp_size, 0, stream>>>(dq, scratch, dout, q, kv,
+                                                                                           att, io, scale);
+  MEMALG_CUDA_CHECK_LAUNCH("naive_backward_q_kernel");
+  const unsigned kv_blocks = static_cast<unsigned>(ceil_div(io.B * io.Hkv * io.Sk, detail::naive_warps));
+  detail::naive_backward_kv_kernel<<<kv_blocks, detail::naive_warps * warp_size, 0, stream>>>(
+      dkv, scratch, dout, q, kv, att, io, scale);
+  MEMALG_CUDA_CHECK_LAUNCH("naive_backward_kv_kernel");
+}
+
+/// out[B·Sq, H·D] and lse[B, H, Sq] (float; may be null: no backward follows).
+template <storage_type T>
+void attention_flash_forward(T* out, float* lse, const T* q, const T* kv, const attention_io& io,
+                             cudaStream_t stream = nullptr) {
+  detail::check_attention_io(io, flash_max_head_dim, "attention_flash_forward");
+  const std::size_t smem = flash_forward_smem_bytes(io.D);
+  detail::prepare_dynamic_smem(detail::flash_forward_kernel<T>, smem, "attention_flash_forward");
+  const dim3 grid(static_cast<unsigned>(flash_q_tiles(io.Sq)), static_cast<unsigned>(io.H), static_cast<unsigned>(io.B));
+  detail::flash_forward_kernel<T><<<grid, flash_threads, smem, stream>>>(out, lse, q, kv, io, attention_scale(io.D));
+  MEMALG_CUDA_CHECK_LAUNCH("flash_forward_kernel");
+}
+
+/// dq and dkv (=) from dout, q, kv and the forward's out and lse.
+template <storage_type T>
+void attention_flash_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* out, const float* lse,
+                              const attention_io& io, cudaStream_t stream = nullptr) {
+  detail::check_attention_io(io, flash_max_head_dim, "attention_flash_backward");
+  const std::size_t smem = flash_backward_smem_bytes(io.D);
+  const float scale = attention_scale(io.D);
+  detail::prepare_dynamic_smem(detail::flash_backward_dq_kernel<T>, smem, "attention_flash_backward");
+  detail::prepare_dynamic_smem(detail::flash_backward_dkv_kernel<T>, smem, "attention_flash_backward");
+  const dim3 q_grid(static_cast<unsigned>(flash_q_tiles(io.Sq)), static_cast<unsigned>(io.H),
+                    static_cast<unsigned>(io.B));
+  detail::flash_backward_dq_kernel<T><<<q_grid, flash_threads, smem, stream>>>(dq, dout, q, kv, out, lse, io, scale);
+  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
+  const dim3 kv_grid(static_cast<unsigned>(flash_kv_tiles(io.Sk)), static_cast<unsigned>(io.Hkv),
+                     static_cast<unsigned>(io.B));
+  detail::flash_backward_dkv_kernel<T><<<kv_grid, flash_threads, smem, stream>>>(dkv, dout, q, kv, out, lse, io, scale);
+  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
+}
+
+// ---- self-attention over a fused qkv --------------------------------------------------------------
+
 /// out[N,H·D] and att[b,H,s,s] (probabilities, in T) from qkv.
 template <storage_type T>
-void attention_naive_forward(T* out, T* att, const T* qkv, const attention_shape& sh,
-                             cudaStream_t stream = nullptr) {
-  detail::check_attention_shape(sh, attention_max_head_dim, "attention_naive_forward");
-  const unsigned blocks = static_cast<unsigned>(ceil_div(sh.stat_elements(), detail::naive_warps));
-  const float scale = attention_scale(sh.D);
-  detail::naive_forward_kernel<<<blocks, detail::naive_warps * warp_size, 0, stream>>>(out, att, qkv, sh, scale);
-  MEMALG_CUDA_CHECK_LAUNCH("naive_forward_kernel");
+void attention_naive_forward(T* out, T* att, const T* qkv, const attention_shape& sh, cudaStream_t stream = nullptr) {
+  attention_naive_forward(out, att, qkv, qkv, self_attention_io(sh), stream);
 }
 
 /// dqkv (=) from dout, qkv and the saved att; `scratch` holds attention_naive_backward_scratch_bytes.
 template <storage_type T>
 void attention_naive_backward(T* dqkv, const T* dout, const T* qkv, const T* att, const attention_shape& sh,
                               float* scratch, cudaStream_t stream = nullptr) {
-  detail::check_attention_shape(sh, attention_max_head_dim, "attention_naive_backward");
-  if (scratch == nullptr) throw std::invalid_argument("attention_naive_backward: scratch is null");
-  const float scale = attention_scale(sh.D);
-  const unsigned q_blocks = static_cast<unsigned>(ceil_div(sh.stat_elements(), detail::naive_warps));
-  detail::naive_backward_q_kernel<<<q_blocks, detail::naive_warps * warp_size, 0, stream>>>(dqkv, scratch, dout, qkv,
-                                                                                           att, sh, scale);
-  MEMALG_CUDA_CHECK_LAUNCH("naive_backward_q_kernel");
-  const unsigned kv_blocks = static_cast<unsigned>(ceil_div(sh.B * sh.Hkv * sh.S, detail::naive_warps));
-  detail::naive_backward_kv_kernel<<<kv_blocks, detail::naive_warps * warp_size, 0, stream>>>(
-      dqkv, scratch, dout, qkv, att, sh, scale);
-  MEMALG_CUDA_CHECK_LAUNCH("naive_backward_kv_kernel");
+  attention_naive_backward(dqkv, dqkv, dout, qkv, qkv, att, self_attention_io(sh), scratch, stream);
 }
 
 /// out[N,H·D] and lse[b,H,s] (float) from qkv.
 template <storage_type T>
-void attention_flash_forward(T* out, float* lse, const T* qkv, const attention_shape& sh,
-                             cudaStream_t stream = nullptr) {
-  detail::check_attention_shape(sh, flash_max_head_dim, "attention_flash_forward");
-  const std::int64_t tiles = flash_q_tiles(sh.S);
-  detail::check_flash_grid(sh, tiles, "attention_flash_forward");
-  const std::size_t smem = flash_forward_smem_bytes(sh.D);
-  detail::prepare_dynamic_smem(detail::flash_forward_kernel<T>, smem, "attention_flash_forward");
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(sh.H), static_cast<unsigned>(sh.B));
-  detail::flash_forward_kernel<T><<<grid, flash_threads, smem, stream>>>(out, lse, qkv, sh,
-                                                                        attention_scale(sh.D));
-  MEMALG_CUDA_CHECK_LAUNCH("flash_forward_kernel");
+void attention_flash_forward(T* out, float* lse, const T* qkv, const attention_shape& sh, cudaStream_t stream = nullptr) {
+  attention_flash_forward(out, lse, qkv, qkv, self_attention_io(sh), stream);
 }
 
 /// dqkv (=) from dout, qkv and the forward's out and lse.
 template <storage_type T>
 void attention_flash_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                               const attention_shape& sh, cudaStream_t stream = nullptr) {
-  detail::check_attention_shape(sh, flash_max_head_dim, "attention_flash_backward");
-  const std::int64_t q_tiles = flash_q_tiles(sh.S);
-  const std::int64_t kv_tiles = flash_kv_tiles(sh.S);
-  detail::check_flash_grid(sh, q_tiles, "attention_flash_backward");
-  const std::size_t smem = flash_backward_smem_bytes(sh.D);
-  const float scale = attention_scale(sh.D);
-  detail::prepare_dynamic_smem(detail::flash_backward_dq_kernel<T>, smem, "attention_flash_backward");
-  detail::prepare_dynamic_smem(detail::flash_backward_dkv_kernel<T>, smem, "attention_flash_backward");
-  const dim3 q_grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(sh.H), static_cast<unsigned>(sh.B));
-  detail::flash_backward_dq_kernel<T><<<q_grid, flash_threads, smem, stream>>>(dqkv, dout, qkv, out, lse, sh,
-                                                                              scale);
-  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
-  const dim3 kv_grid(static_cast<unsigned>(kv_tiles), static_cast<unsigned>(sh.Hkv),
-                     static_cast<unsigned>(sh.B));
-  detail::flash_backward_dkv_kernel<T><<<kv_grid, flash_threads, smem, stream>>>(dqkv, dout, qkv, out, lse, sh,
-                                                                                scale);
-  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
+  attention_flash_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, self_attention_io(sh), stream);
+}
+
+// ---- cross-attention over q and kv, with a key mask -------------------------------------------------
+
+/// out[B·Sq, H·D] and att[B, H, Sq, Sk] (probabilities in T; may be null) from q, kv and the key mask.
+template <storage_type T>
+void cross_attention_naive_forward(T* out, T* att, const T* q, const T* kv, const std::uint8_t* key_mask,
+                                   const cross_attention_shape& sh, cudaStream_t stream = nullptr) {
+  attention_naive_forward(out, att, q, kv, cross_attention_io(sh, key_mask), stream);
+}
+
+/// dq, dkv (=) from dout and the saved att; `scratch` holds cross_attention_naive_backward_scratch_bytes.
+template <storage_type T>
+void cross_attention_naive_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* att,
+                                    const std::uint8_t* key_mask, const cross_attention_shape& sh, float* scratch,
+                                    cudaStream_t stream = nullptr) {
+  attention_naive_backward(dq, dkv, dout, q, kv, att, cross_attention_io(sh, key_mask), scratch, stream);
+}
+
+/// out[B·Sq, H·D] and lse[B, H, Sq] (float; may be null: no backward follows) from q, kv and the key mask.
+template <storage_type T>
+void cross_attention_flash_forward(T* out, float* lse, const T* q, const T* kv, const std::uint8_t* key_mask,
+                                   const cross_attention_shape& sh, cudaStream_t stream = nullptr) {
+  attention_flash_forward(out, lse, q, kv, cross_attention_io(sh, key_mask), stream);
+}
+
+/// dq, dkv (=) from dout, q, kv and the forward's out and lse.
+template <storage_type T>
+void cross_attention_flash_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* out,
+                                    const float* lse, const std::uint8_t* key_mask, const cross_attention_shape& sh,
+                                    cudaStream_t stream = nullptr) {
+  attention_flash_backward(dq, dkv, dout, q, kv, out, lse, cross_attention_io(sh, key_mask), stream);
 }
 
 }  // namespace memalg::backend::cuda

@@ -18,7 +18,7 @@
 //     partials, the embedding backward's sort keys and the step's token and target ids, fp32
 //     features and u8 masks (each micro-batch's at micro × per-micro-batch count + the operand's
 //     offset), per-channel batch-norm statistics (recomputed from the saved input in backward, as
-//     the norms') and sums, and the fused masked attention's gathered q, k ‖ v and their gradients.
+//     the norms') and sums.
 //     Its size is step_backend_scratch_bytes(program): the largest of each over the program's ops;
 //   * the cuBLASLt handle and workspace (default_gemm_workspace_bytes: the workspace term of the
 //     plan's device reserve) and one compute stream.
@@ -37,8 +37,8 @@
 // What the program may say that this backend refuses with a sentence (std::invalid_argument): at
 // construction fp16 storage and dynamic loss scaling (no loss scaler on the GPU) and optimizers
 // other than sgd, momentum, adam and adamw; as an op resolves its operands, an operand outside the
-// arena or of another element type than the kernel's; causal masked attention (the
-// cross-attention kernels of cross_attention.cuh are never causal). Dropout masks agree with the CPU's (one counter-based
+// arena or of another element type than the kernel's; causal masked attention over separate q
+// and kv (as on the CPU: only a fused self-attention may be causal). Dropout masks agree with the CPU's (one counter-based
 // stream per global sequence, the same seeds), also for a sequence-parallel part of the rows. The
 // tensor-parallel program's vocabulary-parallel lookup and loss (row max, then Σexp and the target
 // logit, all-reduced over the op's group between the kernels) and position_add run with the CPU
@@ -47,12 +47,11 @@
 // a segment's Σg² is not finite (a non-finite element, or squares overflowing fp32).
 //
 // The speech model's ops run on the kernels of conv1d.cuh, batchnorm.cuh, activation.cuh (ReLU and
-// tanh, backward from the forward's output) and cross_attention.cuh (key mask; the fused encoder
-// self-attention gathers the q and the k ‖ v columns of its qkv into scratch with strided 2-D
-// copies, and scatters dq and dk ‖ dv back into dqkv); the mel and stop losses, teacher-forced
-// frames and mask_rows are small kernels of their own here: the losses divide by the op's fixed
-// divisor (not the real count) and add to its scalar slot as the loss op does. linear_bwd's
-// add_din is the input-gradient GEMM with beta = 1.
+// tanh, backward from the forward's output), attention.cuh (the self-attention kernels, with the
+// op's key mask, over separate q and kv or in place over the fused encoder qkv) and
+// speech_loss.cuh (the mel and stop losses divide by the op's fixed divisor, not the real count,
+// and add to its scalar slot as the loss op does); teacher-forced frames and mask_rows are small
+// kernels of their own here. linear_bwd's add_din is the input-gradient GEMM with beta = 1.
 //
 // Comm: an exec::communicator over device pointers with set_stream(cudaStream_t) —
 // nccl_communicator (backend/cuda/nccl_communicator.cuh; in-place reduce-scatter and all-gather
@@ -82,7 +81,6 @@
 #include "memalg/backend/cuda/batchnorm.cuh"
 #include "memalg/backend/cuda/check.cuh"
 #include "memalg/backend/cuda/conv1d.cuh"
-#include "memalg/backend/cuda/cross_attention.cuh"
 #include "memalg/backend/cuda/cross_entropy.cuh"
 #include "memalg/backend/cuda/device.cuh"
 #include "memalg/backend/cuda/dropout.cuh"
@@ -131,8 +129,6 @@ struct step_scratch_shape {
   std::size_t features = 0;    ///< fp32 features of one step (where::features)
   std::size_t masks = 0;       ///< u8 mask entries of one step (where::masks)
   std::size_t bn_channels = 0; ///< batch norm channels: the backward's sums (2C + 1 floats)
-  std::size_t fused_q = 0;     ///< fused masked attention: q of a qkv, gathered (storage elements)
-  std::size_t fused_kv = 0;    ///< and its k ‖ v (storage elements); as many again for dq, dkv
 };
 
 inline step_scratch_shape step_scratch_of(const exec::program& p) {
@@ -161,15 +157,8 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
             } else if constexpr (std::is_same_v<O, exec::ops::batchnorm_fwd> || std::is_same_v<O, exec::ops::batchnorm_bwd>) {
               s.stat_rows = std::max<std::size_t>(s.stat_rows, x.C);  // mean and rstd per channel
               if constexpr (std::is_same_v<O, exec::ops::batchnorm_bwd>) s.bn_channels = std::max<std::size_t>(s.bn_channels, x.C);
-            } else if constexpr (std::is_same_v<O, exec::ops::masked_attention_fwd> ||
-                                 std::is_same_v<O, exec::ops::masked_attention_bwd>) {
-              const std::size_t rows = std::size_t{x.sh.B} * x.sh.Sq;
-              if (x.sh.fused) {
-                s.fused_q = std::max<std::size_t>(s.fused_q, rows * x.sh.H * x.sh.D);
-                s.fused_kv = std::max<std::size_t>(s.fused_kv, rows * 2 * x.sh.Hkv * x.sh.D);
-              }
-              if constexpr (std::is_same_v<O, exec::ops::masked_attention_bwd>)
-                if (!x.sh.flash) s.row_dots = std::max<std::size_t>(s.row_dots, std::size_t{x.sh.B} * x.sh.H * x.sh.Sq);
+            } else if constexpr (std::is_same_v<O, exec::ops::masked_attention_bwd>) {
+              if (!x.sh.flash) s.row_dots = std::max<std::size_t>(s.row_dots, std::size_t{x.sh.B} * x.sh.H * x.sh.Sq);
             }
           },
           o.body);
@@ -188,10 +177,9 @@ inline constexpr std::uint64_t scalar_slots = exec::scalars::count + 2;
 /// Bytes of the backend's scratch outside the arena for a program (each buffer rounded to 256
 /// bytes): norm (and batch-norm) mean and rstd, per-token losses, row dots, the vocabulary-parallel
 /// loss's row maxima and partials, gradient-norm partials, the scalar file, the embedding sort keys,
-/// the step's token and target ids, fp32 features and u8 masks, the batch-norm backward's sums and
-/// the fused masked attention's gathered q, k ‖ v, dq and dk ‖ dv (storage_bytes each element).
+/// the step's token and target ids, fp32 features and u8 masks and the batch-norm backward's sums.
 /// Host arithmetic only.
-inline std::size_t step_backend_scratch_bytes(const exec::program& p, std::size_t storage_bytes) {
+inline std::size_t step_backend_scratch_bytes(const exec::program& p) {
   const step_scratch_shape s = step_scratch_of(p);
   return 2 * workspace_round(s.stat_rows * sizeof(float)) + workspace_round(s.loss_rows * sizeof(float)) +
          workspace_round(s.row_dots * sizeof(float)) + workspace_round(s.vp_rows * sizeof(float)) +
@@ -200,12 +188,7 @@ inline std::size_t step_backend_scratch_bytes(const exec::program& p, std::size_
          workspace_round(embedding_backward_workspace_bytes(static_cast<std::int64_t>(s.sort_rows))) +
          workspace_round(s.ids * sizeof(std::int32_t)) + workspace_round(s.target_ids * sizeof(std::int32_t)) +
          workspace_round(s.features * sizeof(float)) + workspace_round(s.masks) +
-         workspace_round(s.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(s.bn_channels)) : 0) +
-         2 * workspace_round(s.fused_q * storage_bytes) + 2 * workspace_round(s.fused_kv * storage_bytes);
-}
-/// The same for the program's own storage type (exec::program::storage).
-inline std::size_t step_backend_scratch_bytes(const exec::program& p) {
-  return step_backend_scratch_bytes(p, exec::elem_size(p.storage));
+         workspace_round(s.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(s.bn_channels)) : 0);
 }
 
 /// What the backend allocated outside and for its arena, and what each allocation added to the
@@ -287,67 +270,6 @@ __global__ void mask_rows_kernel(T* x, const std::uint8_t* mask, std::int64_t C,
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride)
     x[e] = from_float<T>(to_float(x[e]) * (mask[e / C] != 0 ? 1.0f : 0.0f));
-}
-
-/// exec::ops::mel_loss, forward: *slot = Σ_n m_n Σ_c ℓ(pred[n·ld + c] − target[n·M + c]) / divisor,
-/// ℓ = |·| or (·)² (backend/cpu/speech_loss.hpp's terms), one block, fixed-order block sum.
-template <class T>
-__global__ void __launch_bounds__(speech_loss_block)
-    mel_loss_sum_kernel(float* slot, bool l1, const T* pred, std::int64_t ld, const float* target,
-                        const std::uint8_t* mask, std::int64_t rows, std::int64_t M, float divisor) {
-  __shared__ float scratch[32];
-  float sum = 0.0f;
-  for (std::int64_t e = threadIdx.x; e < rows * M; e += blockDim.x) {
-    const std::int64_t n = e / M;
-    if (mask != nullptr && mask[n] == 0) continue;
-    const float d = to_float(pred[n * ld + (e - n * M)]) - target[e];
-    sum += l1 ? fabsf(d) : d * d;
-  }
-  sum = block_sum(sum, scratch);
-  if (threadIdx.x == 0) *slot = sum / divisor;
-}
-
-/// exec::ops::mel_loss, backward: grad[n·M + c] = g·m_n·ℓ'(d), g = dloss / divisor (sign(0) = 0,
-/// as torch.sign); grad may be pred itself when ld == M (each element read before it is written).
-template <class T>
-__global__ void mel_loss_grad_kernel(T* grad, bool l1, const T* pred, std::int64_t ld, const float* target,
-                                     const std::uint8_t* mask, std::int64_t rows, std::int64_t M, float g) {
-  const std::int64_t total = rows * M;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
-    const std::int64_t n = e / M;
-    const float d = to_float(pred[n * ld + (e - n * M)]) - target[e];
-    float v = 0.0f;
-    if (mask == nullptr || mask[n] != 0) v = l1 ? g * static_cast<float>((d > 0.0f) - (d < 0.0f)) : g * 2.0f * d;
-    grad[e] = from_float<T>(v);
-  }
-}
-
-/// exec::ops::stop_loss, forward: *slot = Σ_n [max(x, 0) − x·y + log(1 + e^−|x|)] / divisor over
-/// every row, x = logits[n·ld], y = targets[n] (BCEWithLogitsLoss's stable form).
-template <class T>
-__global__ void __launch_bounds__(speech_loss_block)
-    stop_loss_sum_kernel(float* slot, const T* logits, std::int64_t ld, const float* targets, std::int64_t rows,
-                         float divisor) {
-  __shared__ float scratch[32];
-  float sum = 0.0f;
-  for (std::int64_t n = threadIdx.x; n < rows; n += blockDim.x) {
-    const float x = to_float(logits[n * ld]);
-    sum += fmaxf(x, 0.0f) - x * targets[n] + log1pf(expf(-fabsf(x)));
-  }
-  sum = block_sum(sum, scratch);
-  if (threadIdx.x == 0) *slot = sum / divisor;
-}
-
-/// exec::ops::stop_loss, backward: grad[n·ld] = g·(σ(x) − y), g = dloss / divisor (may be logits).
-template <class T>
-__global__ void stop_loss_grad_kernel(T* grad, const T* logits, std::int64_t ld, const float* targets,
-                                      std::int64_t rows, float g) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < rows; n += stride) {
-    const float x = to_float(logits[n * ld]);
-    grad[n * ld] = from_float<T>(g * (1.0f / (1.0f + expf(-x)) - targets[n]));
-  }
 }
 
 /// The host storage type of a CUDA storage type (the CPU backend's, same bits).
@@ -799,72 +721,43 @@ class step_backend {
                        rstd_, mask, o.N, o.C, bn_sums_, stream());
   }
   void operator()(const exec::ops::masked_attention_fwd& o, exec::run_state& s) {
-    const cross_attention_shape sh = cross_shape(o.sh, "masked_attention_fwd");
-    const std::uint8_t* key_mask = mask_of(o.key_mask, s, std::uint64_t(sh.B * sh.Sk));
-    if (o.out.count != std::uint64_t(sh.B * sh.Sq * sh.q_width())) fail("masked_attention_fwd: out is not [B·Sq, H·D]");
-    const T* q = nullptr;
-    const T* kv = nullptr;
-    if (o.sh.fused) {
-      if (!(o.q == o.kv)) fail("masked_attention_fwd: a fused self-attention names one qkv as q and kv");
-      gather_qkv(o.q, sh);
-      q = fused_q_;
-      kv = fused_kv_;
-    } else {
-      if (o.q.count != std::uint64_t(sh.B * sh.Sq * sh.q_width()) || o.kv.count != std::uint64_t(sh.B * sh.Sk * sh.kv_width()))
-        fail("masked_attention_fwd: q is not [B·Sq, H·D] or kv not [B·Sk, 2·Hkv·D]");
-      q = cptr<T>(o.q);
-      kv = cptr<T>(o.kv);
-    }
+    const attention_io io = attention_io_of(o.sh, o.q, o.kv, mask_of(o.key_mask, s, std::uint64_t{o.sh.B} * o.sh.Sk),
+                                            "masked_attention_fwd");
+    if (o.out.count != std::uint64_t(io.stat_elements() * io.D)) fail("masked_attention_fwd: out is not [B·Sq, H·D]");
     // A null probs_or_lse: no backward follows (an evaluation pass); the kernels then write only out.
     const bool keep = !o.probs_or_lse.null();
     if (o.sh.flash) {
-      if (keep && o.probs_or_lse.count != std::uint64_t(sh.stat_elements())) fail("masked_attention_fwd: lse is not [B·H·Sq]");
-      cross_attention_flash_forward(ptr<T>(o.out), ptr<A>(o.probs_or_lse), q, kv, key_mask, sh, stream());
+      if (keep && o.probs_or_lse.count != std::uint64_t(io.stat_elements())) fail("masked_attention_fwd: lse is not [B·H·Sq]");
+      attention_flash_forward(ptr<T>(o.out), ptr<A>(o.probs_or_lse), cptr<T>(o.q), cptr<T>(o.kv), io, stream());
     } else {
-      if (keep && o.probs_or_lse.count != std::uint64_t(sh.att_elements()))
+      if (keep && o.probs_or_lse.count != std::uint64_t(io.stat_elements() * io.Sk))
         fail("masked_attention_fwd: probabilities are not [B·H·Sq·Sk]");
-      cross_attention_naive_forward(ptr<T>(o.out), ptr<T>(o.probs_or_lse), q, kv, key_mask, sh, stream());
+      attention_naive_forward(ptr<T>(o.out), ptr<T>(o.probs_or_lse), cptr<T>(o.q), cptr<T>(o.kv), io, stream());
     }
   }
   void operator()(const exec::ops::masked_attention_bwd& o, exec::run_state& s) {
-    const cross_attention_shape sh = cross_shape(o.sh, "masked_attention_bwd");
-    const std::uint8_t* key_mask = mask_of(o.key_mask, s, std::uint64_t(sh.B * sh.Sk));
-    const std::uint64_t nq = std::uint64_t(sh.B * sh.Sq * sh.q_width());
+    const attention_io io = attention_io_of(o.sh, o.q, o.kv, mask_of(o.key_mask, s, std::uint64_t{o.sh.B} * o.sh.Sk),
+                                            "masked_attention_bwd");
+    const std::uint64_t nq = std::uint64_t(io.stat_elements() * io.D);
     if (o.dout.count != nq) fail("masked_attention_bwd: dout is not [B·Sq, H·D]");
-    const T *q = nullptr, *kv = nullptr;
-    T *dq = nullptr, *dkv = nullptr;
-    if (o.sh.fused) {
-      if (!(o.q == o.kv) || !(o.dq == o.dkv) || o.dq.count != o.q.count)
-        fail("masked_attention_bwd: a fused self-attention names one qkv as q and kv and one dqkv as dq and dkv");
-      gather_qkv(o.q, sh);
-      q = fused_q_;
-      kv = fused_kv_;
-      dq = fused_dq_;
-      dkv = fused_dkv_;
-    } else {
-      const std::uint64_t nkv = std::uint64_t(sh.B * sh.Sk * sh.kv_width());
-      if (o.q.count != nq || o.dq.count != nq || o.kv.count != nkv || o.dkv.count != nkv)
-        fail("masked_attention_bwd: q, dq are not [B·Sq, H·D] or kv, dkv not [B·Sk, 2·Hkv·D]");
-      q = cptr<T>(o.q);
-      kv = cptr<T>(o.kv);
-      dq = ptr<T>(o.dq);
-      dkv = ptr<T>(o.dkv);
-      if (dq == nullptr || dkv == nullptr) fail("masked_attention_bwd: dq and dkv are both written");
-    }
+    if (o.dq.count != o.q.count || o.dkv.count != o.kv.count || (o.sh.fused && !(o.dq == o.dkv)))
+      fail("masked_attention_bwd: dq and dkv are not shaped as q and kv (fused: one dqkv)");
+    T* dq = ptr<T>(o.dq);
+    T* dkv = ptr<T>(o.dkv);
+    if (dq == nullptr || dkv == nullptr) fail("masked_attention_bwd: dq and dkv are both written");
     if (o.sh.flash) {
-      if (o.probs_or_lse.count != std::uint64_t(sh.stat_elements()) || o.out.count != nq)
+      if (o.probs_or_lse.count != std::uint64_t(io.stat_elements()) || o.out.count != nq)
         fail("masked_attention_bwd: flash reads the forward's out [B·Sq, H·D] and lse [B·H·Sq]");
-      cross_attention_flash_backward(dq, dkv, cptr<T>(o.dout), q, kv, cptr<T>(o.out), cptr<A>(o.probs_or_lse), key_mask,
-                                     sh, stream());
+      attention_flash_backward(dq, dkv, cptr<T>(o.dout), cptr<T>(o.q), cptr<T>(o.kv), cptr<T>(o.out),
+                               cptr<A>(o.probs_or_lse), io, stream());
     } else {
-      if (o.probs_or_lse.count != std::uint64_t(sh.att_elements()))
+      if (o.probs_or_lse.count != std::uint64_t(io.stat_elements() * io.Sk))
         fail("masked_attention_bwd: probabilities are not [B·H·Sq·Sk]");
-      if (static_cast<std::size_t>(sh.stat_elements()) > row_dots_count_)
+      if (static_cast<std::size_t>(io.stat_elements()) > row_dots_count_)
         fail("masked_attention_bwd: more rows than the scratch holds");
-      cross_attention_naive_backward(dq, dkv, cptr<T>(o.dout), q, kv, cptr<T>(o.probs_or_lse), key_mask, sh, row_dots_,
-                                     stream());
+      attention_naive_backward(dq, dkv, cptr<T>(o.dout), cptr<T>(o.q), cptr<T>(o.kv), cptr<T>(o.probs_or_lse), io,
+                               row_dots_, stream());
     }
-    if (o.sh.fused) scatter_dqkv(o.dq, sh);
   }
   void operator()(const exec::ops::frames_in& o, exec::run_state& s) {
     const std::uint64_t n = std::uint64_t{o.B} * o.S * o.M;
@@ -906,16 +799,10 @@ class step_backend {
     const std::uint8_t* mask = mask_of(o.mask, s, o.N);
     // Σ m·ℓ / divisor (the fixed divisor, not the real count: every micro-batch the same weight),
     // added to acc as the loss op adds its mean; the gradient scaled by dloss / divisor.
-    detail::step::mel_loss_sum_kernel<<<1, speech_loss_block, 0, stream()>>>(scalars_ + micro_loss_slot, o.l1, pred, o.ld,
-                                                                           target, mask, o.N, o.M, o.divisor);
-    MEMALG_CUDA_CHECK_LAUNCH("mel_loss_sum_kernel");
+    mel_loss_forward(scalars_ + micro_loss_slot, o.l1, pred, o.ld, target, mask, o.N, o.M, o.divisor, stream());
     scalar(detail::step::scalar_kind::add, static_cast<int>(o.acc), micro_loss_slot);
     const float dloss = 1.0f / static_cast<float>(o.grad_accum);  // no loss scale on this backend
-    const launch_1d l = grid_stride_launch(static_cast<std::int64_t>(nm));
-    if (l.grid == 0) return;
-    detail::step::mel_loss_grad_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(
-        grad, o.l1, pred, o.ld, target, mask, o.N, o.M, dloss / o.divisor);
-    MEMALG_CUDA_CHECK_LAUNCH("mel_loss_grad_kernel");
+    mel_loss_backward(grad, o.l1, pred, o.ld, target, mask, o.N, o.M, dloss / o.divisor, stream());
   }
   void operator()(const exec::ops::stop_loss& o, exec::run_state& s) {
     scalar_index(o.acc);
@@ -929,16 +816,10 @@ class step_backend {
         o.logits.offset < o.grad.offset + o.grad.bytes())
       fail("stop_loss: grad overlaps logits other than as logits itself");
     const float* targets = feature_of(o.targets, s);
-    detail::step::stop_loss_sum_kernel<<<1, speech_loss_block, 0, stream()>>>(scalars_ + micro_loss_slot, logits, o.ld,
-                                                                            targets, o.N, o.divisor);
-    MEMALG_CUDA_CHECK_LAUNCH("stop_loss_sum_kernel");
+    stop_loss_forward(scalars_ + micro_loss_slot, logits, o.ld, targets, o.N, o.divisor, stream());
     scalar(detail::step::scalar_kind::add, static_cast<int>(o.acc), micro_loss_slot);
     const float dloss = 1.0f / static_cast<float>(o.grad_accum);  // no loss scale on this backend
-    const launch_1d l = grid_stride_launch(o.N);
-    if (l.grid == 0) return;
-    detail::step::stop_loss_grad_kernel<<<static_cast<unsigned>(l.grid), l.block, 0, stream()>>>(
-        grad, logits, o.ld, targets, o.N, dloss / o.divisor);
-    MEMALG_CUDA_CHECK_LAUNCH("stop_loss_grad_kernel");
+    stop_loss_backward(grad, logits, o.ld, targets, o.N, dloss / o.divisor, stream());
   }
 
   // ---- state, for tests and checkpoints -------------------------------------------------------
@@ -1042,7 +923,7 @@ class step_backend {
     if (device_count_or_zero() == 0) throw std::runtime_error("cuda::step_backend: no CUDA device present");
     MEMALG_CUDA_CHECK(cudaFree(nullptr));  // the context exists before anything is measured
     report_.gemm_workspace = gemm_workspace_bytes();
-    report_.scratch = step_backend_scratch_bytes(p, sizeof(T));
+    report_.scratch = step_backend_scratch_bytes(p);
     report_.arena = capacity_;
     require_free_memory(report_.gemm_workspace + report_.scratch + report_.arena);
     const auto used = [] { return memory_snapshot_of().used_bytes(); };
@@ -1093,10 +974,6 @@ class step_backend {
     const std::size_t bn_bytes =
         sh.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(sh.bn_channels)) : 0;
     take(bn_sums_, bn_bytes / sizeof(float));
-    take(fused_q_, sh.fused_q);
-    take(fused_dq_, sh.fused_q);
-    take(fused_kv_, sh.fused_kv);
-    take(fused_dkv_, sh.fused_kv);
     if (at != report_.scratch) throw std::logic_error("cuda::step_backend: scratch layout disagrees with step_backend_scratch_bytes");
     stat_rows_ = sh.stat_rows;
     sort_rows_ = sh.sort_rows;
@@ -1108,8 +985,6 @@ class step_backend {
     features_count_ = sh.features;
     masks_count_ = sh.masks;
     bn_channels_ = sh.bn_channels;
-    fused_q_count_ = sh.fused_q;
-    fused_kv_count_ = sh.fused_kv;
   }
 
   /// The program's initialisation (program::units), computed on the host with the CPU backend's
@@ -1237,40 +1112,29 @@ class step_backend {
     if (!sh.valid()) fail("conv1d: IC, OC and K must be positive");
     return sh;
   }
-  /// The cross-attention kernels' shape of an op; they are never causal, so a causal op is refused.
-  static cross_attention_shape cross_shape(const exec::ops::xattn_shape& x, const char* what) {
-    if (x.causal)
-      fail(std::string(what) + ": causal masked attention is not implemented on CUDA (the cross-attention kernels are "
-                               "never causal)");
-    if (x.fused && x.Sq != x.Sk) fail(std::string(what) + ": a fused self-attention has Sq == Sk");
-    const cross_attention_shape sh{x.B, x.Sq, x.Sk, x.H, x.Hkv, x.D};
-    if (!sh.valid()) fail(std::string(what) + ": invalid shape (need positive sizes, H % Hkv == 0)");
-    return sh;
-  }
-  /// Fused self-attention: the q columns and the k ‖ v columns of each row of qkv [B·S, (H + 2Hkv)·D]
-  /// into the contiguous q [B·S, H·D] and kv [B·S, 2Hkv·D] the cross-attention kernels read.
-  void gather_qkv(const exec::operand& qkv, const cross_attention_shape& sh) {
-    const std::size_t rows = static_cast<std::size_t>(sh.B * sh.Sq), qw = static_cast<std::size_t>(sh.q_width()),
-                      kvw = static_cast<std::size_t>(sh.kv_width());
-    if (qkv.count != rows * (qw + kvw)) fail("masked attention: the fused qkv is not [B·S, (H + 2Hkv)·D]");
-    if (rows * qw > fused_q_count_ || rows * kvw > fused_kv_count_) fail("masked attention: more rows than the scratch holds");
-    const T* x = cptr<T>(qkv);
-    const std::size_t pitch = (qw + kvw) * sizeof(T);
-    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(fused_q_, qw * sizeof(T), x, pitch, qw * sizeof(T), rows, cudaMemcpyDeviceToDevice,
-                                        stream()));
-    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(fused_kv_, kvw * sizeof(T), x + qw, pitch, kvw * sizeof(T), rows,
-                                        cudaMemcpyDeviceToDevice, stream()));
-  }
-  /// The inverse for the gradients: dq and dk ‖ dv into the columns of dqkv (written).
-  void scatter_dqkv(const exec::operand& dqkv, const cross_attention_shape& sh) {
-    const std::size_t rows = static_cast<std::size_t>(sh.B * sh.Sq), qw = static_cast<std::size_t>(sh.q_width()),
-                      kvw = static_cast<std::size_t>(sh.kv_width());
-    T* x = ptr<T>(dqkv);
-    const std::size_t pitch = (qw + kvw) * sizeof(T);
-    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(x, pitch, fused_dq_, qw * sizeof(T), qw * sizeof(T), rows, cudaMemcpyDeviceToDevice,
-                                        stream()));
-    MEMALG_CUDA_CHECK(cudaMemcpy2DAsync(x + qw, pitch, fused_dkv_, kvw * sizeof(T), kvw * sizeof(T), rows,
-                                        cudaMemcpyDeviceToDevice, stream()));
+  /// How masked attention finds q, k and v (the CPU backend's attention_io_of): fused, one qkv
+  /// [B·S, (H + 2Hkv)·D] read in place (self_attention_io with the op's key mask and causal flag),
+  /// else q [B·Sq, H·D] and kv [B·Sk, 2·Hkv·D] (cross_attention_io, never causal).
+  static attention_io attention_io_of(const exec::ops::xattn_shape& x, const exec::operand& q, const exec::operand& kv,
+                                      const std::uint8_t* key_mask, const char* op) {
+    const std::string name(op);
+    attention_io io;
+    if (x.fused) {
+      if (x.Sq != x.Sk) fail(name + ": a fused self-attention has Sq == Sk");
+      if (!(q == kv)) fail(name + ": a fused self-attention names one qkv as q and kv");
+      const attention_shape sh{x.B, x.Sq, x.H, x.Hkv, x.D, x.causal};
+      if (!sh.valid()) fail(name + ": invalid shape (need positive sizes, H % Hkv == 0)");
+      if (q.count != std::uint64_t(sh.rows() * sh.qkv_width())) fail(name + ": the fused qkv is not [B·S, (H + 2Hkv)·D]");
+      io = self_attention_io(sh, key_mask);
+    } else {
+      if (x.causal) fail(name + ": cross-attention (not fused) is never causal");
+      const cross_attention_shape sh{x.B, x.Sq, x.Sk, x.H, x.Hkv, x.D};
+      if (!sh.valid()) fail(name + ": invalid shape (need positive sizes, H % Hkv == 0)");
+      if (q.count != std::uint64_t(sh.B * sh.Sq * sh.q_width()) || kv.count != std::uint64_t(sh.B * sh.Sk * sh.kv_width()))
+        fail(name + ": q is not [B·Sq, H·D] or kv not [B·Sk, 2·Hkv·D]");
+      io = cross_attention_io(sh, key_mask);
+    }
+    return io;
   }
 
   void upload_async(void* dst, const void* src, std::size_t bytes) {
@@ -1307,9 +1171,7 @@ class step_backend {
   std::int32_t *tokens_ = nullptr, *targets_ = nullptr;
   float *features_ = nullptr, *bn_sums_ = nullptr;
   std::uint8_t* masks_ = nullptr;
-  T *fused_q_ = nullptr, *fused_kv_ = nullptr, *fused_dq_ = nullptr, *fused_dkv_ = nullptr;
-  std::size_t target_ids_ = 0, features_count_ = 0, masks_count_ = 0, bn_channels_ = 0, fused_q_count_ = 0,
-              fused_kv_count_ = 0;
+  std::size_t target_ids_ = 0, features_count_ = 0, masks_count_ = 0, bn_channels_ = 0;
   void* sort_keys_ = nullptr;
   std::size_t sort_bytes_ = 0, stat_rows_ = 0, loss_rows_ = 0, row_dots_count_ = 0, ids_ = 0, vp_rows_ = 0, sort_rows_ = 0;
   std::vector<std::vector<std::byte>> host_state_;
