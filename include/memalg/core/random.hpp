@@ -7,7 +7,10 @@
 // splitmix64 is Steele, Lea & Flood, "Fast splittable pseudorandom number generators" (OOPSLA 2014).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 
 #include "memalg/config.hpp"
 
@@ -30,6 +33,14 @@ MEMALG_HOST_DEVICE constexpr float uniform01(std::uint64_t seed, std::uint64_t i
 /// Dropout keeps element `index` when its uniform draw is at least p (so p = 0 keeps everything).
 MEMALG_HOST_DEVICE constexpr bool dropout_keep(std::uint64_t seed, std::uint64_t index, float p) noexcept {
   return uniform01(seed, index) >= p;
+}
+
+/// stddev · N(0, 1) for element `index` of tensor `tensor` (Box–Muller on two of the tensor's
+/// uniforms), on the host: identical on any split of the tensor (exec/init.hpp).
+inline float init_normal(std::uint64_t seed, std::uint64_t tensor, std::uint64_t index, float stddev) {
+  const std::uint64_t s = splitmix64(seed ^ (tensor * 0x9E3779B97F4A7C15ULL));
+  const float u1 = std::max(uniform01(s, 2 * index), 1e-7f), u2 = uniform01(s, 2 * index + 1);
+  return stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * std::numbers::pi_v<float> * u2);
 }
 
 }  // namespace memalg

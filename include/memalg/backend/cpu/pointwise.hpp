@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/backend/cpu/pointwise.hpp — the GPT runtime's small host helpers: adds, LayerNorm statistics, dropout rows, init.
+// memalg/backend/cpu/pointwise.hpp — the GPT runtime's small host helpers: adds, LayerNorm statistics, dropout rows.
 //
 // What the CPU step backend (backend/cpu/step_backend.hpp) computes outside the kernels:
 //   add(out, a, b)         out = a + b, accumulated in accum_t<T> and rounded once (out may alias a or b)
@@ -8,7 +8,7 @@
 //   dropout_seed / dropout_rows
 //                          one counter-based stream per global sequence, so that masks are the same
 //                          on every data-parallel split and in recomputation
-//   init_normal            N(0, σ²) by (tensor, logical index): Box–Muller on two counter-based uniforms
+// (The parameters' initialisation is the core's, for every backend: exec/init.hpp.)
 #pragma once
 
 #include <algorithm>
@@ -96,13 +96,6 @@ void dropout_rows_range(T* out, std::uint8_t* mask, const T* in, std::size_t n, 
       mask[k] = keep ? 1 : 0;
     }
   }
-}
-
-/// stddev · N(0, 1) for element `index` of tensor `tensor`: identical on any split of the tensor.
-inline float init_normal(std::uint64_t seed, std::uint64_t tensor, std::uint64_t index, float stddev) {
-  const std::uint64_t s = splitmix64(seed ^ (tensor * 0x9E3779B97F4A7C15ULL));
-  const float u1 = std::max(uniform01(s, 2 * index), 1e-7f), u2 = uniform01(s, 2 * index + 1);
-  return stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * std::numbers::pi_v<float> * u2);
 }
 
 }  // namespace memalg::backend::cpu

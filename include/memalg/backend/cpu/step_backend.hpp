@@ -60,6 +60,7 @@
 #include "memalg/core/float16.hpp"
 #include "memalg/exec/checkpoint.hpp"
 #include "memalg/exec/communicator.hpp"
+#include "memalg/exec/init.hpp"
 #include "memalg/exec/program.hpp"
 #include "memalg/exec/run.hpp"
 
@@ -715,8 +716,7 @@ class step_backend {
   std::vector<exec::checkpoint_section> state_sections() {
     std::vector<exec::checkpoint_section> s;
     for (const exec::persistent_tensor& t : checkpoint_) s.push_back({t.name, std::span<std::byte>(raw(t.t), t.t.bytes())});
-    s.push_back({"loss_scaler", std::as_writable_bytes(std::span(&scaler_, 1))});
-    s.push_back({"counters", std::as_writable_bytes(std::span(counters_))});
+    exec::add_step_sections(s, scaler_, counters_);
     return s;
   }
   /// Call before saving state_sections().
@@ -861,24 +861,15 @@ class step_backend {
     return scalars_[slot];
   }
 
+  /// The program's parameters as they start (exec/init.hpp), copied into the arena.
   void initialise(const exec::program& p) {
     for (const exec::param_unit& u : p.units) {
-      std::vector<float> v(u.elements, 0.0f);
-      for (const exec::param_init& b : u.init) {
-        if (b.at + b.rows * b.cols > u.elements) fail("an initialisation block lies outside its unit");
-        for (std::uint64_t r = 0; r < b.rows; ++r)
-          for (std::uint64_t c = 0; c < b.cols; ++c)
-            v[b.at + r * b.cols + c] = b.k == exec::param_init::kind::normal
-                                           ? init_normal(p.hp.seed, b.rng_tensor, (b.row0 + r) * b.row_stride + b.col0 + c, b.stddev)
-                                           : b.constant;
-      }
-      T* w = ptr<T>(u.weight);
-      if (u.weight_begin + u.weight.count > u.elements) fail("a unit's weights lie outside it");
-      for (std::size_t i = 0; i < u.weight.count; ++i) w[i] = from_float<T>(static_cast<A>(v[u.weight_begin + i]));
+      const std::vector<float> v = exec::initial_values(p, u);
+      const std::vector<T> w = exec::initial_weights<T>(u, v);
+      std::memcpy(raw(u.weight), w.data(), w.size() * sizeof(T));
       if (!u.master.null()) {
-        A* m = ptr<A>(u.master);
-        if (u.master_begin + u.master.count > u.elements) fail("a unit's master weights lie outside it");
-        for (std::size_t i = 0; i < u.master.count; ++i) m[i] = to_float(from_float<T>(static_cast<A>(v[u.master_begin + i])));
+        const std::vector<A> m = exec::initial_master<T>(u, v);
+        std::memcpy(raw(u.master), m.data(), m.size() * sizeof(A));
       }
       for (const exec::operand* s : {&u.state1, &u.state2})
         if (!s->null()) std::memset(raw(*s), 0, s->bytes());

@@ -30,9 +30,9 @@
 // arena transients that the next op may reuse; overlapping the ZeRO-0/1 reductions (when::
 // last_micro) with the rest of backward would need a second stream and events, not more memory.
 //
-// Parameters start from program::units exactly as on the CPU backend: the logical values are
-// computed on the host with backend/cpu/pointwise.hpp's init_normal and rounded with the CPU's
-// conversions (core/float16.hpp), then copied, so the initial weights are bit-identical.
+// Parameters start from program::units exactly as on the CPU backend: the values and their
+// rounding are the core's (exec/init.hpp), computed on the host and copied, so the initial
+// weights are bit-identical.
 //
 // What the program may say that this backend refuses with a sentence (std::invalid_argument): at
 // construction fp16 storage and dynamic loss scaling (no loss scaler on the GPU) and optimizers
@@ -102,6 +102,7 @@
 #include "memalg/core/float16.hpp"
 #include "memalg/exec/checkpoint.hpp"
 #include "memalg/exec/communicator.hpp"
+#include "memalg/exec/init.hpp"
 #include "memalg/exec/program.hpp"
 #include "memalg/exec/run.hpp"
 
@@ -869,8 +870,7 @@ class step_backend {
       download(host_state_[i].data(), raw(t.t), t.t.bytes());
       s.push_back({t.name, std::span<std::byte>(host_state_[i])});
     }
-    s.push_back({"loss_scaler", std::as_writable_bytes(std::span(&scaler_, 1))});
-    s.push_back({"counters", std::as_writable_bytes(std::span(counters_))});
+    exec::add_step_sections(s, scaler_, counters_);
     return s;
   }
   /// Call before saving state_sections().
@@ -987,32 +987,16 @@ class step_backend {
     bn_channels_ = sh.bn_channels;
   }
 
-  /// The program's initialisation (program::units), computed on the host with the CPU backend's
-  /// helpers and conversions, then copied: the CPU backend's bits.
+  /// The program's parameters as they start, computed on the host (exec/init.hpp, as the CPU
+  /// backend's) and copied: the CPU backend's bits.
   void initialise(const exec::program& p) {
     MEMALG_CUDA_CHECK(cudaMemsetAsync(base_, 0, p.sizes.persistent, stream()));
-    std::vector<H> w;
-    std::vector<A> m;
     for (const exec::param_unit& u : p.units) {
-      std::vector<float> v(u.elements, 0.0f);
-      for (const exec::param_init& b : u.init) {
-        if (b.at + b.rows * b.cols > u.elements) fail("an initialisation block lies outside its unit");
-        for (std::uint64_t r = 0; r < b.rows; ++r)
-          for (std::uint64_t c = 0; c < b.cols; ++c)
-            v[b.at + r * b.cols + c] =
-                b.k == exec::param_init::kind::normal
-                    ? cpu::init_normal(p.hp.seed, b.rng_tensor, (b.row0 + r) * b.row_stride + b.col0 + c, b.stddev)
-                    : b.constant;
-      }
-      if (u.weight_begin + u.weight.count > u.elements) fail("a unit's weights lie outside it");
-      w.resize(u.weight.count);
-      for (std::size_t i = 0; i < u.weight.count; ++i) w[i] = ::memalg::from_float<H>(static_cast<A>(v[u.weight_begin + i]));
+      const std::vector<float> v = exec::initial_values(p, u);
+      const std::vector<H> w = exec::initial_weights<H>(u, v);
       upload(ptr<T>(u.weight), w.data(), w.size() * sizeof(H));
       if (!u.master.null()) {
-        if (u.master_begin + u.master.count > u.elements) fail("a unit's master weights lie outside it");
-        m.resize(u.master.count);
-        for (std::size_t i = 0; i < u.master.count; ++i)
-          m[i] = ::memalg::to_float(::memalg::from_float<H>(static_cast<A>(v[u.master_begin + i])));
+        const std::vector<A> m = exec::initial_master<H>(u, v);
         upload(ptr<A>(u.master), m.data(), m.size() * sizeof(A));
       }
       for (const exec::operand* s : {&u.state1, &u.state2})
