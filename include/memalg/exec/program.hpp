@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -405,13 +406,8 @@ struct param_unit {
 template <class Config>
   requires requires(Config c) { c.lr = c.weight_decay = c.beta1 = c.beta2 = c.eps = c.momentum = c.max_grad_norm = 0.0f; }
 constexpr Config with_hparams(Config c, const optimizer_hparams& h) {
-  c.lr = h.lr;
-  c.weight_decay = h.weight_decay;
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.eps = h.eps;
-  c.momentum = h.momentum;
-  c.max_grad_norm = h.max_grad_norm;
+  std::tie(c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, c.momentum, c.max_grad_norm) =
+      std::tie(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.momentum, h.max_grad_norm);
   return c;
 }
 

@@ -6,8 +6,8 @@
 // `transformer_lm` of Config (model/transformer.hpp) as the planner builds it — under tensor
 // parallelism the token embedding and the tied output layer are vocabulary-parallel (Megatron's
 // layout: the step program's vocabulary-parallel embedding and cross-entropy), the position
-// embedding replicated. `runtime_gpt_replicated<Config>` is the layout the CUDA binary's
-// tensor-parallel plans use: embeddings and tied output replicated. A plan over
+// embedding replicated. `runtime_gpt_replicated<Config>` keeps the embeddings and the tied output
+// replicated (the named plan `tp2-replicated`, examples/gpt_plans.hpp). A plan over
 // either describes exactly what its runtime allocates.
 //
 // The rules say which plans a runtime implements (find_runtime_issue, find_cpu_runtime_issue; the
