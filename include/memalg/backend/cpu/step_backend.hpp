@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <span>
 #include <stdexcept>
@@ -185,12 +186,11 @@ class step_backend {
       fail("a pipeline stage needs the pipeline group of its program's stages, at its stage");
     if (p.persistent_bytes > p.sizes.persistent || p.high_water > capacity_)
       fail("the program does not fit its own capacities");
-    std::memset(memory_, 0, p.sizes.persistent);
+    std::memset(memory_.get(), 0, p.sizes.persistent);
     initialise(p);
   }
 
  public:
-  ~step_backend() { ::operator delete(memory_, std::align_val_t{alignment}); }
   step_backend(const step_backend&) = delete;
   step_backend& operator=(const step_backend&) = delete;
 
@@ -796,7 +796,7 @@ class step_backend {
   std::byte* raw(const exec::operand& o) {
     if (o.in != exec::where::arena) fail("expected an arena operand");
     if (o.offset > capacity_ || o.bytes() > capacity_ - o.offset) fail("an operand lies outside the arena");
-    return memory_ + o.offset;
+    return memory_.get() + o.offset;
   }
   /// The same, inside an op: an access `a` its declaration allows.
   std::byte* raw(const exec::operand& o, exec::access a) {
@@ -880,7 +880,11 @@ class step_backend {
   Comm& tp_;
   Comm* pp_;
   std::size_t capacity_, persistent_capacity_;
-  std::byte* memory_;
+  /// The arena, freed with its alignment (also when the constructor refuses the program).
+  struct arena_delete {
+    void operator()(std::byte* b) const noexcept { ::operator delete(b, std::align_val_t{alignment}); }
+  };
+  std::unique_ptr<std::byte, arena_delete> memory_;
   std::vector<exec::param_unit> units_;
   std::vector<exec::persistent_tensor> checkpoint_;
   exec::hparams hp_;
