@@ -123,6 +123,25 @@ struct reader {
   }
 };
 
+/// At most 80 printable characters of a name from the file.
+std::string shown(std::string_view name) {
+  std::string s(name.substr(0, 80));
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20) c = '?';
+  return s;
+}
+
+/// Whether a GeLU MLP's activation (`names`, else `fallback`) is written out as its tanh formula
+/// (transformers' `gelu_new`, whose intermediates autograd saves) rather than one op that saves
+/// its input (`gelu`, `gelu_pytorch_tanh`: F.gelu). Any other activation is refused: its memory is
+/// not modelled.
+bool gelu_kind(const reader& r, std::initializer_list<const char*> names, const char* fallback) {
+  const std::string a = r.string_or(names, fallback);
+  if (a == "gelu_new") return true;
+  if (a == "gelu" || a == "gelu_pytorch_tanh") return false;
+  r.fail("unknown activation '" + shown(a) + "' in '" + *names.begin() + "' (planned: gelu_new, gelu, gelu_pytorch_tanh)");
+}
+
 /// Rotated dimensions per head: `rotary_pct` (or `partial_rotary_factor`) of the head, as
 /// GPT-NeoX's rotary embedding takes int(head_dim × pct).
 std::uint64_t rotary_dims(const reader& r, std::uint64_t head_dim) {
@@ -145,28 +164,43 @@ std::uint64_t add(std::uint64_t a, std::uint64_t b) {
 
 struct family_entry {
   std::string_view family;
-  std::initializer_list<std::string_view> names;  // architectures and model_type values
+  std::initializer_list<std::string_view> model_types;  // what AutoConfig resolves a config by
+  std::initializer_list<std::string_view> heads;        // the family's causal-LM classes
+  std::string_view prefix;                               // the family's class names begin so
 };
 const family_entry families[] = {
-    {"llama", {"LlamaForCausalLM", "llama"}},
-    {"mistral", {"MistralForCausalLM", "mistral"}},
-    {"mixtral", {"MixtralForCausalLM", "mixtral"}},
-    {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
-    {"gpt2", {"GPT2LMHeadModel", "GPT2Model", "gpt2"}},
-    {"gpt_neox", {"GPTNeoXForCausalLM", "gpt_neox"}},
-    {"falcon", {"FalconForCausalLM", "RWForCausalLM", "falcon", "RefinedWeb", "RefinedWebModel"}},
+    {"llama", {"llama"}, {"LlamaForCausalLM"}, "Llama"},
+    {"mistral", {"mistral"}, {"MistralForCausalLM"}, "Mistral"},
+    {"mixtral", {"mixtral"}, {"MixtralForCausalLM"}, "Mixtral"},
+    {"qwen2", {"qwen2"}, {"Qwen2ForCausalLM"}, "Qwen2"},
+    {"gpt2", {"gpt2"}, {"GPT2LMHeadModel"}, "GPT2"},
+    {"gpt_neox", {"gpt_neox"}, {"GPTNeoXForCausalLM"}, "GPTNeoX"},
+    {"falcon", {"falcon", "RefinedWeb", "RefinedWebModel"}, {"FalconForCausalLM", "RWForCausalLM"}, "Falcon"},
 };
 std::string supported_list() {
   return "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, "
          "GPTNeoXForCausalLM, FalconForCausalLM";
 }
 
-std::string_view family_of(std::string_view name) {
-  for (const family_entry& f : families)
-    for (std::string_view n : f.names)
+/// The family of a model_type, of a causal-LM class, or (`any_head`) of any of the family's own
+/// classes: its prefix followed by "For…" or "Model" (LlamaForSequenceClassification, GPT2Model;
+/// not Qwen2MoeForCausalLM, another model).
+std::string_view family_of(std::string_view name, bool any_head = false) {
+  for (const family_entry& f : families) {
+    for (std::string_view n : f.model_types)
       if (n == name) return f.family;
+    for (std::string_view n : f.heads)
+      if (n == name) return f.family;
+    if (any_head && name.starts_with(f.prefix)) {
+      const std::string_view rest = name.substr(f.prefix.size());
+      if (rest.starts_with("For") || rest == "Model") return f.family;
+    }
+  }
   return {};
 }
+
+/// A class that ends in a causal language-model head (what memalg plans).
+bool causal_lm_head(std::string_view arch) { return arch.ends_with("ForCausalLM") || arch.ends_with("LMHeadModel"); }
 
 /// Parameters of one block and of the rest, per family (see the file comment).
 struct counts {
@@ -193,31 +227,43 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
   }
   if (!j.is_object()) throw usage_error(std::string(source) + ": expected a JSON object at the top level");
 
+  // Keyed by model_type, as AutoConfig resolves a config (transformers' CONFIG_MAPPING);
+  // `architectures` names the head, which must be a causal language model's.
   hf_model m{};
   std::string_view family;
+  std::string model_type;
+  if (const auto t = j.find("model_type"); t != j.end() && t->is_string()) model_type = t->get<std::string>();
   if (const auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     if (!a->is_array() || a->empty() || !(*a)[0].is_string())
       throw usage_error(std::string(source) + ": field 'architectures' must be a list of class names");
     m.architecture = (*a)[0].get<std::string>();
-    family = family_of(m.architecture);
   }
-  if (family.empty()) {
-    if (const auto t = j.find("model_type"); t != j.end() && t->is_string()) {
-      if (m.architecture.empty()) m.architecture = t->get<std::string>();
-      family = family_of(t->get<std::string>());
-    }
-  }
+  const std::string_view by_type = family_of(model_type);
+  const std::string_view by_class = family_of(m.architecture, true);
+  family = !by_type.empty() ? by_type : by_class;
+  if (m.architecture.empty()) m.architecture = model_type;
   if (m.architecture.empty())
     throw usage_error(std::string(source) + ": missing field 'architectures' (or 'model_type'): which model is it?");
-  if (family.empty()) {
-    std::string shown = m.architecture.substr(0, 80);
-    for (char& c : shown)
-      if (static_cast<unsigned char>(c) < 0x20) c = '?';
-    throw usage_error(std::string(source) + ": unsupported architecture '" + shown + "' (supported: " +
+  if (family.empty())
+    throw usage_error(std::string(source) + ": unsupported architecture '" + shown(m.architecture) + "' (supported: " +
                       supported_list() + ")");
-  }
+  if (!by_type.empty() && !by_class.empty() && by_type != by_class)
+    throw usage_error(std::string(source) + ": model_type '" + shown(model_type) + "' and architectures '" +
+                      shown(m.architecture) + "' name different models (Hugging Face resolves by model_type)");
+  if (m.architecture != model_type && !causal_lm_head(m.architecture))
+    throw usage_error(std::string(source) + ": '" + shown(m.architecture) +
+                      "' is not a causal language model's head: only *ForCausalLM (GPT-2: GPT2LMHeadModel) is planned");
   m.family = family;
   const reader r{j, source, m.architecture};
+  // A quantized checkpoint's stored format is read and said; training is planned in the formats
+  // --precision names (the weights are dequantized or trained in those), never silently.
+  if (const auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
+    std::string method = "unnamed";
+    if (q->is_object())
+      if (const auto k = q->find("quant_method"); k != q->end() && k->is_string()) method = shown(k->get<std::string>());
+    m.notes.push_back("the checkpoint is quantized (quantization_config, quant_method '" + method +
+                      "'): training is planned in the formats --precision names, not in the stored one");
+  }
 
   lm_config c{};
   c.name = family;  // a literal: model_desc keeps a string_view
@@ -238,6 +284,8 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     if (c.heads % c.kv_heads != 0) r.fail("'num_key_value_heads' must divide 'num_attention_heads'");
     c.rms_norm = true;
     c.gated = true;
+    if (const std::string act = r.string_or({"hidden_act"}, "silu"); act != "silu")
+      r.fail("unknown activation '" + shown(act) + "' in 'hidden_act' (planned: silu, the SwiGLU MLP)");
     c.bias = false;
     c.rotary = true;  // q_proj, k_proj, v_proj apart; attention_dropout only (no residual dropout)
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
@@ -276,7 +324,9 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.bias = true;
     c.tied = r.flag_or({"tie_word_embeddings"}, true);
     c.fused_qkv = true;  // c_attn
-    c.gelu_tanh = r.string_or({"activation_function"}, "gelu_new") == "gelu_new";
+    c.gelu_tanh = gelu_kind(r, {"activation_function"}, "gelu_new");
+    if (r.flag_or({"add_cross_attention"}, false))
+      r.fail("'add_cross_attention' is true: GPT-2 with cross-attention blocks (an encoder-decoder's decoder) is not planned");
     c.softmax_scores_dtype = true;  // eager_attention_forward: softmax(attn_weights), no dtype
     c.residual_dropout = true;  // resid_pdrop, embd_pdrop
     const std::uint64_t h = c.hidden, f = c.ffn;
@@ -298,7 +348,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.fused_qkv = true;  // query_key_value
     c.rotary = true;
     c.rotary_dim = rotary_dims(r, c.hidden / c.heads);
-    c.gelu_tanh = r.string_or({"hidden_act"}, "gelu") == "gelu_new";
+    c.gelu_tanh = gelu_kind(r, {"hidden_act"}, "gelu");
     c.parallel_residual = r.flag_or({"use_parallel_residual"}, true);
     c.residual_dropout = true;  // hidden_dropout: post_attention_dropout, post_mlp_dropout, emb_dropout
     const std::uint64_t h = c.hidden, f = c.ffn;
@@ -315,6 +365,8 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     c.heads = r.count({"num_attention_heads", "n_head"});
     c.vocab = r.count({"vocab_size"});
     if (c.hidden % c.heads != 0) r.fail("'hidden_size' must be a multiple of 'num_attention_heads'");
+    if (const std::string act = r.string_or({"activation"}, "gelu"); act != "gelu")
+      r.fail("unknown activation '" + shown(act) + "' in 'activation' (planned: gelu)");
     c.head_dim = c.hidden / c.heads;
     const bool new_arch = r.flag_or({"new_decoder_architecture"}, std::string_view(m.architecture) == "RefinedWeb");
     const bool multi_query = r.flag_or({"multi_query"}, true);

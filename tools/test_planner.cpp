@@ -204,6 +204,20 @@ TEST_CASE("import reads the norms' epsilon under each family's name, with its co
   CHECK(norms == 2);
 }
 
+TEST_CASE("import says when the checkpoint is quantized, and plans in the precision asked for") {
+  const std::string llama = R"("model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8)";
+  const hf_model plain = parse_hf_config("{" + llama + "}", "config.json");
+  const hf_model fp8 = parse_hf_config("{" + llama + R"(, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})", "config.json");
+  const auto quantized = [](const hf_model& m) {
+    for (const std::string& n : m.notes)
+      if (n.find("quantized") != std::string::npos) return n;
+    return std::string();
+  };
+  CHECK(quantized(plain).empty());
+  CHECK(quantized(fp8).find("quant_method 'fp8'") != std::string::npos);
+  CHECK(fp8.parameters == plain.parameters);
+}
+
 TEST_CASE("import errors name the field, the architecture or the problem") {
   const auto message = [](std::string_view text) {
     try {
@@ -232,6 +246,22 @@ TEST_CASE("import errors name the field, the architecture or the problem") {
   CHECK(message(R"({"hidden_size": 1e00000000000000000000000000000000000000000000001550057157})").find("not valid JSON") != std::string::npos);
   CHECK(message(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "resid_pdrop": 2})").find("'resid_pdrop' must be a probability") != std::string::npos);
   CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8, "rms_norm_eps": 0})").find("'rms_norm_eps' must be a number in (0, 0.1]") != std::string::npos);
+  // Resolved by model_type, as AutoConfig does; only a causal language model's head is planned; an
+  // activation whose memory is not modelled, and GPT-2's cross-attention, are refused.
+  const std::string dims = R"("hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8)";
+  CHECK(message(R"({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"], )" + dims + "}").find("'LlamaForSequenceClassification' is not a causal language model's head") != std::string::npos);
+  CHECK(message(R"({"architectures": ["LlamaModel"], )" + dims + "}").find("'LlamaModel' is not a causal language model's head") != std::string::npos);
+  CHECK(message(R"({"model_type": "gpt2", "architectures": ["GPT2Model"], "n_embd": 64, "n_layer": 2, "n_head": 8, "n_positions": 32, "vocab_size": 10})").find("'GPT2Model' is not a causal") != std::string::npos);
+  CHECK(message(R"({"model_type": "llama", "architectures": ["MistralForCausalLM"], )" + dims + "}").find("model_type 'llama' and architectures 'MistralForCausalLM' name different models") != std::string::npos);
+  CHECK(message(R"({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], )" + dims + "}").find("unsupported architecture 'Qwen2MoeForCausalLM'") != std::string::npos);
+  CHECK(message(R"({"model_type": "llama", "hidden_act": "gelu", )" + dims + "}").find("unknown activation 'gelu' in 'hidden_act'") != std::string::npos);
+  CHECK(message(R"({"model_type": "gpt2", "activation_function": "relu", "n_embd": 64, "n_layer": 2, "n_head": 8, "n_positions": 32, "vocab_size": 10})").find("unknown activation 'relu'") != std::string::npos);
+  CHECK(message(R"({"model_type": "falcon", "activation": "relu", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10})").find("unknown activation 'relu' in 'activation'") != std::string::npos);
+  CHECK(message(R"({"model_type": "gpt2", "add_cross_attention": true, "n_embd": 64, "n_layer": 2, "n_head": 8, "n_positions": 32, "vocab_size": 10})").find("'add_cross_attention' is true") != std::string::npos);
+  // What still imports: a model_type alone, a class of the family's own naming, GELU variants.
+  CHECK(message(R"({"model_type": "llama", )" + dims + "}") == "no error");
+  CHECK(message(R"({"model_type": "llama", "architectures": ["MyLlamaForCausalLM"], "hidden_act": "silu", )" + dims + "}") == "no error");
+  CHECK(message(R"({"model_type": "gpt2", "activation_function": "gelu_pytorch_tanh", "add_cross_attention": false, "n_embd": 64, "n_layer": 2, "n_head": 8, "n_positions": 32, "vocab_size": 10})") == "no error");
   // An error is one line.
   CHECK(message(R"({"architectures": ["LlamaForCausalLM"], )").find('\n') == std::string::npos);
   CHECK_THROWS_AS(load_hf_config(data("no-such-file.json")), usage_error);
