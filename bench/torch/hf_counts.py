@@ -162,7 +162,7 @@ def kind(rel):
     parts = rel.split(".")
     if any("norm" in q or q.startswith("ln_") for q in parts[:-1]):
         return "norms"
-    if any(q in ("self_attn", "attn", "attention") for q in parts):
+    if any(q in ("self_attn", "self_attention", "attn", "attention") for q in parts):
         return "attention"
     if any(q in ("mlp", "feed_forward", "block_sparse_moe") for q in parts):
         return "mlp"
