@@ -322,6 +322,12 @@ std::optional<lm_config> transformer_config(const plan_flags& f) {
   if (!f.preset.empty()) {
     const presets::named_preset* p = presets::find(f.preset);
     if (p == nullptr) throw usage_error("unknown --preset '" + f.preset + "' (" + preset_names() + ")");
+    if (p->family != nullptr) {
+      if (layer_shape_given(f))
+        throw usage_error("--preset " + f.preset + " is built as its Hugging Face modelling code builds it: layer-shape "
+                          "flags do not apply to it (edit a config.json and use --config)");
+      return std::nullopt;
+    }
     if (p->config == nullptr) {
       if (layer_shape_given(f) || !f.attention.empty())
         throw usage_error("--preset " + f.preset + " is not a decoder-only transformer: layer-shape flags do not apply to it");
@@ -361,7 +367,12 @@ namespace {
 /// The model from --preset and the layer-shape flags.
 model_desc layer_model(const plan_flags& f) {
   const std::optional<lm_config> c = transformer_config(f);
-  return c ? transformer_lm(*c) : *presets::find(f.preset)->model;
+  if (c) return transformer_lm(*c);
+  const presets::named_preset* p = presets::find(f.preset);
+  if (p->family == nullptr || f.attention.empty()) return *p->model;
+  family_lm_config family = *p->family;  // --attention is the one flag a family preset takes
+  family.lm.flash = parse_flash(f.attention);
+  return family_lm(family);
 }
 }  // namespace
 

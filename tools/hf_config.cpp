@@ -22,145 +22,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hf_reader.hpp"
+#include "memalg/model/families.hpp"
 #include "planner.hpp"
 
 namespace memalg::cli {
 
 namespace {
 
-using nlohmann::json;
-
-/// The largest dimension accepted: larger is not a model, and it keeps every product in 64 bits.
-constexpr std::uint64_t max_dimension = 1ULL << 24;
-
-struct reader {
-  const json& j;
-  std::string_view source;
-  std::string_view architecture;
-
-  [[noreturn]] void fail(const std::string& what) const { throw usage_error(std::string(source) + ": " + what); }
-
-  const json* find(std::initializer_list<const char*> names) const {
-    for (const char* n : names) {
-      const auto it = j.find(n);
-      if (it != j.end() && !it->is_null()) return &*it;
-    }
-    return nullptr;
-  }
-  static std::string names_of(std::initializer_list<const char*> names) {
-    std::string s;
-    for (const char* n : names) {
-      if (!s.empty()) s += "' or '";
-      s += n;
-    }
-    return "'" + s + "'";
-  }
-  /// A positive integer field (the first of `names` present).
-  std::uint64_t count(std::initializer_list<const char*> names) const {
-    const json* v = find(names);
-    if (v == nullptr)
-      fail("missing field " + names_of(names) + " (needed for " + std::string(architecture) + ")");
-    return check_count(*v, *names.begin());
-  }
-  std::uint64_t count_or(std::initializer_list<const char*> names, std::uint64_t fallback) const {
-    const json* v = find(names);
-    return v == nullptr ? fallback : check_count(*v, *names.begin());
-  }
-  std::uint64_t check_count(const json& v, const char* name) const {
-    std::uint64_t n = 0;
-    if (v.is_number_unsigned()) n = v.get<std::uint64_t>();
-    else if (v.is_number_integer() && v.get<std::int64_t>() > 0) n = static_cast<std::uint64_t>(v.get<std::int64_t>());
-    else if (v.is_number_float() && v.get<double>() >= 1 && v.get<double>() <= static_cast<double>(max_dimension) &&
-             v.get<double>() == static_cast<double>(static_cast<std::uint64_t>(v.get<double>())))
-      n = static_cast<std::uint64_t>(v.get<double>());
-    else
-      fail("field '" + std::string(name) + "' must be a positive integer, not " + v.dump());
-    if (n == 0) fail("field '" + std::string(name) + "' must be at least 1");
-    if (n > max_dimension)
-      fail("field '" + std::string(name) + "' is " + std::to_string(n) + ", larger than any model dimension (" +
-           std::to_string(max_dimension) + ")");
-    return n;
-  }
-  /// The largest of the dropout probabilities present, in thousandths.
-  std::uint64_t dropout_permille(std::initializer_list<const char*> names) const {
-    double p = 0;
-    for (const char* n : names) {
-      const auto it = j.find(n);
-      if (it == j.end() || it->is_null()) continue;
-      if (!it->is_number() || it->get<double>() < 0 || it->get<double>() >= 1)
-        fail("field '" + std::string(n) + "' must be a probability in [0, 1), not " + it->dump());
-      p = it->get<double>() > p ? it->get<double>() : p;
-    }
-    return static_cast<std::uint64_t>(p * 1000 + 0.5);
-  }
-  std::string string_or(std::initializer_list<const char*> names, const char* fallback) const {
-    const json* v = find(names);
-    if (v == nullptr) return fallback;
-    if (!v->is_string()) fail("field '" + std::string(*names.begin()) + "' must be a string, not " + v->dump());
-    return v->get<std::string>();
-  }
-  /// A fraction in (0, 1] (the first of `names` present), or `fallback`.
-  double fraction_or(std::initializer_list<const char*> names, double fallback) const {
-    const json* v = find(names);
-    if (v == nullptr) return fallback;
-    if (!v->is_number() || !(v->get<double>() > 0) || v->get<double>() > 1)
-      fail("field '" + std::string(*names.begin()) + "' must be a number in (0, 1], not " + v->dump());
-    return v->get<double>();
-  }
-  /// A norm's ε: a number in (0, 0.1] (the first of `names` present), or `fallback`.
-  double epsilon_or(std::initializer_list<const char*> names, double fallback) const {
-    const json* v = find(names);
-    if (v == nullptr) return fallback;
-    if (!v->is_number() || !(v->get<double>() > 0) || v->get<double>() > 0.1)
-      fail("field '" + std::string(*names.begin()) + "' must be a number in (0, 0.1], not " + v->dump());
-    return v->get<double>();
-  }
-  bool flag_or(std::initializer_list<const char*> names, bool fallback) const {
-    const json* v = find(names);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) fail("field '" + std::string(*names.begin()) + "' must be true or false, not " + v->dump());
-    return v->get<bool>();
-  }
-};
-
-/// At most 80 printable characters of a name from the file.
-std::string shown(std::string_view name) {
-  std::string s(name.substr(0, 80));
-  for (char& c : s)
-    if (static_cast<unsigned char>(c) < 0x20) c = '?';
-  return s;
-}
-
-/// Whether a GeLU MLP's activation (`names`, else `fallback`) is written out as its tanh formula
-/// (transformers' `gelu_new`, whose intermediates autograd saves) rather than one op that saves
-/// its input (`gelu`, `gelu_pytorch_tanh`: F.gelu). Any other activation is refused: its memory is
-/// not modelled.
-bool gelu_kind(const reader& r, std::initializer_list<const char*> names, const char* fallback) {
-  const std::string a = r.string_or(names, fallback);
-  if (a == "gelu_new") return true;
-  if (a == "gelu" || a == "gelu_pytorch_tanh") return false;
-  r.fail("unknown activation '" + shown(a) + "' in '" + *names.begin() + "' (planned: gelu_new, gelu, gelu_pytorch_tanh)");
-}
-
-/// Rotated dimensions per head: `rotary_pct` (or `partial_rotary_factor`) of the head, as
-/// GPT-NeoX's rotary embedding takes int(head_dim × pct).
-std::uint64_t rotary_dims(const reader& r, std::uint64_t head_dim) {
-  const double pct = r.fraction_or({"rotary_pct", "partial_rotary_factor"}, 1.0);
-  const auto d = static_cast<std::uint64_t>(static_cast<double>(head_dim) * pct);
-  return d == 0 ? 1 : d;
-}
-
-// Checked arithmetic for counts: an overflow is a usage error (an absurd config), not a crash.
-std::uint64_t mul(std::uint64_t a, std::uint64_t b) {
-  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a)
-    throw usage_error("the parameter count of this configuration overflows 64 bits");
-  return a * b;
-}
-std::uint64_t add(std::uint64_t a, std::uint64_t b) {
-  if (b > std::numeric_limits<std::uint64_t>::max() - a)
-    throw usage_error("the parameter count of this configuration overflows 64 bits");
-  return a + b;
-}
+using namespace hf;
 
 struct family_entry {
   std::string_view family;
@@ -176,10 +46,30 @@ const family_entry families[] = {
     {"gpt2", {"gpt2"}, {"GPT2LMHeadModel"}, "GPT2"},
     {"gpt_neox", {"gpt_neox"}, {"GPTNeoXForCausalLM"}, "GPTNeoX"},
     {"falcon", {"falcon", "RefinedWeb", "RefinedWebModel"}, {"FalconForCausalLM", "RWForCausalLM"}, "Falcon"},
+    // The families of 2024–2026 (hf_families.cpp). Gemma 3 and Llama 4 are released as
+    // *ForConditionalGeneration with a text_config (the language model) and a vision_config.
+    {"qwen3", {"qwen3"}, {"Qwen3ForCausalLM"}, "Qwen3"},
+    {"qwen3_moe", {"qwen3_moe"}, {"Qwen3MoeForCausalLM"}, "Qwen3Moe"},
+    {"gemma2", {"gemma2"}, {"Gemma2ForCausalLM"}, "Gemma2"},
+    {"gemma3", {"gemma3", "gemma3_text"}, {"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"}, "Gemma3"},
+    {"phi3", {"phi3"}, {"Phi3ForCausalLM"}, "Phi3"},
+    {"olmo2", {"olmo2"}, {"Olmo2ForCausalLM"}, "Olmo2"},
+    {"starcoder2", {"starcoder2"}, {"Starcoder2ForCausalLM"}, "Starcoder2"},
+    {"gpt_bigcode", {"gpt_bigcode"}, {"GPTBigCodeForCausalLM"}, "GPTBigCode"},
+    // Kimi K2 is DeepSeek-V3's architecture under its own model_type (its config names
+    // DeepseekV3ForCausalLM).
+    {"deepseek_v3", {"deepseek_v3", "kimi_k2"}, {"DeepseekV3ForCausalLM"}, "DeepseekV3"},
+    {"gpt_oss", {"gpt_oss"}, {"GptOssForCausalLM"}, "GptOss"},
+    {"llama4", {"llama4", "llama4_text"}, {"Llama4ForCausalLM", "Llama4ForConditionalGeneration"}, "Llama4"},
 };
 std::string supported_list() {
-  return "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, "
-         "GPTNeoXForCausalLM, FalconForCausalLM";
+  std::string s;
+  for (const family_entry& f : families)
+    for (std::string_view h : f.heads) {
+      if (!s.empty()) s += ", ";
+      s += h;
+    }
+  return s;
 }
 
 /// The family of a model_type, of a causal-LM class, or (`any_head`) of any of the family's own
@@ -199,8 +89,16 @@ std::string_view family_of(std::string_view name, bool any_head = false) {
   return {};
 }
 
-/// A class that ends in a causal language-model head (what memalg plans).
-bool causal_lm_head(std::string_view arch) { return arch.ends_with("ForCausalLM") || arch.ends_with("LMHeadModel"); }
+/// A class that ends in a causal language-model head (what memalg plans): *ForCausalLM, GPT-2's
+/// *LMHeadModel, and the image-text-to-text models' *ForConditionalGeneration, whose language model
+/// generates text causally (Gemma 3, Llama 4).
+bool causal_lm_head(std::string_view arch) {
+  if (arch.ends_with("ForCausalLM") || arch.ends_with("LMHeadModel")) return true;
+  for (const family_entry& f : families)
+    for (std::string_view h : f.heads)
+      if (h == arch) return true;
+  return false;
+}
 
 /// Parameters of one block and of the rest, per family (see the file comment).
 struct counts {
@@ -252,7 +150,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
                       shown(m.architecture) + "' name different models (Hugging Face resolves by model_type)");
   if (m.architecture != model_type && !causal_lm_head(m.architecture))
     throw usage_error(std::string(source) + ": '" + shown(m.architecture) +
-                      "' is not a causal language model's head: only *ForCausalLM (GPT-2: GPT2LMHeadModel) is planned");
+                      "' is not a causal language model's head: only *ForCausalLM (GPT-2: GPT2LMHeadModel; Gemma 3 and Llama 4: *ForConditionalGeneration) is planned");
   m.family = family;
   const reader r{j, source, m.architecture};
   // A quantized checkpoint's stored format is read and said; training is planned in the formats
@@ -265,6 +163,13 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
                       "'): training is planned in the formats --precision names, not in the stored one");
   }
 
+  if (current_family(family)) {
+    if (!model_type.empty() && family_of(model_type) == family && model_type != family &&
+        !std::string_view(model_type).ends_with("_text"))
+      m.notes.push_back("model_type '" + shown(model_type) + "' is read as " + std::string(family) +
+                        ", the architecture it names (" + shown(m.architecture) + ")");
+    return read_current_family(j, std::move(m), source, options);
+  }
   lm_config c{};
   c.name = family;  // a literal: model_desc keeps a string_view
   c.flash = options.flash;
@@ -448,6 +353,7 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
                                  c.attention_output_dropout_permille, c.mlp_output_dropout_permille});
   m.config = c;
   m.per_layer = n.layer;
+  m.dense_layers = c.layers;
   m.embedding = n.embedding;
   m.output = n.output;
   m.parameters = add(add(add(n.embedding, mul(c.layers, n.layer)), n.final_norm), n.output);
@@ -469,6 +375,10 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
       l.params = n.final_norm;
       l.tp_replicated_params = n.final_norm;
     }
+  }
+  if (c.experts != 0) {
+    m.active = active_parameters(m.model);
+    m.active_with_embedding = active_parameters(m.model, true);
   }
   if (m.model.parameters() != m.parameters)
     throw std::logic_error("import: the built model has " + std::to_string(m.model.parameters()) +
@@ -504,6 +414,14 @@ nlohmann::json hf_json(const hf_model& m) {
   j["per_layer"] = m.per_layer;
   j["embedding"] = m.embedding;
   j["output"] = m.output;
+  j["dense_layers"] = m.dense_layers;
+  j["sparse_layers"] = m.sparse_layers;
+  j["per_sparse_layer"] = m.per_sparse_layer;
+  j["vision"] = m.vision;
+  if (m.active != 0) {
+    j["active_parameters"] = m.active;
+    j["active_parameters_with_embedding"] = m.active_with_embedding;
+  }
   j["layers"] = c.layers;
   j["hidden"] = c.hidden;
   j["heads"] = c.heads;
@@ -529,8 +447,17 @@ int run_import(const std::string& path, bool json_output) {
   std::cout << "architecture: " << m.architecture << " (" << m.family << ")\n"
             << "parameters:   " << m.parameters << "\n"
             << "  embedding   " << m.embedding << "\n"
-            << "  per layer   " << m.per_layer << " x " << c.layers << " layers\n"
-            << "  output      " << m.output << (c.tied ? " (tied to the embedding)" : "") << "\n"
+            << "  output      " << m.output << (c.tied ? " (tied to the embedding)" : "") << "\n";
+  if (m.dense_layers != 0)
+    std::cout << "  per layer   " << m.per_layer << " x " << m.dense_layers << (m.sparse_layers != 0 ? " dense" : "")
+              << " layers\n";
+  if (m.sparse_layers != 0)
+    std::cout << "  per layer   " << m.per_sparse_layer << " x " << m.sparse_layers << " layers with a mixture of experts\n";
+  if (m.vision != 0) std::cout << "  vision      " << m.vision << " (vision tower and projector, counted as weights)\n";
+  if (m.active != 0)
+    std::cout << "active:       " << m.active << " per token (every parameter but the routed experts a token is not sent "
+              << "to and the input embedding table; " << m.active_with_embedding << " with it)\n";
+  std::cout
             << "shape:        hidden " << c.hidden << ", heads " << c.heads << " (key/value " << c.kv_heads
             << ", head " << c.head_dim << "), ffn " << c.ffn << ", vocab " << c.vocab;
   if (c.experts != 0) std::cout << ", experts " << c.experts << " (top " << c.top_k << ")";

@@ -242,12 +242,19 @@ int run_emit(const plan_flags& plan, const emit_flags& emit, std::string_view co
 /// A Hugging Face config.json read as a layer-level model.
 struct hf_model {
   std::string architecture;        ///< "LlamaForCausalLM", or the model_type when there is no list
-  std::string_view family;         ///< llama, mistral, mixtral, qwen2, gpt2, gpt_neox, falcon
+  std::string_view family;         ///< the model_type it is read as: llama, qwen3, deepseek_v3, …
   lm_config config{};              ///< what the transformer builder was given
   std::uint64_t parameters = 0;    ///< exact, from the module shapes of the family
-  std::uint64_t per_layer = 0;     ///< parameters of one block
+  std::uint64_t per_layer = 0;     ///< parameters of one (dense) block
+  std::uint64_t dense_layers = 0;  ///< blocks with a dense MLP
+  std::uint64_t per_sparse_layer = 0;  ///< parameters of one block with a mixture of experts
+  std::uint64_t sparse_layers = 0;     ///< blocks with a mixture of experts
   std::uint64_t embedding = 0;     ///< token (+ position) embedding
   std::uint64_t output = 0;        ///< output layer (0 when tied)
+  std::uint64_t vision = 0;        ///< multimodal configs: vision tower and projector, counted as weights
+  /// Mixtures of experts: parameters a token's forward pass reads (model/families.hpp,
+  /// active_parameters: without the input embedding table), and with it.
+  std::uint64_t active = 0, active_with_embedding = 0;
   model_desc model{};              ///< model.parameters() == parameters
   std::vector<std::string> notes;  ///< what the memory model approximates for this family
 };

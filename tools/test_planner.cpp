@@ -138,6 +138,126 @@ TEST_CASE("Hugging Face configs: exact parameter counts, as published") {
   }
 }
 
+TEST_CASE("Hugging Face configs: every count equals what transformers 5.17 instantiates") {
+  // tests/data/hf/counts.json: bench/torch/hf_counts.py built each configuration's class on the
+  // meta device and counted model.num_parameters() (and, for mixtures of experts, the parameters
+  // outside the routed experts a token is not sent to; for multimodal classes, the vision tower).
+  std::ifstream in(data("counts.json"));
+  REQUIRE(in);
+  const nlohmann::json counts = nlohmann::json::parse(in)["files"];
+  REQUIRE(counts.size() >= 24);
+  for (const auto& [file, c] : counts.items()) {
+    CAPTURE(file);
+    const hf_model m = load_hf_config(data(file));
+    CHECK(m.parameters == c["parameters"].get<std::uint64_t>());
+    CHECK(m.model.parameters() == m.parameters);
+    CHECK(m.vision == c.value("vision", std::uint64_t{0}));
+    if (c.contains("active_without_embedding")) {
+      CHECK(m.active == c["active_without_embedding"].get<std::uint64_t>());
+      CHECK(m.active_with_embedding == c["active_with_embedding"].get<std::uint64_t>());
+    } else {
+      CHECK(m.active == 0);
+    }
+  }
+}
+
+TEST_CASE("the presets of current families are the imported configurations") {
+  const std::pair<const char*, const char*> pairs[] = {
+      {"qwen3-8b", "qwen3-8b.json"},         {"qwen3-30b-a3b", "qwen3-30b-a3b.json"},
+      {"gemma2-9b", "gemma-2-9b.json"},      {"gemma3-27b", "gemma-3-27b.json"},
+      {"phi4", "phi-4.json"},                {"olmo2-7b", "olmo-2-7b.json"},
+      {"starcoder2-15b", "starcoder2-15b.json"}, {"starcoderbase-1b", "gpt-bigcode-1b.json"},
+      {"deepseek-v3", "deepseek-v3.json"},   {"gpt-oss-20b", "gpt-oss-20b.json"},
+      {"gpt-oss-120b", "gpt-oss-120b.json"}, {"llama4-scout", "llama-4-scout.json"},
+  };
+  for (const auto& [preset, file] : pairs) {
+    CAPTURE(preset);
+    const presets::named_preset* p = presets::find(preset);
+    REQUIRE(p != nullptr);
+    REQUIRE(p->family != nullptr);
+    const hf_model m = load_hf_config(data(file));
+    CHECK(p->model->parameters() == m.parameters);
+    CHECK(p->model->size == m.model.size);
+    for (std::size_t i = 0; i < m.model.size && i < p->model->size; ++i) {
+      CAPTURE(i);
+      CHECK(p->model->entries[i].params == m.model.entries[i].params);
+      CHECK(p->model->entries[i].count == m.model.entries[i].count);
+      CHECK(p->model->entries[i].expert_params == m.model.entries[i].expert_params);
+      CHECK(p->model->entries[i].tp_replicated_params == m.model.entries[i].tp_replicated_params);
+      CHECK(p->model->entries[i].shape.flags == m.model.entries[i].shape.flags);
+      CHECK(p->model->entries[i].shape.head_dim == m.model.entries[i].shape.head_dim);
+      CHECK(p->model->entries[i].shape.norm_eps == m.model.entries[i].shape.norm_eps);
+    }
+    if (m.active != 0) CHECK(active_parameters(*p->model) == m.active);
+    // Layer-shape flags cannot reshape it; --attention still chooses the attention.
+    plan_flags f;
+    f.preset = preset;
+    f.seq = "1024";
+    f.attention = "naive";
+    CHECK(make_inputs(f).model.parameters() == m.parameters);
+    f.hidden = "1024";
+    CHECK_THROWS_WITH_AS(make_inputs(f), doctest::Contains("layer-shape flags do not apply"), usage_error);
+  }
+}
+
+TEST_CASE("import of current families: text_config, aliases, quantization, refusals") {
+  const auto message = [](std::string_view text) {
+    try {
+      (void)parse_hf_config(text, "config.json");
+    } catch (const usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto has_note = [](const hf_model& m, std::string_view what) {
+    for (const std::string& n : m.notes)
+      if (n.find(what) != std::string::npos) return true;
+    return false;
+  };
+  const std::string dims = R"("hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100, "intermediate_size": 32)";
+  // Kimi K2 names DeepSeek-V3's architecture under its own model_type.
+  const std::string mla = R"("q_lora_rank": 16, "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "first_k_dense_replace": 1)";
+  const hf_model kimi = parse_hf_config(R"({"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"], )" + dims + ", " + mla + "}");
+  const hf_model v3 = parse_hf_config(R"({"model_type": "deepseek_v3", )" + dims + ", " + mla + "}");
+  CHECK(kimi.family == "deepseek_v3");
+  CHECK(kimi.parameters == v3.parameters);
+  CHECK(has_note(kimi, "model_type 'kimi_k2' is read as deepseek_v3"));
+  CHECK(kimi.dense_layers == 1);
+  CHECK(kimi.sparse_layers == 3);
+  CHECK(kimi.active < kimi.parameters);
+  CHECK(v3.active_with_embedding == v3.active + 100 * 64);  // the untied input embedding table
+  // first_k_dense_replace 0: every layer sparse.
+  std::string all_sparse = mla;
+  all_sparse.replace(all_sparse.find("\"first_k_dense_replace\": 1"), 26, "\"first_k_dense_replace\": 0");
+  CHECK(parse_hf_config(R"({"model_type": "deepseek_v3", )" + dims + ", " + all_sparse + "}").sparse_layers == 4);
+  // A quantized release (gpt-oss's mxfp4) is said, and planned in the precision asked for.
+  const std::string oss = R"("model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2, )" + dims;
+  const hf_model mx = parse_hf_config("{" + oss + R"(, "quantization_config": {"quant_method": "mxfp4"}})");
+  CHECK(has_note(mx, "quant_method 'mxfp4'"));
+  CHECK(mx.parameters == parse_hf_config("{" + oss + "}").parameters);
+  // Multimodal releases: the language model from text_config; the vision tower counted as weights.
+  const std::string vision = R"("vision_config": {"hidden_size": 16, "num_hidden_layers": 2, "intermediate_size": 32, "patch_size": 4, "image_size": 16, "vision_use_head": false})";
+  const hf_model g3 = parse_hf_config(R"({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": {)" + dims + "}, " + vision + "}");
+  const hf_model g3_text = parse_hf_config(R"({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], )" + dims + "}");
+  CHECK(g3.vision > 0);
+  CHECK(g3.parameters == g3_text.parameters + g3.vision);
+  CHECK(has_note(g3, "vision tower is counted as weights"));
+  CHECK(g3_text.vision == 0);
+  // Refusals, one line each: a missing part, an unknown activation, a head that is not a causal LM,
+  // a model_type that names another model.
+  CHECK(message(R"({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], )" + dims + "}").find("missing field 'text_config'") != std::string::npos);
+  CHECK(message(R"({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": {)" + dims + "}}").find("missing field 'vision_config'") != std::string::npos);
+  CHECK(message(R"({"model_type": "gemma2", "hidden_activation": "relu", )" + dims + "}").find("unknown activation 'relu' in 'hidden_activation'") != std::string::npos);
+  CHECK(message(R"({"model_type": "qwen3", "hidden_act": "gelu", )" + dims + "}").find("unknown activation 'gelu'") != std::string::npos);
+  CHECK(message(R"({"model_type": "qwen3", "architectures": ["Qwen3ForSequenceClassification"], )" + dims + "}").find("not a causal language model's head") != std::string::npos);
+  CHECK(message(R"({"model_type": "qwen3", "architectures": ["Qwen3MoeForCausalLM"], )" + dims + "}").find("name different models") != std::string::npos);
+  CHECK(message(R"({"model_type": "qwen3_moe", )" + dims + "}").find("missing field 'num_experts'") != std::string::npos);
+  CHECK(message(R"({"model_type": "deepseek_v3", )" + dims + "}").find("missing field 'kv_lora_rank'") != std::string::npos);
+  CHECK(message(R"({"model_type": "gpt_oss", "num_local_experts": 2, "num_experts_per_tok": 4, )" + dims + "}").find("cannot exceed") != std::string::npos);
+  CHECK(message(R"({"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"], "text_config": {"num_local_experts": 4, "intermediate_size_mlp": 64, )" + dims + R"(}, "vision_config": {"hidden_size": 16}})").find("(vision_config): missing field 'num_hidden_layers'") != std::string::npos);
+  CHECK(message(R"({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "mlp_only_layers": "all", )" + dims + "}").find("'mlp_only_layers' must be a list") != std::string::npos);
+}
+
 TEST_CASE("an imported Llama-2 7B plans like the llama2-7b preset") {
   plan_flags from_config = llama_flags();
   from_config.precision = "mixed-bf16-fp32-grads";
