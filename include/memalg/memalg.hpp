@@ -9,6 +9,7 @@
 #include "memalg/core/dtype.hpp"
 #include "memalg/device/device.hpp"
 #include "memalg/model/compose.hpp"
+#include "memalg/model/families.hpp"
 #include "memalg/model/layer.hpp"
 #include "memalg/model/layers.hpp"
 #include "memalg/model/parameters.hpp"

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: BSL-1.0
+// examples/current_models.cpp — the models of 2024–2026 as presets: exact parameters, the
+// parameters a mixture of experts activates per token, and a plan checked at compile time.
+//
+// Each preset is one published model with the dimensions of its Hugging Face config.json and the
+// parameters transformers 5.17 instantiates (memalg/model/presets/current.hpp); `memalg import`
+// reads the same families from a config.json. Fine-tuning Qwen3-8B in full with amp-bf16 AdamW
+// needs 16 bytes of model states per parameter, 131 GB: more than an 80 GB H100 holds, so the
+// build checks that one GPU does not fit and that ZeRO-3 over 8 does.
+#include <memalg/memalg.hpp>
+
+#include <cstdio>
+
+namespace m = memalg;
+
+using training = m::train::recipe<m::precision::amp_bf16, m::optim::adamw<>, m::train::batch<1, 4096>,
+                                  m::train::recompute::full>;
+template <int Gpus>
+using qwen3_on = m::plan<m::presets::qwen3_8b, training,
+                         m::parallel::mesh<m::parallel::data<Gpus, m::parallel::zero<Gpus == 1 ? 0 : 3>>>,
+                         m::device::h100_80gb>;
+
+static_assert(!qwen3_on<1>::fits, "Qwen3-8B's model states alone exceed one 80 GB GPU");
+static_assert(m::require_fits<qwen3_on<8>>(), "ZeRO-3 over 8 GPUs fits Qwen3-8B at sequence 4096");
+
+// Active parameters: every parameter but the routed experts a token is not sent to and the input
+// embedding table (gpt-oss's convention; model/families.hpp).
+static_assert(m::active_parameters(m::presets::gpt_oss_20b::value) < m::presets::gpt_oss_20b::value.parameters() / 5);
+
+namespace {
+template <class Preset>
+void row(const char* name) {
+  constexpr std::uint64_t total = Preset::value.parameters();
+  constexpr std::uint64_t active = m::active_parameters(Preset::value);
+  constexpr bool experts = [] {
+    for (const m::layer_desc& l : Preset::value)
+      if ((l.shape.flags & m::layer_flags::moe) != 0) return true;
+    return false;
+  }();
+  std::printf("  %-16s %8.2fB parameters", name, static_cast<double>(total) / 1e9);
+  if (experts) std::printf(", %6.2fB active per token", static_cast<double>(active) / 1e9);
+  std::printf("\n");
+}
+}  // namespace
+
+int main() {
+  std::printf("presets of current families (exact parameters, as transformers 5.17 instantiates them)\n");
+  row<m::presets::qwen3_8b>("qwen3-8b");
+  row<m::presets::gemma3_27b>("gemma3-27b");
+  row<m::presets::phi4>("phi4");
+  row<m::presets::qwen3_30b_a3b>("qwen3-30b-a3b");
+  row<m::presets::gpt_oss_20b>("gpt-oss-20b");
+  row<m::presets::deepseek_v3>("deepseek-v3");
+  row<m::presets::llama4_scout>("llama4-scout");
+  std::printf("\nQwen3-8B, amp-bf16 AdamW, sequence 4096, full recomputation, H100 80 GB\n");
+  std::printf("  1 GPU:            %s per GPU (does not fit)\n", m::to_string(qwen3_on<1>::per_rank.total()).c_str());
+  std::printf("  8 GPUs, ZeRO-3:   %s per GPU\n", m::to_string(qwen3_on<8>::per_rank.total()).c_str());
+  return 0;
+}
