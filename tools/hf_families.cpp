@@ -102,7 +102,10 @@ bool current_family(std::string_view family) {
 
 hf_model read_current_family(const json& top, hf_model m, std::string_view source, const import_options& options) {
   const std::string_view family = m.family;
-  const bool multimodal = m.architecture.ends_with("ForConditionalGeneration");
+  // Without `architectures`, AutoModelForCausalLM builds a Gemma3Config (model_type gemma3) as
+  // Gemma3ForConditionalGeneration, and a Llama4Config as the text-only Llama4ForCausalLM
+  // (transformers 5.17, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).
+  const bool multimodal = m.architecture.ends_with("ForConditionalGeneration") || m.architecture == "gemma3";
   // Multimodal releases keep the language model's fields under text_config (Gemma3Config,
   // Llama4Config); a text-only class may also be given one.
   const json* text = &top;
