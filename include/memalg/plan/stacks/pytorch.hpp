@@ -331,6 +331,9 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
       // the norm's output, are the norm's), and a norm on its output, whose backward ran before.
       r.mlp_released = m.saved.total() + after_norm;
+      // That norm's backward runs first of all the block's (its node was made last): its saved
+      // tensors are freed before the MLP's backward makes its transients.
+      r.backward_released = after_norm;
       // A third phase: the attention's input projections (and the norm before them), once the
       // attention's own saved tensors are freed, its core's gradients with them.
       r.last_released = r.parts.attention.total() + r.parts.cross_attention.total() - self.saved.weight_grad;
