@@ -228,6 +228,9 @@ def matrix():
         add(case(v + "-gc", v, gradient_checkpointing=True))
         add(case(v + "-eager-s1024", v, attention="eager", seq=1024))
         add(case(v + "-wide", v, ffn=2816, **wide))
+        # A vocabulary of 2000: the peak is a block's backward (eager attention's score
+        # gradients), not the loss's, so the order in which the block frees its tensors counts.
+        add(case(v + "-wide-eager", v, attention="eager", ffn=2816, **dict(wide, vocab=2000)))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))
