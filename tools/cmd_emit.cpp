@@ -120,7 +120,12 @@ std::string flags_expression(std::uint32_t flags) {
       {layer_flags::encoder_output, "encoder_output"},
       {layer_flags::per_site_dropout, "per_site_dropout"},
       {layer_flags::softmax_scores_dtype, "softmax_scores_dtype"},
-      {layer_flags::softmax_stream_dtype, "softmax_stream_dtype"}};
+      {layer_flags::softmax_stream_dtype, "softmax_stream_dtype"},
+      {layer_flags::qk_norm_per_head, "qk_norm_per_head"},
+      {layer_flags::qk_norm_whole, "qk_norm_whole"},
+      {layer_flags::norms_after, "norms_after"},
+      {layer_flags::rms_weight_fp32, "rms_weight_fp32"},
+      {layer_flags::rotary_fp32, "rotary_fp32"}};
   std::string out;
   for (const auto& [bit, name] : names)
     if ((flags & bit) != 0) {

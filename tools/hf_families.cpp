@@ -179,6 +179,8 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     read_dimensions(r, c, 0);
     require_activation(r, {"hidden_act"}, "silu", "silu, the SwiGLU MLP");
     f.qk_norm = qk_norm_kind::whole;
+    f.norms_after = true;
+    f.rotary_fp32 = true;  // Olmo2RotaryEmbedding: cos and sin without .to(x.dtype)
     f.attention_bias = r.flag_or({"attention_bias"}, false);
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
     eps_default = 1e-5;

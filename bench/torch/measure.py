@@ -91,6 +91,18 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
             c.update({"sliding_window": 4096})
         if family == "qwen2":
             c.update({"use_sliding_window": False, "sliding_window": None})
+    elif family in ("qwen3", "olmo2"):
+        # Qwen3: Llama's block with QK-norm per head (no q, k, v biases); OLMo 2: QK-norm over the
+        # whole projections and the block's norms after attention and after the MLP.
+        arch = {"qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}[family]
+        c = {"architectures": [arch], "model_type": family, "vocab_size": 32000, "hidden_size": h,
+             "intermediate_size": f, "num_hidden_layers": layers,
+             "num_attention_heads": heads, "num_key_value_heads": kv_heads or heads // 2,
+             "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+             "rope_theta": 10000.0, "attention_bias": False, "attention_dropout": p_att,
+             "initializer_range": 0.02, "tie_word_embeddings": False if tied is None else tied}
+        if family == "qwen3":
+            c.update({"head_dim": head_dim or h // heads, "use_sliding_window": False, "sliding_window": None})
     elif family == "mixtral":
         c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
              "hidden_size": h, "intermediate_size": ffn or 2 * h, "num_hidden_layers": layers,
@@ -206,6 +218,19 @@ def matrix():
     add(case("gpt2-wide-eager", "gpt2", attention="eager", **wide))
     # The optimizer step is the peak when the batch is small.
     add(case("llama-b1-adamw-loop", "llama", micro_batch=1, foreach=False))
+    # QK-norm: Qwen3's per head, OLMo 2's over the whole projections (with its norms after the
+    # sub-layers), in every precision, both attentions, with checkpointing, and wide.
+    for v in ("qwen3", "olmo2"):
+        add(case(v, v))
+        add(case(v + "-eager", v, attention="eager"))
+        add(case(v + "-bf16", v, precision="bf16"))
+        add(case(v + "-autocast", v, precision="autocast-bf16"))
+        add(case(v + "-gc", v, gradient_checkpointing=True))
+        add(case(v + "-eager-s1024", v, attention="eager", seq=1024))
+        add(case(v + "-wide", v, ffn=2816, **wide))
+        # A vocabulary of 2000: the peak is a block's backward (eager attention's score
+        # gradients), not the loss's, so the order in which the block frees its tensors counts.
+        add(case(v + "-wide-eager", v, attention="eager", ffn=2816, **dict(wide, vocab=2000)))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))
@@ -1408,6 +1433,9 @@ def main():
                          "subset of a running shard, e.g. --shard 4/4 beside --shard 2/2, meets it from the "
                          "other end; --merge keeps each case once)")
     ap.add_argument("--merge", metavar="GROUP", help="join the shard files of GROUP into measured/GROUP.json")
+    ap.add_argument("--add", metavar="FILE",
+                    help="add the hand-picked cases measured into FILE (--cases ... --out FILE) to measured.json, "
+                         "or replace them there, without measuring the others again")
     ap.add_argument("--selftest", action="store_true", help="run the hand-checked tiny model and exit")
     ap.add_argument("--explain", metavar="CASES",
                     help="run these cases (names or shell patterns, comma-separated; single-process) as the "
@@ -1437,6 +1465,8 @@ def main():
     cases = matrix()
     if args.merge:
         return merge_shards(args.merge, cases)
+    if args.add:
+        return add_to_base(args.add, cases)
     if args.explain:
         return explain_main(args, ap, cases)
     if args.reverse and not args.shard:
@@ -1617,6 +1647,35 @@ def merge_shards(group, cases):
         os.remove(os.path.join(MEASURED, f))
     print("wrote %s (%d cases from %d shards)" % (os.path.relpath(os.path.join(MEASURED, group + ".json")),
                                                    len(names), len(parts)))
+    return 0
+
+
+def add_to_base(path, cases):
+    """measured.json with the hand-picked cases of `path` (a `--cases ... --out` run) added or
+    replaced, in the matrix's order; the run's command is recorded under "added". Refuses a file of
+    other versions, device or thread count, a case with failed checks or skipped, and a case not in
+    the hand-picked matrix."""
+    base_path = os.path.join(HERE, "measured.json")
+    with open(base_path) as f:
+        base = json.load(f)
+    with open(path) as f:
+        new = json.load(f)
+    for k in ("torch", "transformers", "python", "device", "threads"):
+        if new.get(k) != base.get(k):
+            print("error: %s is %r in %s, %r in measured.json" % (k, new.get(k), path, base.get(k)), file=sys.stderr)
+            return 2
+    order = [c["name"] for c in cases if c["group"] == "base"]
+    got = {r["name"]: r for r in new["cases"]}
+    bad = [n for n, r in got.items() if n not in order or r.get("checks_failed") or "skipped" in r]
+    if bad:
+        print("error: not hand-picked, skipped or with failed checks: %s" % ", ".join(bad), file=sys.stderr)
+        return 2
+    have = {r["name"]: r for r in base["cases"]}
+    have.update(got)
+    base["cases"] = [have[n] for n in order if n in have]
+    base.setdefault("added", []).append({"command": new["command"], "cases": sorted(got)})
+    write_result(base, base_path)
+    print("added %d cases to %s" % (len(got), os.path.relpath(base_path)))
     return 0
 
 

@@ -166,6 +166,8 @@ TEST_CASE("read_decoder_lm refuses what is not a decoder-only language model, sa
   CHECK(problem(m::presets::speech_tts_500m<>::value).find("repeated transformer blocks") != std::string::npos);  // a prenet follows its embedding
   CHECK(problem(mm::sequential<block, mm::rmsnorm<32>, mm::output<32, 64>>::value).find("token embedding") != std::string::npos);
   CHECK(problem(m::presets::mixtral_8x7b::value).find("mixture of experts") != std::string::npos);
+  CHECK(problem(m::presets::qwen3_8b::value).find("QK-norm") != std::string::npos);
+  CHECK(problem(m::presets::olmo2_7b::value).find("QK-norm") != std::string::npos);
   CHECK(problem(mm::frozen<hand_written>::value).find("frozen") != std::string::npos);
   CHECK(problem(mm::sequential<mm::embedding<64, 32>, mm::repeat<3, block>, mm::output<32, 64>>::value)
             .find("final norm") != std::string::npos);

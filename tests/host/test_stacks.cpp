@@ -67,6 +67,41 @@ TEST_CASE("pytorch: a Llama block keeps what autograd keeps for Hugging Face's L
   CHECK(layer_activation_bytes(block, c, true).saved.value != 13'119'488);
 }
 
+TEST_CASE("pytorch: Qwen3's and OLMo 2's QK-norm and OLMo 2's norms after the sub-layers") {
+  // The Llama block above with Qwen3's QK-norm per head: each of q (T·256) and k (T·128) keeps
+  // its fp32 input and its normalised input (4 + 4 bytes in fp32) and an rsqrt per head, T = 512:
+  // 512·384·8 + 512·6·4 = 1,585,152 more (bench/torch: qwen3 peaks 3,170,304 bytes above llama's
+  // prediction, exactly, and within 4,332 bytes of its measurement, as llama).
+  family_lm_config f{};
+  f.lm = small_llama();
+  f.qk_norm = qk_norm_kind::per_head;
+  activation_context c = activation_context_of(fp32_adamw(2, 256), mesh_desc{});
+  const model_desc qwen3 = family_lm(f);
+  REQUIRE(qwen3.entries[1].kind == layer_kind::transformer_block);
+  CHECK((qwen3.entries[1].shape.flags & layer_flags::qk_norm_per_head) != 0);
+  CHECK(layer_activation_bytes(qwen3.entries[1], c, true).saved.value == 13'119'488 + 1'585'152);
+  // OLMo 2: the whole projections' norms keep one rsqrt per token (512·384·8 + 2·512·4); in fp32
+  // its norms after the sub-layers keep what Llama's before them do.
+  f.qk_norm = qk_norm_kind::whole;
+  f.norms_after = true;
+  f.rotary_fp32 = true;
+  const model_desc olmo2 = family_lm(f);
+  const std::uint32_t flags = olmo2.entries[1].shape.flags;
+  CHECK((flags & layer_flags::qk_norm_whole) != 0);
+  CHECK((flags & layer_flags::norms_after) != 0);
+  CHECK((flags & layer_flags::rotary_fp32) != 0);
+  CHECK(layer_activation_bytes(olmo2.entries[1], c, true).saved.value == 13'119'488 + 1'576'960);
+  // In pure bf16 (bench/torch, --explain olmo2-bf16, per block): the MLP's four bf16 tensors
+  // (4,194,304), the fp32 inputs and normalised inputs of q_norm, k_norm and the two norms after
+  // the sub-layers (3,670,016), the two residual-stream tensors the projections read (524,288),
+  // SDPA's output, the rotated q and k and v (786,432), four rsqrt and the log-sum-exp (16,384).
+  training_desc bf16 = train::recipe<precision::bf16, optim::adamw<>>::value;
+  bf16.micro_batch = 2;
+  bf16.sequence = 256;
+  const activation_context cb = activation_context_of(bf16, mesh_desc{});
+  CHECK(layer_activation_bytes(olmo2.entries[1], cb, true).saved.value == 9'191'424);
+}
+
 TEST_CASE("pytorch: gradients exist from backward on, and the loss's backward comes before any") {
   const model_desc m = transformer_lm(small_llama());
   const plan_result r = evaluate(m, fp32_adamw(2, 256), mesh_desc{}, device::cpu::value);

@@ -69,6 +69,11 @@ struct family_lm_config {
   lm_config lm{};                     ///< shapes, norms, the dense MLP (lm.ffn); lm.experts is not read
   qk_norm_kind qk_norm = qk_norm_kind::none;
   std::uint64_t block_norms = 2;      ///< norms per block (Gemma 2 and 3: four)
+  /// The block's two norms on the sub-layers' outputs, none before them (OLMo 2; the same
+  /// parameters as the pre-norm block's, layer_flags::norms_after for the activations).
+  bool norms_after = false;
+  /// The rotary cos and sin in fp32 in every precision (OLMo 2; layer_flags::rotary_fp32).
+  bool rotary_fp32 = false;
   bool attention_bias = false;        ///< q, k, v and o have biases (gpt-oss; StarCoder2 through lm.bias)
   bool attention_sinks = false;       ///< one learned logit per head (gpt-oss)
   mla_shape mla{};
@@ -149,6 +154,11 @@ constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& g
     s.top_k = f.moe.top_k;
     s.ffn = f.moe.ffn;
   }
+  // How the family's modelling code computes (what the pytorch stack saves, layer_flags).
+  if (f.qk_norm == qk_norm_kind::per_head) s.flags |= layer_flags::qk_norm_per_head;
+  if (f.qk_norm == qk_norm_kind::whole) s.flags |= layer_flags::qk_norm_whole;
+  if (f.norms_after) s.flags |= layer_flags::norms_after;
+  if (f.rotary_fp32 && (s.flags & layer_flags::rotary) != 0) s.flags |= layer_flags::rotary_fp32;
   layer_desc l = make_layer(sparse ? "moe_block" : "block", layer_kind::transformer_block,
                             family_block_params(f, generic.shape, sparse), s);
   if (sparse && f.moe.sparse_layers == generic.count) l.name = "block";
@@ -177,7 +187,9 @@ constexpr model_desc family_lm(const family_lm_config& f) {
   const std::uint64_t sparse = f.moe.experts != 0 ? (f.moe.sparse_layers < c.layers ? f.moe.sparse_layers : c.layers) : 0;
   for (const layer_desc& l : generic) {
     if (l.kind != layer_kind::transformer_block) {
-      m.push(l);
+      layer_desc e = l;
+      if (f.norms_after && l.kind == layer_kind::rmsnorm) e.shape.flags |= layer_flags::rms_weight_fp32;
+      m.push(e);
       continue;
     }
     if (c.layers > sparse) m.push(detail::family_block(f, l, false, c.layers - sparse));

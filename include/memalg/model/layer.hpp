@@ -133,6 +133,27 @@ inline constexpr std::uint32_t softmax_scores_dtype = 1u << 23;
 /// block: eager attention's softmax runs in the residual stream's dtype (Falcon's
 /// `F.softmax(..., dtype=hidden_states.dtype)`), not in fp32.
 inline constexpr std::uint32_t softmax_stream_dtype = 1u << 24;
+/// block: an RMSNorm over head_dim on each head of the query and of the key, after their
+/// projections and before the rotary embedding (Qwen3's q_norm and k_norm, modeling_qwen3.py;
+/// one weight shared by the heads).
+inline constexpr std::uint32_t qk_norm_per_head = 1u << 25;
+/// block: an RMSNorm over the whole query projection (heads·head_dim) and one over the whole key
+/// projection (kv_heads·head_dim), before the view to heads (OLMo 2's q_norm and k_norm,
+/// modeling_olmo2.py; its RMSNorm multiplies by the weight in fp32 and casts back after).
+inline constexpr std::uint32_t qk_norm_whole = 1u << 26;
+/// block: no norm before the sub-layers; a norm on each sub-layer's output before its residual
+/// add, `h = x + norm(attn(x)); out = h + norm(mlp(h))` (OLMo 2's post_attention_layernorm and
+/// post_feedforward_layernorm, modeling_olmo2.py). With rms_norm, OLMo 2's RMSNorm.
+inline constexpr std::uint32_t norms_after = 1u << 27;
+/// RMSNorm entry: the norm multiplies by its weight in fp32 and casts the product back, so the
+/// normalised input it keeps for the weight's gradient stays fp32 (OLMo 2's Olmo2RMSNorm,
+/// `(self.weight * hidden_states).to(input_dtype)`, modeling_olmo2.py; the final norm of a model
+/// whose blocks have norms_after).
+inline constexpr std::uint32_t rms_weight_fp32 = 1u << 28;
+/// block with rotary: the rotary cos and sin tables stay fp32 whatever the activation dtype, and
+/// the rotated query and key are cast back (Olmo2RotaryEmbedding returns them without
+/// `.to(x.dtype)`; apply_rotary_pos_emb ends with `q_embed.to(q_type)`, modeling_olmo2.py).
+inline constexpr std::uint32_t rotary_fp32 = 1u << 29;
 }  // namespace layer_flags
 
 /// A block's dropout probability (× 1000) at each site: on the attention probabilities, and on

@@ -340,6 +340,11 @@ struct fused_qkv { static constexpr void apply(layer_options& o) { o.flags |= la
 struct gelu_tanh { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::gelu_tanh; } };
 struct softmax_scores_dtype { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::softmax_scores_dtype; } };
 struct softmax_stream_dtype { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::softmax_stream_dtype; } };
+struct qk_norm_per_head { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::qk_norm_per_head; } };
+struct qk_norm_whole { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::qk_norm_whole; } };
+struct norms_after { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::norms_after; } };
+struct rms_weight_fp32 { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::rms_weight_fp32; } };
+struct rotary_fp32 { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::rotary_fp32; } };
 struct untied { static constexpr void apply(layer_options& o) { o.flags &= ~layer_flags::tied; } };
 /// Dropout probability in thousandths (100 = p 0.1).
 template <std::uint64_t Permille>

@@ -493,8 +493,14 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
           }
           const bool split = phased && a.grad_temporary > bytes{} && a.grad_temporary <= a.backward_temporary;
           const bytes settled = !split ? first_phase(grads) : accumulating ? all_grads + pending : saturating_sub(first_phase(grads), late_mlp);
-          backward.offer(held_now, temporary, a.comm + boundary, settled);
-          if (log != nullptr) log->push({step, j, held_now, temporary, a.comm + boundary, settled});
+          // Saved tensors whose node runs before the block's first transients are gone by then
+          // (OLMo 2's norm on the MLP's output, stacks/pytorch.hpp): from the held set, or from
+          // the rebuilt one under recomputation.
+          const bytes early = a.backward_released;
+          const bytes held_first = rebuilt_block ? held_now : saturating_sub(held_now, early);
+          const bytes temps_first = rebuilt_block ? saturating_sub(temporary, early) : temporary;
+          backward.offer(held_first, temps_first, a.comm + boundary, settled);
+          if (log != nullptr) log->push({step, j, held_first, temps_first, a.comm + boundary, settled});
           if (!split) return;
           // Unaccumulated, that moment is the first projections' backward, the MLP's own saved
           // tensors freed (from the rebuilt set under recomputation); with accumulation it is also

@@ -104,7 +104,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
   switch (s) {
     case stack_kind::pytorch:
       e.validated = true;
-      e.families = {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon"};
+      e.families = {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon", "qwen3", "olmo2"};
       e.precisions = {"fp32", "bf16", "autocast-bf16"};
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "full", "full-reentrant"};

@@ -82,6 +82,8 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
   using namespace layer_flags;
   if (detail::has(f, cross_attention) || detail::has(f, moe) || s.experts != 0 || detail::has(f, adapted))
     return refuse("the runtime's blocks are decoder self-attention blocks with a dense MLP (no cross-attention, mixture of experts or adapters)");
+  if (detail::has(f, qk_norm_per_head) || detail::has(f, qk_norm_whole) || detail::has(f, norms_after))
+    return refuse("the runtime's blocks have no QK-norm and put their norms before the sub-layers (Qwen3's and OLMo 2's blocks are not among them)");
   if (s.hidden != c.hidden) return refuse("the blocks must have the embedding's width");
   if (s.sequence != 0) return refuse("the blocks run on the recipe's sequence length");
   c.layers = b.count;

@@ -117,6 +117,8 @@ struct olmo2_7b {
   static constexpr family_lm_config family = [] {
     family_lm_config f = current_config("olmo2-7b", 32, 4096, 32, 32, 128, 11008, 100352, 1e-6);
     f.qk_norm = qk_norm_kind::whole;
+    f.norms_after = true;
+    f.rotary_fp32 = true;
     return f;
   }();
   static constexpr lm_config config = family.lm;

@@ -108,7 +108,7 @@ struct layer_activations {
   bytes comm{};                ///< communication buffers while it runs: SP all-gather, CP key/value ring, EP all-to-all
   bytes held_until_loss{};     ///< a teacher's logits, kept until the distillation loss
   bytes loss_temporary{};      ///< pytorch output layer: the loss's backward, before any gradient exists
-  bytes backward_released{};   ///< memalg's runtime: saved bytes its backward frees before its transients
+  bytes backward_released{};   ///< saved bytes its backward frees before its transients (memalg's runtime; pytorch: OLMo 2's MLP norm)
   bytes forward_released{};    ///< memalg's runtime: its own saved bytes it frees before its forward's transients
   bytes backward_tail{};       ///< memalg's runtime: a second phase of its backward (none when 0), its transients
   bytes tail_released{};       ///< memalg's runtime: saved bytes freed before that second phase
@@ -187,7 +187,7 @@ struct raw_activations {
   bytes logits{};  ///< output layer: the logits of a whole micro-batch (a teacher keeps them)
   bytes loss_temporary{};  ///< pytorch output layer: the loss's backward before any gradient exists
   bool handled = true;     ///< pytorch_activations: false when the kind follows the paper accounting
-  bytes backward_released{};  ///< memalg's runtime: saved bytes the backward frees before its transients
+  bytes backward_released{};  ///< saved bytes the backward frees before its transients (memalg's runtime; pytorch: OLMo 2's MLP norm)
   bytes forward_released{};   ///< memalg's runtime: its own saved bytes freed before its forward's transients
   bytes backward_tail{};      ///< memalg's runtime: the transients of a second phase of the backward
   bytes tail_released{};      ///< memalg's runtime: saved bytes freed before that phase

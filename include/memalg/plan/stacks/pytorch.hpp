@@ -146,8 +146,31 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     r.saved.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});             // log-sum-exp
     r.backward_temporary = a.split(bytes{checked_mul(checked_mul(Q + 2 * K, em), 1)});  // dQ, dK, dV
   }
+  // QK-norm: an RMSNorm on the query and on the key after their projections, before the rotary
+  // embedding (whose products save only cos and sin). Each keeps its fp32 input (the projection's
+  // output itself in fp32, else `hidden_states.to(torch.float32)`), its rsqrt per row (fp32) and
+  // the normalised input the weight's product reads: Qwen3RMSNorm's `hidden_states.to(input_dtype)`
+  // in the activation dtype (em), per head (modeling_qwen3.py, q_norm and k_norm over head_dim);
+  // Olmo2RMSNorm's fp32 product, cast after it, over the whole projection (modeling_olmo2.py).
+  // Neither's output is saved: the rotary products and the view to heads keep nothing of it.
+  {
+    const std::uint64_t n = checked_mul(T, q) + checked_mul(T, kv);
+    if ((s.flags & layer_flags::qk_norm_per_head) != 0)
+      r.saved.input_grad += a.split(bytes{checked_mul(n, 4 + em) + checked_mul(checked_mul(T, s.heads + s.kv_heads), 4)});
+    else if ((s.flags & layer_flags::qk_norm_whole) != 0)
+      r.saved.input_grad += a.split(bytes{checked_mul(n, 8) + checked_mul(T, 2 * 4)});
+  }
   if (a.c.sp) r.comm += a.values_per_token(s.hidden);
   return r;
+}
+
+/// OLMo 2's norm on a sub-layer's output (layer_flags::norms_after): Olmo2RMSNorm keeps its fp32
+/// input (the output itself in fp32, else its upcast copy), its rsqrt per token and the fp32
+/// normalised input the weight's product reads (`(self.weight * hidden_states).to(input_dtype)`,
+/// modeling_olmo2.py); its output goes into the residual add, which keeps nothing.
+constexpr bytes torch_norm_after(const act_terms& a, std::uint64_t hidden) {
+  const std::uint64_t H = checked_mul(a.tokens, hidden);
+  return a.rep(bytes{checked_mul(H, 8) + checked_mul(a.tokens, 4)});
 }
 
 /// The MLP of a block under the pytorch stack (per instance): SwiGLU keeps gate, up, SiLU and
@@ -210,6 +233,10 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
     case layer_kind::rmsnorm: {
       const bool rms = l.kind == layer_kind::rmsnorm;
       r.saved.input_grad = a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) + torch_norm(a, t, rms, s.hidden, 1);
+      // Olmo2RMSNorm (rms_weight_fp32): the normalised input its weight's product keeps is fp32,
+      // not cast to the activation dtype first (modeling_olmo2.py).
+      if (rms && (s.flags & layer_flags::rms_weight_fp32) != 0 && !t.autocast && t.em < 4)
+        r.saved.input_grad += a.rep(bytes{checked_mul(H, 4 - t.em)});
       r.input = stream;
       r.input_in_saved = !rms || t.en == 4;
       r.backward_temporary = stream * 2;
@@ -227,7 +254,19 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       r.parts.norms.input_grad = a.rep(bytes{checked_mul(checked_mul(H, residuals), torch_residual_bytes(t, rms))});
       const std::uint64_t into_mlp = (s.flags & layer_flags::moe) != 0 ? 2 : gated ? 2 : 1;
       const std::uint64_t into_attention = fused ? 1 : 3;
-      if (shared) {
+      // OLMo 2 (norms_after): no norm before the sub-layers; their projections read the residual
+      // stream itself, the block's input and the sum after attention, and keep it (under autocast
+      // each keeps its own bf16 cast instead); a norm on each sub-layer's output
+      // (torch_norm_after). modeling_olmo2.py, Olmo2DecoderLayer.
+      const bool after = (s.flags & layer_flags::norms_after) != 0 && !parallel && !shared && !cross;
+      const auto stream_kept = [&](std::uint64_t consumers) {
+        return a.rep(bytes{t.autocast ? checked_mul(checked_mul(H, consumers), t.em) : checked_mul(H, t.en)});
+      };
+      const bytes after_mlp_input = after ? stream_kept(into_mlp) : bytes{};
+      const bytes after_norm = after ? torch_norm_after(a, s.hidden) : bytes{};
+      if (after) {
+        r.parts.norms.input_grad = stream_kept(into_attention) + after_mlp_input + after_norm * 2;
+      } else if (shared) {
         r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention + into_mlp);
       } else {
         r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention);
@@ -266,7 +305,7 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       }
       r.saved = r.parts.total();
       r.input = stream;
-      r.input_in_saved = torch_residual_bytes(t, rms) == t.en;
+      r.input_in_saved = after ? !t.autocast : torch_residual_bytes(t, rms) == t.en;
       r.forward_temporary = max_b(fwd, stream);
       // The block's backward in two phases: the MLP's first (its nodes were made last, and the
       // attention's backward needs the gradient that comes through it), then the attention's,
@@ -280,14 +319,21 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // output). A parallel block's MLP norm may run before the attention (Falcon's ln_mlp) and
       // then its backward comes after the attention's: its tensors are kept.
       // The output dropouts' backward runs before both sub-layers' (at their residual adds).
+      // With norms after the sub-layers: both of them (the MLP's ran first in the backward, the
+      // attention's before its output projection) and the MLP's input.
       bytes before_core = self.saved.weight_grad + output_masks;
-      if (!shared && !parallel)
+      if (after)
+        before_core += after_norm * 2 + after_mlp_input;
+      else if (!shared && !parallel)
         before_core += torch_norm(a, t, rms, s.hidden, into_mlp) +
                        a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
       r.tail_released = m.saved.total() + before_core + mlp_copies;
       // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
-      // the norm's output, are the norm's).
-      r.mlp_released = m.saved.total();
+      // the norm's output, are the norm's), and a norm on its output, whose backward ran before.
+      r.mlp_released = m.saved.total() + after_norm;
+      // That norm's backward runs first of all the block's (its node was made last): its saved
+      // tensors are freed before the MLP's backward makes its transients.
+      r.backward_released = after_norm;
       // A third phase: the attention's input projections (and the norm before them), once the
       // attention's own saved tensors are freed, its core's gradients with them.
       r.last_released = r.parts.attention.total() + r.parts.cross_attention.total() - self.saved.weight_grad;
@@ -347,7 +393,10 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
     if ((l.shape.flags & layer_flags::rotary) != 0 && !rotary) {
       rotary = true;
       const std::uint64_t rd = l.shape.rotary_dim != 0 ? l.shape.rotary_dim : l.shape.head_dim;
-      shared += bytes{checked_mul(checked_mul(ceil_div(a.seq, c.cp), rd), 2 * t.en)};
+      // (fp32 whatever the precision where the modelling file keeps them so: OLMo 2's
+      // Olmo2RotaryEmbedding returns cos and sin without `.to(x.dtype)`)
+      const std::uint64_t e = (l.shape.flags & layer_flags::rotary_fp32) != 0 ? 4 : t.en;
+      shared += bytes{checked_mul(checked_mul(ceil_div(a.seq, c.cp), rd), 2 * e)};
     }
     const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
     if (full && (l.shape.flags & layer_flags::flash) == 0 && (l.shape.flags & layer_flags::causal) != 0 && !mask) {
