@@ -312,14 +312,9 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
   // What the pytorch stack's activation rules do not yet follow of each family's modelling code:
   // its activations are planned as the classic block's and are outside the measured envelope.
   const std::pair<std::string_view, const char*> unmodelled[] = {
-      {"qwen3", "the QK-norm"},
       {"qwen3_moe", "the QK-norm and the mixture of experts' routing"},
       {"gemma2", "the four norms per block, the soft-capping of scores and logits and the scaled embedding"},
       {"gemma3", "the four norms per block, the QK-norm and the scaled embedding"},
-      {"phi3", "the fused QKV and gate-up projections"},
-      {"olmo2", "the norms after the sub-layers and the QK-norm over the whole projections"},
-      {"starcoder2", "the GeLU MLP with biases and grouped-query attention together"},
-      {"gpt_bigcode", "multi-query attention's fused projection"},
       {"deepseek_v3", "multi-head latent attention, the shared expert and the routing"},
       {"gpt_oss", "the attention sinks, the clamped SwiGLU and the routing"},
       {"llama4", "the shared expert, the routing and the L2 QK-norm"},

@@ -134,6 +134,28 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
              "tie_word_embeddings": True if tied is None else tied}
         if new:
             c.update({"num_kv_heads": kv_heads or heads // 2, "num_ln_in_parallel_attn": 2})
+    elif family == "phi3":
+        c = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064, "hidden_size": h,
+             "intermediate_size": f, "num_hidden_layers": layers, "num_attention_heads": heads,
+             "num_key_value_heads": kv_heads or heads // 2, "hidden_act": "silu",
+             "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+             "rope_theta": 10000.0, "attention_dropout": p_att, "embd_pdrop": p_emb, "resid_pdrop": p_res,
+             "sliding_window": None, "initializer_range": 0.02,
+             "tie_word_embeddings": False if tied is None else tied}
+    elif family == "starcoder2":
+        c = {"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "vocab_size": 49152,
+             "hidden_size": h, "intermediate_size": f, "num_hidden_layers": layers,
+             "num_attention_heads": heads, "num_key_value_heads": kv_heads or heads // 2,
+             "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 4096, "norm_epsilon": 1e-5,
+             "rope_theta": 10000.0, "use_bias": True, "sliding_window": None, "attention_dropout": p_att,
+             "residual_dropout": p_res, "embedding_dropout": p_emb, "initializer_range": 0.02,
+             "tie_word_embeddings": True if tied is None else tied}
+    elif family == "gpt_bigcode":
+        c = {"architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "vocab_size": 49152,
+             "n_positions": positions or 1024, "n_embd": h, "n_layer": layers, "n_head": heads, "n_inner": f,
+             "activation_function": "gelu_pytorch_tanh", "resid_pdrop": p_res, "embd_pdrop": p_emb,
+             "attn_pdrop": p_att, "layer_norm_epsilon": 1e-5, "multi_query": True, "initializer_range": 0.02,
+             "tie_word_embeddings": True if tied is None else tied}
     else:
         raise ValueError("unknown family " + family)
     if vocab is not None:
@@ -231,6 +253,15 @@ def matrix():
         # A vocabulary of 2000: the peak is a block's backward (eager attention's score
         # gradients), not the loss's, so the order in which the block frees its tensors counts.
         add(case(v + "-wide-eager", v, attention="eager", ffn=2816, **dict(wide, vocab=2000)))
+    # Phi-3 (fused QKV and gate-up projections), StarCoder2 (LayerNorms, GeLU MLP, biases,
+    # grouped-query attention) and GPT-BigCode (GPT-2 with one key and value head): compositions
+    # of what the rules already follow, in fp32, bf16 or autocast, both attentions, checkpointing.
+    for v, n, low in (("phi3", "phi3", "autocast-bf16"), ("starcoder2", "starcoder2", "bf16"),
+                      ("gpt_bigcode", "bigcode", "autocast-bf16")):
+        add(case(n, v))
+        add(case(n + "-eager", v, attention="eager"))
+        add(case(n + ("-autocast" if low == "autocast-bf16" else "-bf16"), v, precision=low))
+        add(case(n + "-gc", v, gradient_checkpointing=True))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))
