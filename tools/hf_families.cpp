@@ -61,34 +61,45 @@ void read_dimensions(const reader& r, lm_config& c, std::uint64_t head_dim) {
   if (c.heads % c.kv_heads != 0) r.fail("'num_key_value_heads' must divide 'num_attention_heads'");
 }
 
-/// SigLIP, Gemma 3's vision tower (SiglipVisionConfig's names and defaults).
-std::uint64_t siglip_from(const reader& v) {
-  siglip_vision_shape s{};
+/// What every vision tower names alike (SiglipVisionConfig's and Llama4VisionConfig's names and
+/// defaults) into `s`.
+template <class Shape>
+void read_vision_dimensions(const reader& v, Shape& s) {
   s.hidden = v.count({"hidden_size"});
   s.layers = v.count({"num_hidden_layers"});
   s.intermediate = v.count({"intermediate_size"});
   s.channels = v.count_or({"num_channels"}, 3);
   s.patch = v.count({"patch_size"});
   s.image = v.count({"image_size"});
-  s.use_head = v.flag_or({"vision_use_head"}, true);
   if (s.image % s.patch != 0) v.fail("'image_size' must be a multiple of 'patch_size'");
-  return siglip_vision_params(s);
 }
 
-/// Llama 4's vision model (Llama4VisionConfig's names and defaults).
+/// SigLIP, Gemma 3's vision tower, and Gemma 3's projector onto `text_hidden`.
+std::uint64_t gemma3_vision_from(const reader& v, std::uint64_t text_hidden) {
+  siglip_vision_shape s{};
+  read_vision_dimensions(v, s);
+  s.use_head = v.flag_or({"vision_use_head"}, true);
+  return add(siglip_vision_params(s), gemma3_projector_params(s.hidden, text_hidden));
+}
+
+/// Llama 4's vision model and projector onto `text_hidden`.
 std::uint64_t llama4_vision_from(const reader& v, std::uint64_t text_hidden) {
   llama4_vision_shape s{};
-  s.hidden = v.count({"hidden_size"});
-  s.layers = v.count({"num_hidden_layers"});
-  s.intermediate = v.count({"intermediate_size"});
-  s.channels = v.count_or({"num_channels"}, 3);
-  s.patch = v.count({"patch_size"});
-  s.image = v.count({"image_size"});
+  read_vision_dimensions(v, s);
   s.projector_input = v.count({"projector_input_dim"});
   s.projector_output = v.count({"projector_output_dim"});
   s.output = v.count({"vision_output_dim"});
-  if (s.image % s.patch != 0) v.fail("'image_size' must be a multiple of 'patch_size'");
   return llama4_vision_params(s, text_hidden);
+}
+
+/// A multimodal release's vision tower: `from` applied to its `vision_config`, which it must have.
+std::uint64_t vision_params(const json& top, std::string_view source, const hf_model& m, std::uint64_t text_hidden,
+                            std::uint64_t (*from)(const reader&, std::uint64_t)) {
+  const auto v = top.find("vision_config");
+  if (v == top.end() || !v->is_object())
+    throw usage_error(std::string(source) + ": missing field 'vision_config' (needed for " + shown(m.architecture) + ")");
+  const std::string vision_source = std::string(source) + " (vision_config)";  // the reader keeps a view
+  return from(reader{*v, vision_source, m.architecture}, text_hidden);
 }
 
 }  // namespace
@@ -159,14 +170,7 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.attention_bias = r.flag_or({"attention_bias"}, false);
     if (family == "gemma3") f.qk_norm = qk_norm_kind::per_head;
     c.tied = r.flag_or({"tie_word_embeddings"}, true);
-    if (family == "gemma3" && multimodal) {
-      const auto v = top.find("vision_config");
-      if (v == top.end() || !v->is_object())
-        throw usage_error(std::string(source) + ": missing field 'vision_config' (needed for " + shown(m.architecture) + ")");
-      const std::string vision_source = std::string(source) + " (vision_config)";  // the reader keeps a view
-      const reader vr{*v, vision_source, m.architecture};
-      f.vision_params = add(siglip_from(vr), gemma3_projector_params(vr.count({"hidden_size"}), c.hidden));
-    }
+    if (family == "gemma3" && multimodal) f.vision_params = vision_params(top, source, m, c.hidden, gemma3_vision_from);
   } else if (family == "phi3") {
     // Phi3Config: Llama's layout with qkv_proj and gate_up_proj fused (the same parameters).
     read_dimensions(r, c, 0);
@@ -276,14 +280,7 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     }
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
     eps_default = 1e-5;
-    if (multimodal) {
-      const auto v = top.find("vision_config");
-      if (v == top.end() || !v->is_object())
-        throw usage_error(std::string(source) + ": missing field 'vision_config' (needed for " + shown(m.architecture) + ")");
-      const std::string vision_source = std::string(source) + " (vision_config)";  // the reader keeps a view
-      const reader vr{*v, vision_source, m.architecture};
-      f.vision_params = llama4_vision_from(vr, c.hidden);
-    }
+    if (multimodal) f.vision_params = vision_params(top, source, m, c.hidden, llama4_vision_from);
   }
   if (f.moe.experts != 0 && f.moe.top_k > f.moe.experts)
     r.fail("'num_experts_per_tok' cannot exceed the number of experts");

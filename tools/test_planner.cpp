@@ -29,6 +29,16 @@ namespace {
 
 std::string data(const std::string& name) { return std::string(MEMALG_TEST_DATA) + "/hf/" + name; }
 
+/// What importing `text` says: its usage error, or "no error".
+std::string message(std::string_view text) {
+  try {
+    (void)parse_hf_config(text, "config.json");
+  } catch (const usage_error& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 /// Minimal XML 1.0 well-formedness check: one root element, properly nested tags, quoted
 /// attributes without '<', known entity references only. Returns an empty string or the problem.
 std::string xml_problem(const std::string& x) {
@@ -201,14 +211,6 @@ TEST_CASE("the presets of current families are the imported configurations") {
 }
 
 TEST_CASE("import of current families: text_config, aliases, quantization, refusals") {
-  const auto message = [](std::string_view text) {
-    try {
-      (void)parse_hf_config(text, "config.json");
-    } catch (const usage_error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   const auto has_note = [](const hf_model& m, std::string_view what) {
     for (const std::string& n : m.notes)
       if (n.find(what) != std::string::npos) return true;
@@ -339,14 +341,6 @@ TEST_CASE("import says when the checkpoint is quantized, and plans in the precis
 }
 
 TEST_CASE("import errors name the field, the architecture or the problem") {
-  const auto message = [](std::string_view text) {
-    try {
-      (void)parse_hf_config(text, "config.json");
-    } catch (const usage_error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   CHECK(message(R"({"architectures": ["BertForMaskedLM"], "hidden_size": 768})").find("unsupported architecture 'BertForMaskedLM'") != std::string::npos);
   CHECK(message(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096})").find("missing field 'num_hidden_layers'") != std::string::npos);
   CHECK(message(R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024})").find("'vocab_size'") != std::string::npos);

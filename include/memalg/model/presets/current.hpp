@@ -75,114 +75,86 @@ constexpr family_lm_config gpt_oss_config(std::string_view name, std::uint64_t l
   return f;
 }
 
-struct qwen3_8b {
-  static constexpr family_lm_config family = qwen3_config("qwen3-8b", 36, 4096, 32, 8, 12288);
+/// A preset: the configuration `Make` returns, its language model's lm_config and its model.
+template <family_lm_config (*Make)()>
+struct family_preset {
+  static constexpr family_lm_config family = Make();
   static constexpr lm_config config = family.lm;
   static constexpr model_desc value = family_lm(family);
 };
-struct qwen3_30b_a3b {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = qwen3_config("qwen3-30b-a3b", 48, 2048, 32, 4, 6144);
-    f.moe = {128, 8, 768, 0, 48, false, false};
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct gemma2_9b {
-  static constexpr family_lm_config family = gemma_config("gemma2-9b", false, 42, 3584, 16, 8, 256, 14336, 256000);
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct gemma3_27b {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = gemma_config("gemma3-27b", true, 62, 5376, 32, 16, 128, 21504, 262208);
-    // SigLIP so400m at 896 px, patch 14, without its pooling head, and Gemma 3's projector.
-    f.vision_params = siglip_vision_params({1152, 27, 4304, 3, 14, 896, false}) + gemma3_projector_params(1152, 5376);
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct phi4 {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = current_config("phi4", 40, 5120, 40, 10, 128, 17920, 100352, 1e-5);
-    f.lm.fused_qkv = true;
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct olmo2_7b {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = current_config("olmo2-7b", 32, 4096, 32, 32, 128, 11008, 100352, 1e-6);
-    f.qk_norm = qk_norm_kind::whole;
-    f.norms_after = true;
-    f.rotary_fp32 = true;
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct starcoder2_15b {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = current_config("starcoder2-15b", 40, 6144, 48, 4, 128, 24576, 49152, 1e-5);
-    f.lm.rms_norm = false;
-    f.lm.gated = false;
-    f.lm.bias = true;
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct starcoderbase_1b {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = current_config("starcoderbase-1b", 24, 2048, 16, 1, 128, 8192, 49152, 1e-5);
-    f.lm.positions = 8192;
-    f.lm.rms_norm = false;
-    f.lm.gated = false;
-    f.lm.bias = true;
-    f.lm.tied = true;
-    f.lm.rotary = false;
-    f.lm.fused_qkv = true;
-    // The released config's attn_pdrop, embd_pdrop and resid_pdrop.
-    f.lm.embedding_dropout_permille = f.lm.attention_dropout_permille = 100;
-    f.lm.attention_output_dropout_permille = f.lm.mlp_output_dropout_permille = 100;
-    f.lm.dropout_permille = 100;
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct deepseek_v3 {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = current_config("deepseek-v3", 61, 7168, 128, 128, 192, 18432, 129280, 1e-6);
-    f.mla = {1536, 512, 128, 64, 128};
-    f.moe = {256, 8, 2048, 2048, 58, false, false};
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct gpt_oss_20b {
-  static constexpr family_lm_config family = gpt_oss_config("gpt-oss-20b", 24, 32);
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct gpt_oss_120b {
-  static constexpr family_lm_config family = gpt_oss_config("gpt-oss-120b", 36, 128);
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
-struct llama4_scout {
-  static constexpr family_lm_config family = [] {
-    family_lm_config f = current_config("llama4-scout", 48, 5120, 40, 8, 128, 16384, 202048, 1e-5);
-    f.moe = {16, 1, 8192, 8192, 48, false, false};
-    f.vision_params = llama4_vision_params({1408, 34, 5632, 3, 14, 336, 4096, 4096, 4096}, 5120);
-    return f;
-  }();
-  static constexpr lm_config config = family.lm;
-  static constexpr model_desc value = family_lm(family);
-};
+
+constexpr family_lm_config qwen3_8b_family() { return qwen3_config("qwen3-8b", 36, 4096, 32, 8, 12288); }
+using qwen3_8b = family_preset<qwen3_8b_family>;
+constexpr family_lm_config qwen3_30b_a3b_family() {
+  family_lm_config f = qwen3_config("qwen3-30b-a3b", 48, 2048, 32, 4, 6144);
+  f.moe = {128, 8, 768, 0, 48, false, false};
+  return f;
+}
+using qwen3_30b_a3b = family_preset<qwen3_30b_a3b_family>;
+constexpr family_lm_config gemma2_9b_family() { return gemma_config("gemma2-9b", false, 42, 3584, 16, 8, 256, 14336, 256000); }
+using gemma2_9b = family_preset<gemma2_9b_family>;
+constexpr family_lm_config gemma3_27b_family() {
+  family_lm_config f = gemma_config("gemma3-27b", true, 62, 5376, 32, 16, 128, 21504, 262208);
+  // SigLIP so400m at 896 px, patch 14, without its pooling head, and Gemma 3's projector.
+  f.vision_params = siglip_vision_params({1152, 27, 4304, 3, 14, 896, false}) + gemma3_projector_params(1152, 5376);
+  return f;
+}
+using gemma3_27b = family_preset<gemma3_27b_family>;
+constexpr family_lm_config phi4_family() {
+  family_lm_config f = current_config("phi4", 40, 5120, 40, 10, 128, 17920, 100352, 1e-5);
+  f.lm.fused_qkv = true;
+  return f;
+}
+using phi4 = family_preset<phi4_family>;
+constexpr family_lm_config olmo2_7b_family() {
+  family_lm_config f = current_config("olmo2-7b", 32, 4096, 32, 32, 128, 11008, 100352, 1e-6);
+  f.qk_norm = qk_norm_kind::whole;
+  f.norms_after = true;
+  f.rotary_fp32 = true;
+  return f;
+}
+using olmo2_7b = family_preset<olmo2_7b_family>;
+constexpr family_lm_config starcoder2_15b_family() {
+  family_lm_config f = current_config("starcoder2-15b", 40, 6144, 48, 4, 128, 24576, 49152, 1e-5);
+  f.lm.rms_norm = false;
+  f.lm.gated = false;
+  f.lm.bias = true;
+  return f;
+}
+using starcoder2_15b = family_preset<starcoder2_15b_family>;
+constexpr family_lm_config starcoderbase_1b_family() {
+  family_lm_config f = current_config("starcoderbase-1b", 24, 2048, 16, 1, 128, 8192, 49152, 1e-5);
+  f.lm.positions = 8192;
+  f.lm.rms_norm = false;
+  f.lm.gated = false;
+  f.lm.bias = true;
+  f.lm.tied = true;
+  f.lm.rotary = false;
+  f.lm.fused_qkv = true;
+  // The released config's attn_pdrop, embd_pdrop and resid_pdrop.
+  f.lm.embedding_dropout_permille = f.lm.attention_dropout_permille = 100;
+  f.lm.attention_output_dropout_permille = f.lm.mlp_output_dropout_permille = 100;
+  f.lm.dropout_permille = 100;
+  return f;
+}
+using starcoderbase_1b = family_preset<starcoderbase_1b_family>;
+constexpr family_lm_config deepseek_v3_family() {
+  family_lm_config f = current_config("deepseek-v3", 61, 7168, 128, 128, 192, 18432, 129280, 1e-6);
+  f.mla = {1536, 512, 128, 64, 128};
+  f.moe = {256, 8, 2048, 2048, 58, false, false};
+  return f;
+}
+using deepseek_v3 = family_preset<deepseek_v3_family>;
+constexpr family_lm_config gpt_oss_20b_family() { return gpt_oss_config("gpt-oss-20b", 24, 32); }
+using gpt_oss_20b = family_preset<gpt_oss_20b_family>;
+constexpr family_lm_config gpt_oss_120b_family() { return gpt_oss_config("gpt-oss-120b", 36, 128); }
+using gpt_oss_120b = family_preset<gpt_oss_120b_family>;
+constexpr family_lm_config llama4_scout_family() {
+  family_lm_config f = current_config("llama4-scout", 48, 5120, 40, 8, 128, 16384, 202048, 1e-5);
+  f.moe = {16, 1, 8192, 8192, 48, false, false};
+  f.vision_params = llama4_vision_params({1408, 34, 5632, 3, 14, 336, 4096, 4096, 4096}, 5120);
+  return f;
+}
+using llama4_scout = family_preset<llama4_scout_family>;
 
 }  // namespace memalg::presets
