@@ -70,7 +70,7 @@ bool same_dtype(const dtype& a, const dtype& b) {
 #define MEMALG_EMIT_SHAPE_FIELDS(X)                                                                                   \
   X(hidden) X(heads) X(kv_heads) X(head_dim) X(ffn) X(vocab) X(in) X(out) X(kernel) X(experts) X(top_k)              \
   X(capacity_factor_percent) X(chunk) X(dropout_permille) X(sequence) X(kv_sequence) X(positions) X(rank)           \
-  X(saved_per_token) X(rotary_dim) X(attention_dropout_permille) X(attention_output_dropout_permille)                \
+  X(saved_per_token) X(rotary_dim) X(rotary_tables) X(window) X(attention_dropout_permille) X(attention_output_dropout_permille)                \
   X(mlp_output_dropout_permille)
 
 layer_desc known_fields(const layer_desc& l) {
@@ -125,7 +125,9 @@ std::string flags_expression(std::uint32_t flags) {
       {layer_flags::qk_norm_whole, "qk_norm_whole"},
       {layer_flags::norms_after, "norms_after"},
       {layer_flags::rms_weight_fp32, "rms_weight_fp32"},
-      {layer_flags::rotary_fp32, "rotary_fp32"}};
+      {layer_flags::rotary_fp32, "rotary_fp32"},
+      {layer_flags::norms_sandwich, "norms_sandwich"},
+      {layer_flags::softcap, "softcap"}};
   std::string out;
   for (const auto& [bit, name] : names)
     if ((flags & bit) != 0) {

@@ -25,6 +25,40 @@ void require_activation(const reader& r, std::initializer_list<const char*> name
   if (a != expected) r.fail("unknown activation '" + shown(a) + "' in '" + *names.begin() + "' (planned: " + planned + ")");
 }
 
+/// Whether a soft-capping field (Gemma's attn_logit_softcapping, final_logit_softcapping) caps:
+/// a positive number does, null does not, absent is the config class's default.
+bool softcapped(const reader& r, const char* name, bool fallback) {
+  const auto it = r.j.find(name);
+  if (it == r.j.end()) return fallback;
+  if (it->is_null()) return false;
+  if (!it->is_number() || !(it->get<double>() > 0))
+    r.fail("field '" + std::string(name) + "' must be a positive number or null, not " + it->dump());
+  return true;
+}
+
+/// Gemma's attention layer types: `layer_types` ("sliding_attention" or "full_attention" per
+/// layer), else the config class's pattern (Gemma2Config: sliding at even indices;
+/// Gemma3TextConfig: global every `sliding_window_pattern`-th layer, default 6). Returns how many
+/// layers are sliding.
+std::uint64_t gemma_local_layers(const reader& r, std::uint64_t layers, bool gemma3) {
+  std::uint64_t sliding = 0;
+  const auto it = r.j.find("layer_types");
+  if (it != r.j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() != layers)
+      r.fail("field 'layer_types' must list one type per layer (" + std::to_string(layers) + "), not " + it->dump());
+    for (const json& v : *it) {
+      const std::string t = v.is_string() ? v.get<std::string>() : "";
+      if (t == "sliding_attention") ++sliding;
+      else if (t != "full_attention") r.fail("field 'layer_types' may hold 'sliding_attention' and 'full_attention' only, not " + v.dump());
+    }
+  } else {
+    const std::uint64_t pattern = gemma3 ? r.count_or({"sliding_window_pattern"}, 6) : 2;
+    if (pattern == 0) r.fail("field 'sliding_window_pattern' must be at least 1");
+    for (std::uint64_t i = 0; i < layers; ++i) sliding += (i + 1) % pattern == 0 ? 0 : 1;
+  }
+  return sliding;
+}
+
 /// A list of layer indices (Qwen3-MoE's mlp_only_layers, Llama 4's moe_layers): how many lie in
 /// [0, layers) and satisfy `keep`.
 template <class Keep>
@@ -162,11 +196,20 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
                                          [&](std::uint64_t i, bool listed) { return !listed && (i + 1) % step == 0; });
     }
   } else if (family == "gemma2" || family == "gemma3") {
-    // Gemma2Config / Gemma3TextConfig: four RMSNorms per block, GeGLU (hidden_activation), the
-    // embedding scaled by √h (no parameter), the output tied; Gemma 3 adds QK-norm per head.
+    // Gemma2Config / Gemma3TextConfig: four RMSNorms per block, each multiplying by (1 + w) in
+    // fp32, GeGLU (hidden_activation), the embedding scaled by √h (no parameter), the output tied;
+    // Gemma 2 soft-caps scores and logits by default; Gemma 3 adds QK-norm per head and a rotary
+    // table per layer type (local and global bases).
     read_dimensions(r, c, 256);
     require_activation(r, {"hidden_activation", "hidden_act"}, "gelu_pytorch_tanh", "gelu_pytorch_tanh, GeGLU");
     f.block_norms = 4;
+    f.rms_weight_fp32 = true;
+    f.attention_softcap = softcapped(r, "attn_logit_softcapping", family == "gemma2");
+    f.logit_softcap = softcapped(r, "final_logit_softcapping", family == "gemma2");
+    f.local_layers = gemma_local_layers(r, c.layers, family == "gemma3");
+    f.window = r.count_or_none({"sliding_window"}, 4096);
+    if (f.window == 0 || f.local_layers == 0) f.window = f.local_layers = 0;
+    if (family == "gemma3") f.rotary_tables = (f.local_layers != 0 ? 1 : 0) + (f.local_layers < c.layers ? 1 : 0);
     f.attention_bias = r.flag_or({"attention_bias"}, false);
     if (family == "gemma3") f.qk_norm = qk_norm_kind::per_head;
     c.tied = r.flag_or({"tie_word_embeddings"}, true);
@@ -287,7 +330,7 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
   c.norm_eps = r.epsilon_or({eps_name}, eps_default);
   // Dropout: attention_dropout on the probabilities in every family; GPT-BigCode as GPT-2
   // (embd_pdrop, attn_pdrop, resid_pdrop); StarCoder2's embedding_dropout and residual_dropout;
-  // Phi-3's embd_pdrop and resid_pdrop (modeling_*.py).
+  // Phi-3's resid_pdrop (modeling_*.py).
   const auto site = [&](const char* name) { return std::min<std::uint64_t>(r.dropout_permille({name}), 999); };
   c.per_site_dropout = true;
   if (family == "gpt_bigcode") {
@@ -296,22 +339,20 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     c.attention_output_dropout_permille = c.mlp_output_dropout_permille = site("resid_pdrop");
   } else {
     c.attention_dropout_permille = site("attention_dropout");
-    const char* embedding = family == "starcoder2" ? "embedding_dropout" : family == "phi3" ? "embd_pdrop" : "";
+    // (Phi-3's embd_pdrop is read by no module of modeling_phi3.py: it has no embedding dropout.)
+    const char* embedding = family == "starcoder2" ? "embedding_dropout" : "";
     const char* residual = family == "starcoder2" ? "residual_dropout" : family == "phi3" ? "resid_pdrop" : "";
     if (*embedding != '\0') c.embedding_dropout_permille = site(embedding);
     if (*residual != '\0') c.attention_output_dropout_permille = c.mlp_output_dropout_permille = site(residual);
   }
   c.dropout_permille = std::max({c.embedding_dropout_permille, c.attention_dropout_permille,
                                  c.attention_output_dropout_permille, c.mlp_output_dropout_permille});
-  if (family == "gemma2" || family == "gemma3" || family == "gpt_oss" || family == "llama4" ||
+  if (family == "gpt_oss" || family == "llama4" ||
       (family == "qwen3" && r.flag_or({"use_sliding_window"}, false)))
     m.notes.push_back("local attention layers (sliding-window or chunked) are planned as full attention");
   // What the pytorch stack's activation rules do not yet follow of each family's modelling code:
   // its activations are planned as the classic block's and are outside the measured envelope.
   const std::pair<std::string_view, const char*> unmodelled[] = {
-      {"qwen3_moe", "the QK-norm and the mixture of experts' routing"},
-      {"gemma2", "the four norms per block, the soft-capping of scores and logits and the scaled embedding"},
-      {"gemma3", "the four norms per block, the QK-norm and the scaled embedding"},
       {"deepseek_v3", "multi-head latent attention, the shared expert and the routing"},
       {"gpt_oss", "the attention sinks, the clamped SwiGLU and the routing"},
       {"llama4", "the shared expert, the routing and the L2 QK-norm"},

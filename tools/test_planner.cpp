@@ -197,6 +197,8 @@ TEST_CASE("the presets of current families are the imported configurations") {
       CHECK(p->model->entries[i].shape.flags == m.model.entries[i].shape.flags);
       CHECK(p->model->entries[i].shape.head_dim == m.model.entries[i].shape.head_dim);
       CHECK(p->model->entries[i].shape.norm_eps == m.model.entries[i].shape.norm_eps);
+      CHECK(p->model->entries[i].shape.window == m.model.entries[i].shape.window);
+      CHECK(p->model->entries[i].shape.rotary_tables == m.model.entries[i].shape.rotary_tables);
     }
     if (m.active != 0) CHECK(active_parameters(*p->model) == m.active);
     // Layer-shape flags cannot reshape it; --attention still chooses the attention.
@@ -245,6 +247,49 @@ TEST_CASE("import of current families: text_config, aliases, quantization, refus
   CHECK(g3.parameters == g3_text.parameters + g3.vision);
   CHECK(has_note(g3, "vision tower is counted as weights"));
   CHECK(g3_text.vision == 0);
+  // Gemma's layer types and soft-capping (what the pytorch stack's rules read): local layers
+  // become their own block entry with the window; Gemma 3 has a rotary table per layer type;
+  // Gemma 2 soft-caps scores and logits unless the fields say null.
+  const auto blocks = [](const hf_model& m) {
+    std::vector<const layer_desc*> b;
+    for (const layer_desc& l : m.model)
+      if (l.kind == layer_kind::transformer_block) b.push_back(&l);
+    return b;
+  };
+  const auto output_flags = [](const hf_model& m) {
+    for (const layer_desc& l : m.model)
+      if (l.kind == layer_kind::output) return l.shape.flags;
+    return std::uint32_t{0};
+  };
+  const hf_model g2 = parse_hf_config(R"({"model_type": "gemma2", "sliding_window": 64, )" + dims + "}");
+  REQUIRE(blocks(g2).size() == 2);
+  CHECK(blocks(g2)[0]->shape.window == 0);
+  CHECK(blocks(g2)[1]->shape.window == 64);
+  CHECK(blocks(g2)[0]->count + blocks(g2)[1]->count == 4);
+  CHECK(blocks(g2)[1]->count == 2);  // Gemma2Config: sliding at even indices
+  CHECK((blocks(g2)[1]->shape.flags & layer_flags::softcap) != 0);
+  CHECK((blocks(g2)[1]->shape.flags & layer_flags::norms_sandwich) != 0);
+  CHECK((output_flags(g2) & layer_flags::softcap) != 0);
+  CHECK(parse_hf_config(R"({"model_type": "gemma2", )" + dims + "}").parameters == g2.parameters);
+  const hf_model g2_uncapped = parse_hf_config(
+      R"({"model_type": "gemma2", "attn_logit_softcapping": null, "final_logit_softcapping": null, )" + dims + "}");
+  CHECK((blocks(g2_uncapped)[0]->shape.flags & layer_flags::softcap) == 0);
+  CHECK((output_flags(g2_uncapped) & layer_flags::softcap) == 0);
+  const hf_model g3_types = parse_hf_config(
+      R"({"model_type": "gemma3_text", "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention"], )" + dims + "}");
+  REQUIRE(blocks(g3_types).size() == 2);
+  CHECK(blocks(g3_types)[0]->count == 2);
+  CHECK(blocks(g3_types)[0]->shape.rotary_tables == 2);
+  CHECK((output_flags(g3_types) & layer_flags::softcap) == 0);
+  CHECK(blocks(g3_text).size() == 1);  // four layers, one global in six: all local, one rotary table
+  CHECK(blocks(g3_text)[0]->shape.rotary_tables <= 1);
+  CHECK(message(R"({"model_type": "gemma3_text", "layer_types": ["full_attention"], )" + dims + "}").find("one type per layer") != std::string::npos);
+  // Phi-3 drops out each sub-layer's output (resid_pdrop); its embd_pdrop is read by no module
+  // (modeling_phi3.py), so it plans no embedding dropout.
+  const hf_model phi3 = parse_hf_config(R"({"model_type": "phi3", "embd_pdrop": 0.1, "resid_pdrop": 0.2, )" + dims + "}");
+  CHECK(phi3.config.embedding_dropout_permille == 0);
+  CHECK(phi3.config.attention_output_dropout_permille == 200);
+  CHECK(message(R"({"model_type": "gemma2", "final_logit_softcapping": -1, )" + dims + "}").find("positive number or null") != std::string::npos);
   // Refusals, one line each: a missing part, an unknown activation, a head that is not a causal LM,
   // a model_type that names another model.
   CHECK(message(R"({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], )" + dims + "}").find("missing field 'text_config'") != std::string::npos);

@@ -74,6 +74,19 @@ struct family_lm_config {
   bool norms_after = false;
   /// The rotary cos and sin in fp32 in every precision (OLMo 2; layer_flags::rotary_fp32).
   bool rotary_fp32 = false;
+  /// The RMSNorms multiply by their weight in fp32 and cast after (OLMo 2, Gemma 2 and 3;
+  /// layer_flags::rms_weight_fp32 on the blocks and the final norm).
+  bool rms_weight_fp32 = false;
+  bool attention_softcap = false;     ///< eager attention soft-caps its scores (Gemma 2; layer_flags::softcap)
+  bool logit_softcap = false;         ///< the logits are soft-capped (Gemma 2; layer_flags::softcap on the output)
+  /// Rotary tables the model computes once per step and every block of a kind reads: one per
+  /// attention layer type with its own rotary base (Gemma 3: local and global, 2), else 1.
+  std::uint64_t rotary_tables = 1;
+  /// Local attention (Gemma 2 and 3's sliding_attention layers): `local_layers` of the dense
+  /// layers attend within `window` tokens; they become their own block entry (the same
+  /// parameters, layer_shape::window), since what SDPA keeps depends on it.
+  std::uint64_t window = 0;
+  std::uint64_t local_layers = 0;
   bool attention_bias = false;        ///< q, k, v and o have biases (gpt-oss; StarCoder2 through lm.bias)
   bool attention_sinks = false;       ///< one learned logit per head (gpt-oss)
   mla_shape mla{};
@@ -158,6 +171,10 @@ constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& g
   if (f.qk_norm == qk_norm_kind::per_head) s.flags |= layer_flags::qk_norm_per_head;
   if (f.qk_norm == qk_norm_kind::whole) s.flags |= layer_flags::qk_norm_whole;
   if (f.norms_after) s.flags |= layer_flags::norms_after;
+  if (f.block_norms == 4) s.flags |= layer_flags::norms_sandwich;
+  if (f.rms_weight_fp32) s.flags |= layer_flags::rms_weight_fp32;
+  if (f.attention_softcap) s.flags |= layer_flags::softcap;
+  if (f.rotary_tables > 1 && (s.flags & layer_flags::rotary) != 0) s.rotary_tables = f.rotary_tables;
   if (f.rotary_fp32 && (s.flags & layer_flags::rotary) != 0) s.flags |= layer_flags::rotary_fp32;
   layer_desc l = make_layer(sparse ? "moe_block" : "block", layer_kind::transformer_block,
                             family_block_params(f, generic.shape, sparse), s);
@@ -188,11 +205,20 @@ constexpr model_desc family_lm(const family_lm_config& f) {
   for (const layer_desc& l : generic) {
     if (l.kind != layer_kind::transformer_block) {
       layer_desc e = l;
-      if (f.norms_after && l.kind == layer_kind::rmsnorm) e.shape.flags |= layer_flags::rms_weight_fp32;
+      if ((f.norms_after || f.rms_weight_fp32) && l.kind == layer_kind::rmsnorm) e.shape.flags |= layer_flags::rms_weight_fp32;
+      if (f.logit_softcap && l.kind == layer_kind::output) e.shape.flags |= layer_flags::softcap;
       m.push(e);
       continue;
     }
-    if (c.layers > sparse) m.push(detail::family_block(f, l, false, c.layers - sparse));
+    const std::uint64_t dense = c.layers - sparse;
+    const std::uint64_t local = f.window != 0 && sparse == 0 ? (f.local_layers < dense ? f.local_layers : dense) : 0;
+    if (dense > local) m.push(detail::family_block(f, l, false, dense - local));
+    if (local != 0) {
+      layer_desc b = detail::family_block(f, l, false, local);
+      b.name = local == dense ? "block" : "local_block";
+      b.shape.window = f.window;
+      m.push(b);
+    }
     if (sparse != 0) m.push(detail::family_block(f, l, true, sparse));
   }
   return m;

@@ -76,6 +76,13 @@ struct layer_shape {
   std::uint64_t rank = 0;       ///< low-rank adapters: rank r
   std::uint64_t saved_per_token = 0;  ///< custom entries: activation elements saved per token
   std::uint64_t rotary_dim = 0;  ///< rotary blocks: rotated dimensions per head (0: the whole head)
+  /// Rotary blocks: the cos and sin tables the model makes once per step for its blocks, one per
+  /// attention layer type with its own rotary base (Gemma 3's local and global layers: 2;
+  /// Gemma3RotaryEmbedding, modeling_gemma3.py). 0 or 1: one.
+  std::uint64_t rotary_tables = 0;
+  /// Blocks: the sliding window of local attention, in tokens (each query attends to the last
+  /// `window` keys; Gemma's sliding_attention layers); 0: global attention.
+  std::uint64_t window = 0;
   /// Norms and blocks: ε added under the norm's square root (0: the kind's default,
   /// default_norm_eps). Hugging Face configs name it `layer_norm_epsilon`, `layer_norm_eps`,
   /// `rms_norm_eps`.
@@ -154,6 +161,16 @@ inline constexpr std::uint32_t rms_weight_fp32 = 1u << 28;
 /// the rotated query and key are cast back (Olmo2RotaryEmbedding returns them without
 /// `.to(x.dtype)`; apply_rotary_pos_emb ends with `q_embed.to(q_type)`, modeling_olmo2.py).
 inline constexpr std::uint32_t rotary_fp32 = 1u << 29;
+/// block: a norm both before and after each sub-layer, `h = x + post(attn(pre(x)))`, the same for
+/// the MLP (Gemma 2's and Gemma 3's input_layernorm, post_attention_layernorm,
+/// pre_feedforward_layernorm and post_feedforward_layernorm, modeling_gemma2.py). With
+/// rms_weight_fp32 on the block, every RMSNorm of it (QK-norms too) multiplies by its weight in
+/// fp32 (Gemma2RMSNorm's `output * (1.0 + self.weight.float())`, cast after).
+inline constexpr std::uint32_t norms_sandwich = 1u << 30;
+/// block: eager attention soft-caps its scores, `tanh(s / c) · c` before the mask (Gemma 2's
+/// attn_logit_softcapping; SDPA takes no soft-cap and transformers' SDPA path drops it);
+/// output: the logits are soft-capped the same way (final_logit_softcapping, modeling_gemma2.py).
+inline constexpr std::uint32_t softcap = 1u << 31;
 }  // namespace layer_flags
 
 /// A block's dropout probability (× 1000) at each site: on the attention probabilities, and on

@@ -345,6 +345,8 @@ struct qk_norm_whole { static constexpr void apply(layer_options& o) { o.flags |
 struct norms_after { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::norms_after; } };
 struct rms_weight_fp32 { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::rms_weight_fp32; } };
 struct rotary_fp32 { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::rotary_fp32; } };
+struct norms_sandwich { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::norms_sandwich; } };
+struct softcap { static constexpr void apply(layer_options& o) { o.flags |= layer_flags::softcap; } };
 struct untied { static constexpr void apply(layer_options& o) { o.flags &= ~layer_flags::tied; } };
 /// Dropout probability in thousandths (100 = p 0.1).
 template <std::uint64_t Permille>

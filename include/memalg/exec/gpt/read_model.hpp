@@ -82,8 +82,10 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
   using namespace layer_flags;
   if (detail::has(f, cross_attention) || detail::has(f, moe) || s.experts != 0 || detail::has(f, adapted))
     return refuse("the runtime's blocks are decoder self-attention blocks with a dense MLP (no cross-attention, mixture of experts or adapters)");
-  if (detail::has(f, qk_norm_per_head) || detail::has(f, qk_norm_whole) || detail::has(f, norms_after))
-    return refuse("the runtime's blocks have no QK-norm and put their norms before the sub-layers (Qwen3's and OLMo 2's blocks are not among them)");
+  if (detail::has(f, qk_norm_per_head) || detail::has(f, qk_norm_whole) || detail::has(f, norms_after) ||
+      detail::has(f, norms_sandwich))
+    return refuse("the runtime's blocks have no QK-norm and put their norms before the sub-layers only (Qwen3's, OLMo 2's and Gemma's blocks are not among them)");
+  if (detail::has(f, softcap)) return refuse("the runtime's attention does not soft-cap its scores (Gemma 2's blocks)");
   if (s.hidden != c.hidden) return refuse("the blocks must have the embedding's width");
   if (s.sequence != 0) return refuse("the blocks run on the recipe's sequence length");
   c.layers = b.count;
@@ -127,6 +129,7 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
       m.entries[i].shape.hidden != c.hidden || m.entries[i].shape.vocab != c.vocab)
     return refuse("the model must end with an output layer over the embedding's vocabulary and width");
   const layer_shape& o = m.entries[i].shape;
+  if (detail::has(o.flags, softcap)) return refuse("the runtime's loss does not soft-cap the logits (Gemma 2's output)");
   c.tied = detail::has(o.flags, tied);
   c.logits = o.logits;
   c.loss_chunk = o.chunk;

@@ -63,7 +63,17 @@ constexpr family_lm_config gemma_config(std::string_view name, bool gemma3, std:
   family_lm_config f = current_config(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, 1e-6);
   f.lm.tied = true;
   f.block_norms = 4;
-  if (gemma3) f.qk_norm = qk_norm_kind::per_head;
+  f.rms_weight_fp32 = true;
+  f.attention_softcap = f.logit_softcap = !gemma3;  // Gemma2Config's defaults (50 and 30)
+  if (gemma3) {
+    f.qk_norm = qk_norm_kind::per_head;
+    f.rotary_tables = 2;  // local (base 10 000) and global (10^6) layers, one in six global
+    f.window = 1024;
+    f.local_layers = layers - layers / 6;
+  } else {
+    f.window = 4096;  // every other layer local, from the first
+    f.local_layers = (layers + 1) / 2;
+  }
   return f;
 }
 
