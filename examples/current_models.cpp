@@ -23,6 +23,22 @@ using qwen3_on = m::plan<m::presets::qwen3_8b, training,
 static_assert(!qwen3_on<1>::fits, "Qwen3-8B's model states alone exceed one 80 GB GPU");
 static_assert(m::require_fits<qwen3_on<8>>(), "ZeRO-3 over 8 GPUs fits Qwen3-8B at sequence 4096");
 
+// Gemma 2 soft-caps its logits (`tanh(logits / 30) · 30`): tanh keeps its output, one more
+// logits-sized tensor from the forward to the loss's backward (docs/algebra.md, "Gemma 2 and
+// Gemma 3"). At a vocabulary of 256 000 and 4096 tokens that tensor is 2.1 GB in bf16; the peak
+// grows by what of it is alive at the peak's moment.
+constexpr m::family_lm_config gemma2_uncapped() {
+  m::family_lm_config f = m::presets::gemma2_9b_family();
+  f.attention_softcap = f.logit_softcap = false;
+  return f;
+}
+template <class Model>
+using gemma2_on = m::plan<Model, training, m::parallel::mesh<m::parallel::data<8, m::parallel::zero<3>>>,
+                          m::device::h100_80gb>;
+static_assert(gemma2_on<m::presets::gemma2_9b>::per_rank.total() >
+                  gemma2_on<m::presets::family_preset<gemma2_uncapped>>::per_rank.total(),
+              "soft-capped logits keep their tanh output");
+
 // Active parameters: every parameter but the routed experts a token is not sent to and the input
 // embedding table (gpt-oss's convention; model/families.hpp).
 static_assert(m::active_parameters(m::presets::gpt_oss_20b::value) < m::presets::gpt_oss_20b::value.parameters() / 5);
@@ -55,5 +71,10 @@ int main() {
   std::printf("\nQwen3-8B, amp-bf16 AdamW, sequence 4096, full recomputation, H100 80 GB\n");
   std::printf("  1 GPU:            %s per GPU (does not fit)\n", m::to_string(qwen3_on<1>::per_rank.total()).c_str());
   std::printf("  8 GPUs, ZeRO-3:   %s per GPU\n", m::to_string(qwen3_on<8>::per_rank.total()).c_str());
+  std::printf("\nGemma-2-9B, the same training, 8 GPUs, ZeRO-3\n");
+  std::printf("  as released (soft-capped logits): %s per GPU\n",
+              m::to_string(gemma2_on<m::presets::gemma2_9b>::per_rank.total()).c_str());
+  std::printf("  without soft-capping:             %s per GPU\n",
+              m::to_string(gemma2_on<m::presets::family_preset<gemma2_uncapped>>::per_rank.total()).c_str());
   return 0;
 }

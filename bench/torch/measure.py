@@ -60,11 +60,13 @@ MB = 1e6
 
 def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, vocab=None, ffn=None, sites=None,
                   kv_heads=None, head_dim=None, parallel=None, experts=None, top_k=None, rotary_pct=None,
-                  positions=None):
+                  positions=None, window=None, layer_types=None):
     """The config.json dictionary of a small model of `family` (a variant name). `dropout` is every
     site's probability; `sites` ({"embedding", "attention", "residual"} -> p), when given, each
     site's own (absent: 0). `kv_heads`, `head_dim`, `parallel` (the parallel-residual block),
-    `experts`, `top_k` and `rotary_pct`, when given, override the family's default."""
+    `experts`, `top_k` and `rotary_pct`, when given, override the family's default; `window` (the
+    sliding window's tokens) and `layer_types` (each layer's "sliding_attention" or
+    "full_attention") the Gemma families'."""
     h = hidden
     f = ffn or 4 * h
     if sites is None:
@@ -103,6 +105,20 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
              "initializer_range": 0.02, "tie_word_embeddings": False if tied is None else tied}
         if family == "qwen3":
             c.update({"head_dim": head_dim or h // heads, "use_sliding_window": False, "sliding_window": None})
+    elif family == "qwen3_moe":
+        # Qwen3's attention (QK-norm per head) with Mixtral's kind of sparse MLP on every layer
+        # (decoder_sparse_step 1): the router's top-k probabilities renormalised (norm_topk_prob,
+        # as Qwen3-30B-A3B) and cast to the logits' dtype, the experts as 3-D tensors.
+        c = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 32000,
+             "hidden_size": h, "intermediate_size": ffn or 2 * h, "moe_intermediate_size": ffn or h,
+             "num_hidden_layers": layers, "num_attention_heads": heads,
+             "num_key_value_heads": kv_heads or heads // 2, "head_dim": head_dim or h // heads,
+             "num_experts": experts or 8, "num_experts_per_tok": top_k or 2, "norm_topk_prob": True,
+             "decoder_sparse_step": 1, "mlp_only_layers": [], "output_router_logits": False,
+             "router_aux_loss_coef": 0.001, "hidden_act": "silu", "max_position_embeddings": 4096,
+             "rms_norm_eps": 1e-6, "rope_theta": 1e6, "attention_bias": False, "use_sliding_window": False,
+             "sliding_window": None, "attention_dropout": p_att, "initializer_range": 0.02,
+             "tie_word_embeddings": False if tied is None else tied}
     elif family == "mixtral":
         c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
              "hidden_size": h, "intermediate_size": ffn or 2 * h, "num_hidden_layers": layers,
@@ -154,12 +170,37 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
         c = {"architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "vocab_size": 49152,
              "n_positions": positions or 1024, "n_embd": h, "n_layer": layers, "n_head": heads, "n_inner": f,
              "activation_function": "gelu_pytorch_tanh", "resid_pdrop": p_res, "embd_pdrop": p_emb,
-             "attn_pdrop": p_att, "layer_norm_epsilon": 1e-5, "multi_query": True, "initializer_range": 0.02,
+             "attn_pdrop": p_att, "layer_norm_epsilon": 1e-5, "multi_query": kv_heads in (None, 1),
+             "initializer_range": 0.02,
              "tie_word_embeddings": True if tied is None else tied}
+    elif family in ("gemma2", "gemma3"):
+        # Gemma 2: four norms per block, GeGLU, the embedding scaled by sqrt(h), soft-capped scores
+        # and logits, sliding-window and global layers alternating. Gemma 3 (the text model,
+        # Gemma3ForCausalLM): no soft-capping, QK-norm per head, a rotary table per layer type.
+        g2 = family == "gemma2"
+        kv = kv_heads or heads // 2
+        c = {"architectures": ["Gemma2ForCausalLM" if g2 else "Gemma3ForCausalLM"],
+             "model_type": "gemma2" if g2 else "gemma3_text", "vocab_size": 32000, "hidden_size": h,
+             "intermediate_size": f, "num_hidden_layers": layers, "num_attention_heads": heads,
+             "num_key_value_heads": kv, "head_dim": head_dim or h // heads,
+             "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+             "attention_bias": False, "attention_dropout": p_att, "query_pre_attn_scalar": head_dim or h // heads,
+             "sliding_window": window or 4096, "initializer_range": 0.02,
+             "tie_word_embeddings": True if tied is None else tied}
+        if g2:
+            c.update({"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                      "layer_types": layer_types or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                     for i in range(layers)]})
+        else:
+            c.update({"layer_types": layer_types or ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                                     for i in range(layers)]})
     else:
         raise ValueError("unknown family " + family)
     if vocab is not None:
         c["vocab_size"] = vocab
+        if family == "phi3" and vocab <= 32000:
+            # Phi3Config's pad_token_id (32000) must index the table; it changes no tensor's size.
+            c["pad_token_id"] = vocab - 1
     c["use_cache"] = False
     return c
 
@@ -174,7 +215,7 @@ DEFAULTS = {"attention": "sdpa", "precision": "fp32", "optimizer": "adamw", "for
             # Axes of the generated matrix (generate.py); these defaults are the hand-picked cases'.
             "reentrant": False, "fused": False, "grad_accum": 1, "sites": None, "kv_heads": None,
             "head_dim": None, "parallel_residual": None, "experts": None, "top_k": None, "rotary_pct": None,
-            "positions": None,
+            "positions": None, "window": None, "layer_types": None,
             "group": "base", "generator": None}
 
 
@@ -262,6 +303,32 @@ def matrix():
         add(case(n + "-eager", v, attention="eager"))
         add(case(n + ("-autocast" if low == "autocast-bf16" else "-bf16"), v, precision=low))
         add(case(n + "-gc", v, gradient_checkpointing=True))
+    # Gemma 2 (four norms, soft-capped scores and logits, GeGLU, scaled embedding) and Gemma 3
+    # (QK-norm per head, a local and a global layer with their rotary tables): both attentions,
+    # bf16 and autocast, checkpointing, and sliding windows shorter than the sequence.
+    lg = ["sliding_attention", "full_attention"]
+    for v in ("gemma2", "gemma3"):
+        add(case(v, v, layer_types=lg))
+        add(case(v + "-eager", v, attention="eager", layer_types=lg))
+        add(case(v + "-bf16", v, precision="bf16", layer_types=lg))
+        add(case(v + "-autocast", v, precision="autocast-bf16", attention="eager", layer_types=lg))
+        add(case(v + "-gc", v, gradient_checkpointing=True, layer_types=lg))
+        add(case(v + "-window", v, window=128, layer_types=lg))
+        add(case(v + "-eager-window", v, attention="eager", window=128, layer_types=lg))
+        add(case(v + "-wide-eager", v, attention="eager", ffn=2816, **dict(wide, vocab=2000)))
+    # Checkpointing keeps the masks the blocks read: eager's two (global and local), SDPA's local
+    # one when the window is shorter than the sequence; SDPA's masked path in bf16.
+    add(case("gemma2-eager-gc", "gemma2", attention="eager", gradient_checkpointing=True, layer_types=lg))
+    add(case("gemma3-gc-window", "gemma3", gradient_checkpointing=True, window=128, layer_types=lg))
+    add(case("gemma3-bf16-window", "gemma3", precision="bf16", window=128, layer_types=lg))
+    # Qwen3-MoE: Qwen3's attention before a sparse MLP on every layer (8 experts of width 256);
+    # top-k 2 and 1, both attentions, bf16 and autocast, checkpointing.
+    add(case("qwen3moe", "qwen3_moe"))
+    add(case("qwen3moe-eager", "qwen3_moe", attention="eager"))
+    add(case("qwen3moe-bf16", "qwen3_moe", precision="bf16"))
+    add(case("qwen3moe-autocast", "qwen3_moe", precision="autocast-bf16"))
+    add(case("qwen3moe-gc", "qwen3_moe", gradient_checkpointing=True))
+    add(case("qwen3moe-top1", "qwen3_moe", top_k=1))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))
@@ -307,9 +374,10 @@ def generated_case(group, g):
                 tied=a["embeddings"] == "tied", hidden=n["hidden"], heads=n["heads"], vocab=n["vocab"], ffn=n["ffn"],
                 kv_heads=n["kv_heads"], head_dim=n["head_dim"],
                 parallel_residual=(a["residual"] == "parallel") if fam in ("gpt_neox", "falcon") else None,
-                experts=n.get("experts"), top_k=n.get("top_k"), rotary_pct=n.get("rotary_pct"),
-                # GPT-2's learned positions must hold the sequence (n_positions 1024 otherwise).
-                positions=max(1024, n["seq"]) if fam == "gpt2" else None)
+                experts=n.get("experts"), top_k=n.get("top_k"), rotary_pct=n.get("rotary_pct"), window=n.get("window"),
+                # GPT-2's and GPT-BigCode's learned positions must hold the sequence (n_positions
+                # 1024 otherwise).
+                positions=max(1024, n["seq"]) if fam in ("gpt2", "gpt_bigcode") else None)
 
 
 def generated_cases():
@@ -335,7 +403,7 @@ def config_path(c):
 def config_dict(c):
     return family_config(c["variant"], c["layers"], c["dropout"], c["tied"], c["hidden"], c["heads"], c["vocab"],
                          c["ffn"], c["sites"], c["kv_heads"], c["head_dim"], c["parallel_residual"], c["experts"],
-                         c["top_k"], c["rotary_pct"], c["positions"])
+                         c["top_k"], c["rotary_pct"], c["positions"], c.get("window"), c.get("layer_types"))
 
 
 def write_config(c):

@@ -105,7 +105,8 @@ constexpr stack_envelope envelope_of(stack_kind s) {
     case stack_kind::pytorch:
       e.validated = true;
       e.families = {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon", "qwen3", "olmo2",
-                    "phi3", "starcoder2", "gpt_bigcode"};
+                    "phi3", "starcoder2", "gpt_bigcode", "gemma2", "gemma3",
+                    "qwen3_moe"};
       e.precisions = {"fp32", "bf16", "autocast-bf16"};
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "full", "full-reentrant"};

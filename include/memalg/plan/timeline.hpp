@@ -122,6 +122,7 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
   breakdown& bwd = tl.at[static_cast<std::size_t>(phase::backward)];
   fwd.temporaries += gathered;
   bwd.temporaries += gloo_held;
+  if (t.grad_accum > 1) fwd.temporaries += gloo_held;  // (the previous micro-batch's clones)
   // (pytorch with activations: each entry's unsharded gradient in its own moment, activations.hpp)
   bwd.temporaries += gathered + (per_entry || (torch && acts != nullptr) ? bytes{} : s.gathered_gradient);
   if (torch) {

@@ -42,14 +42,16 @@ constexpr torch_bytes torch_bytes_of(const activation_context& c) {
 /// x·rstd and w·(x·rstd) (under autocast only x·rstd, fp32; the products' inputs are cast
 /// copies); LayerNorm keeps mean and rstd per token and its output (under autocast only the
 /// statistics, fp32). `consumers`: projections reading the output, each keeping a cast copy under
-/// autocast.
+/// autocast. `fp32_product`: the RMSNorm multiplies by its weight in fp32 and casts after
+/// (layer_flags::rms_weight_fp32: Gemma's `output * (1.0 + self.weight.float())`), so x·rstd is
+/// kept fp32 in every precision.
 constexpr bytes torch_norm(const act_terms& a, const torch_bytes& t, bool rms, std::uint64_t hidden,
-                           std::uint64_t consumers) {
+                           std::uint64_t consumers, bool fp32_product = false) {
   const std::uint64_t H = checked_mul(a.tokens, hidden);
   bytes r{};
   if (rms) {
     r += bytes{checked_mul(a.tokens, 4)};
-    r += t.autocast ? bytes{checked_mul(H, 4)} : bytes{checked_mul(H, 2 * t.em)};
+    r += t.autocast ? bytes{checked_mul(H, 4)} : bytes{checked_mul(H, (fp32_product ? 4 : t.em) + t.em)};
   } else {
     r += bytes{checked_mul(a.tokens, 2 * (t.autocast ? 4 : t.em))};
     if (!t.autocast) r += bytes{checked_mul(H, t.en)};
@@ -99,6 +101,12 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
                                                                                   : 4;
     bytes saved{checked_mul(S, sm)};
     if (ce != sm) saved += bytes{checked_mul(S, ce)};
+    // Soft-capped scores (Gemma 2's attn_logit_softcapping, eager only: `tanh(s / c) · c`,
+    // modeling_gemma2.py eager_attention_forward): tanh keeps its output for its backward
+    // (derivatives.yaml, `tanh_backward(grad, result)`), in the scores' dtype; the divisions and
+    // products by the Python scalars keep nothing.
+    const bool capped = eager && (s.flags & layer_flags::softcap) != 0;
+    if (capped) saved += bytes{checked_mul(S, em)};
     // The dropout on the probabilities (in their dtype, ce): its mask (CUDA's bool; on the CPU
     // aten/src/ATen/native/Dropout.cpp `_dropout` multiplies by a noise tensor `empty_like` the
     // input) and its output, which the product with V saves.
@@ -120,7 +128,9 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     if (eager && fused && rotary && b == 1 && s.kv_heads == s.heads) qkv += Q + K;
     r.saved.input_grad = a.split(bytes{checked_mul(qkv, ce)});
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
-    r.forward_temporary = a.split(bytes{checked_mul(S, 4)});                 // raw scores, masked
+    // The raw scores, masked (soft-capping makes one scores-sized tensor at a time beside what
+    // is saved: its quotient, then its product, each freed as the next is made).
+    r.forward_temporary = a.split(bytes{checked_mul(S, 4)});
     // The gradients of the probabilities and of the scores, in the softmax's dtype (S·2·sm),
     // beside the value's gradient that the product's backward makes with the first (Q·em, the
     // expanded value's). With dropout the product's backward first makes the dropped
@@ -138,13 +148,20 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
     // fused projection's output is one storage that Q, K and V view; rotary positions save the
     // rotated copies of Q and K (and, when V stays a strided view, the output's contiguous copy).
-    std::uint64_t elems = fused ? Q + 2 * K : rotary ? K : Q + 2 * K;
-    if (rotary) elems += Q + K;
+    // A sliding window shorter than the keys needs a mask (no is_causal): transformers then
+    // expands the key and value to all heads itself (sdpa_attention.py, use_gqa_in_sdpa is false
+    // with a mask; repeat_kv's reshape copies), and the CPU's flash kernel keeps the mask turned
+    // additive in the query's dtype, (b, 1, s, kv) (measured: gemma2-window).
+    const bool masked = s.window != 0 && s.window < kv_seq;
+    const std::uint64_t kept_kv = masked && s.kv_heads != s.heads ? Q : K;
+    std::uint64_t elems = fused ? Q + 2 * K : rotary ? kept_kv : Q + 2 * kept_kv;
+    if (rotary) elems += Q + kept_kv;
     if (fused && rotary) elems += Q;
     r.saved.input_grad = a.split(bytes{checked_mul(elems, em)});
     r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});                          // output
     r.saved.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});             // log-sum-exp
-    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(Q + 2 * K, em), 1)});  // dQ, dK, dV
+    if (masked) r.saved.core += bytes{checked_mul(checked_mul(b, ceil_div(a.seq, a.c.cp)), checked_mul(kv_seq, em))};
+    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(Q + 2 * kept_kv, em), 1)});  // dQ, dK, dV
   }
   // QK-norm: an RMSNorm on the query and on the key after their projections, before the rotary
   // embedding (whose products save only cos and sin). Each keeps its fp32 input (the projection's
@@ -155,8 +172,10 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
   // Neither's output is saved: the rotary products and the view to heads keep nothing of it.
   {
     const std::uint64_t n = checked_mul(T, q) + checked_mul(T, kv);
+    // Gemma 3's QK-norm (rms_weight_fp32: Gemma3RMSNorm) keeps the normalised input fp32.
+    const std::uint64_t normed = (s.flags & layer_flags::rms_weight_fp32) != 0 ? 4 : em;
     if ((s.flags & layer_flags::qk_norm_per_head) != 0)
-      r.saved.input_grad += a.split(bytes{checked_mul(n, 4 + em) + checked_mul(checked_mul(T, s.heads + s.kv_heads), 4)});
+      r.saved.input_grad += a.split(bytes{checked_mul(n, 4 + normed) + checked_mul(checked_mul(T, s.heads + s.kv_heads), 4)});
     else if ((s.flags & layer_flags::qk_norm_whole) != 0)
       r.saved.input_grad += a.split(bytes{checked_mul(n, 8) + checked_mul(T, 2 * 4)});
   }
@@ -259,18 +278,25 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // each keeps its own bf16 cast instead); a norm on each sub-layer's output
       // (torch_norm_after). modeling_olmo2.py, Olmo2DecoderLayer.
       const bool after = (s.flags & layer_flags::norms_after) != 0 && !parallel && !shared && !cross;
+      // Gemma 2 and 3 (norms_sandwich): the pre-norm block's norms and, on each sub-layer's output
+      // before its residual add, a norm as OLMo 2's (Gemma2RMSNorm keeps its fp32 input, rsqrt
+      // and fp32 normalised input too, modeling_gemma2.py, Gemma2DecoderLayer). With
+      // rms_weight_fp32 the pre-norms' normalised inputs stay fp32 (torch_norm).
+      const bool sandwich = (s.flags & layer_flags::norms_sandwich) != 0 && !after && !parallel && !shared && !cross;
+      const bool fp32_product = (s.flags & layer_flags::rms_weight_fp32) != 0;
       const auto stream_kept = [&](std::uint64_t consumers) {
         return a.rep(bytes{t.autocast ? checked_mul(checked_mul(H, consumers), t.em) : checked_mul(H, t.en)});
       };
       const bytes after_mlp_input = after ? stream_kept(into_mlp) : bytes{};
-      const bytes after_norm = after ? torch_norm_after(a, s.hidden) : bytes{};
+      const bytes after_norm = after || sandwich ? torch_norm_after(a, s.hidden) : bytes{};
       if (after) {
         r.parts.norms.input_grad = stream_kept(into_attention) + after_mlp_input + after_norm * 2;
       } else if (shared) {
         r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention + into_mlp);
       } else {
-        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention);
-        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_mlp);
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention, fp32_product);
+        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_mlp, fp32_product);
+        if (sandwich) r.parts.norms.input_grad += after_norm * 2;
       }
       const attention_bytes self = torch_attention(a, t, s, a.seq);
       r.parts.attention = self.saved;
@@ -325,8 +351,8 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       if (after)
         before_core += after_norm * 2 + after_mlp_input;
       else if (!shared && !parallel)
-        before_core += torch_norm(a, t, rms, s.hidden, into_mlp) +
-                       a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))});
+        before_core += torch_norm(a, t, rms, s.hidden, into_mlp, fp32_product) +
+                       a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) + after_norm * 2;
       r.tail_released = m.saved.total() + before_core + mlp_copies;
       // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
       // the norm's output, are the norm's), and a norm on its output, whose backward ran before.
@@ -368,6 +394,15 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // Under autocast the cast of that gradient to fp32 comes after the product's node has
       // run and released what it saved (the input's cast and the weight's cached copy).
       if (t.autocast) r.last_released = r.saved.weight_grad;
+      // Soft-capped logits (Gemma 2's final_logit_softcapping, modeling_gemma2.py: `logits / c`,
+      // `tanh`, `· c`): tanh keeps its output, logits-sized in their dtype, from the forward to
+      // its backward, which runs before the projection's (derivatives.yaml, tanh_backward reads
+      // `result`); the scalar division and product keep nothing.
+      if ((s.flags & layer_flags::softcap) != 0) {
+        const bytes tanh_out{checked_mul(TV, t.em)};
+        r.saved.input_grad += tanh_out;
+        r.last_released += tanh_out;
+      }
       if (c.sp) r.comm = a.values_per_token(s.hidden);
       break;
     }
@@ -385,7 +420,7 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
   // causal mask of eager attention, an input every checkpointed block keeps.
   const torch_bytes t = torch_bytes_of(c);
   bytes shared{};
-  bool rotary = false, mask = false;
+  bool rotary = false, mask = false, local_mask = false;
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
     if (l.kind != layer_kind::transformer_block || l.group == layer_group::teacher) continue;
@@ -396,12 +431,23 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
       // (fp32 whatever the precision where the modelling file keeps them so: OLMo 2's
       // Olmo2RotaryEmbedding returns cos and sin without `.to(x.dtype)`)
       const std::uint64_t e = (l.shape.flags & layer_flags::rotary_fp32) != 0 ? 4 : t.en;
-      shared += bytes{checked_mul(checked_mul(ceil_div(a.seq, c.cp), rd), 2 * e)};
+      // (one table per attention layer type with its own base: Gemma 3's local and global)
+      const std::uint64_t tables = l.shape.rotary_tables > 1 ? l.shape.rotary_tables : 1;
+      shared += bytes{checked_mul(checked_mul(checked_mul(ceil_div(a.seq, c.cp), rd), 2 * e), tables)};
     }
     const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
-    if (full && (l.shape.flags & layer_flags::flash) == 0 && (l.shape.flags & layer_flags::causal) != 0 && !mask) {
+    const std::uint64_t mask_elems = checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq));
+    const bool eager = (l.shape.flags & layer_flags::flash) == 0;
+    if (full && eager && (l.shape.flags & layer_flags::causal) != 0 && l.shape.window == 0 && !mask) {
       mask = true;
-      shared += bytes{checked_mul(checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq)), t.en)};
+      shared += bytes{checked_mul(mask_elems, t.en)};
+    }
+    // Local layers read a mask of their own (create_sliding_window_causal_mask, masking_utils.py):
+    // eager attention's materialised as the causal one; SDPA's a boolean mask when the window is
+    // shorter than the sequence (else none: is_causal).
+    if (full && l.shape.window != 0 && !local_mask && (eager || l.shape.window < a.seq)) {
+      local_mask = true;
+      shared += bytes{checked_mul(mask_elems, eager ? t.en : 1)};
     }
   }
   for (std::size_t i = 0; i < model.size; ++i)
@@ -437,33 +483,73 @@ constexpr bytes fsdp_gathered(const model_desc& model, const training_desc& t, c
 /// the work object lets go depends on gloo's thread: measured, the same step holds one repeated
 /// unit's full gradient more or less from run to run (pw1-009-falcon: 413.1, 419.5 and 426.0 MB in
 /// three runs, 6.5 MB a unit; llama-fsdp2 404.1 and 408.1 MB). The bound counts that one more: the
-/// largest repeated unit's unsharded gradient, through the backward.
+/// largest repeated unit's unsharded gradient, through the backward. With gradient accumulation
+/// the clones of one micro-batch's reduce-scatters outlive its backward: at the next
+/// micro-batch's loss backward, five of six units' clones were still alive (pw3-013-starcoder2,
+/// `aten::clone (c10d::_reduce_scatter_base_)` ×5 in `--explain`; 0.64 % under without this).
+/// The bound then counts every repeated unit's, from the second micro-batch's forward on.
 constexpr bytes fsdp_gloo_held(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                std::uint64_t stage) {
-  bytes unit{};
+  bytes unit{}, all{};
   for (const layer_desc& l : model) {
-    if (instances_on_stage(l, stage, m.pp) == 0 || l.place != placement::repeated || !l.trainable) continue;
-    unit = max(unit, storage_bytes(t.precision.gradients, elements_per_rank(l, m).total()));
+    const std::uint64_t n = instances_on_stage(l, stage, m.pp);
+    if (n == 0 || l.place != placement::repeated || !l.trainable) continue;
+    const bytes g = storage_bytes(t.precision.gradients, elements_per_rank(l, m).total());
+    unit = max(unit, g);
+    all += g * n;
   }
-  return unit;
+  return t.grad_accum > 1 ? all : unit;
 }
 
-/// The largest single parameter tensor of an entry (the for-loop optimizer's temporaries): the
-/// embedding or output matrix, a block's largest projection (a mixture of experts stores each
-/// projection of all experts as one tensor, as transformers' grouped experts do).
-constexpr std::uint64_t largest_tensor(const layer_desc& l) {
-  const layer_shape& s = l.shape;
-  switch (l.kind) {
-    case layer_kind::transformer_block: {
-      const std::uint64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-      const std::uint64_t attention = s.hidden * ((s.flags & layer_flags::fused_qkv) != 0 ? q + 2 * kv : q);
-      std::uint64_t mlp = s.hidden * s.ffn;
-      if ((s.flags & layer_flags::moe) != 0) mlp *= s.experts * ((s.flags & layer_flags::gated) != 0 ? 2 : 1);
-      const std::uint64_t big = attention > mlp ? attention : mlp;
-      return big < l.params ? big : l.params;
-    }
-    default: return l.params;
+/// The largest parameter tensors of a block, in no order (0 where none): the attention's
+/// projections (one fused q, k, v tensor or three) and output projection, and the MLP's
+/// (gate, up and down; GeLU's two; a mixture of experts stores each projection of all experts as
+/// one tensor, gate and up as one, as transformers' grouped experts do). A gated block with fused
+/// QKV is Phi-3's, whose gate and up projections are one gate_up_proj too (modeling_phi3.py,
+/// Phi3MLP): 2·f·h in one tensor.
+struct block_tensors {
+  std::uint64_t size[6] = {};
+};
+constexpr block_tensors tensors_of_block(const layer_shape& s) {
+  block_tensors b{};
+  const std::uint64_t h = s.hidden, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim, f = s.ffn;
+  const bool fused = (s.flags & layer_flags::fused_qkv) != 0, gated = (s.flags & layer_flags::gated) != 0;
+  b.size[0] = h * q;  // o_proj (or c_proj)
+  if (fused) {
+    b.size[1] = h * (q + 2 * kv);
+  } else {
+    b.size[1] = h * q;
+    b.size[2] = b.size[3] = h * kv;
   }
+  if ((s.flags & layer_flags::moe) != 0) {
+    b.size[4] = h * f * s.experts * (gated ? 2 : 1);
+    b.size[5] = h * f * s.experts;
+  } else if (gated && fused) {
+    b.size[4] = 2 * h * f;
+    b.size[5] = h * f;
+  } else {
+    b.size[4] = b.size[5] = h * f;  // (SwiGLU's third, of the same size, changes neither of the two largest)
+  }
+  return b;
+}
+
+/// The largest single parameter tensor of an entry: the embedding or output matrix, a block's
+/// largest projection (tensors_of_block). `second`: the block's second largest (the same when two
+/// share the largest size); 0 for other entries.
+constexpr std::uint64_t largest_tensor(const layer_desc& l, bool second = false) {
+  if (l.kind != layer_kind::transformer_block) return second ? 0 : l.params;
+  const block_tensors b = tensors_of_block(l.shape);
+  std::uint64_t first = 0, next = 0;
+  for (std::uint64_t v : b.size) {
+    if (v > first) {
+      next = first;
+      first = v;
+    } else if (v > next) {
+      next = v;
+    }
+  }
+  const std::uint64_t r = second ? next : first;
+  return r < l.params ? r : l.params;
 }
 
 /// The parameters of a block whose gradients its backward has not made by its second phase
@@ -502,7 +588,8 @@ constexpr std::uint64_t mlp_input_projection_params(const layer_desc& l) {
 /// The pytorch stack's optimizer-step temporaries (torch.optim, docs/algebra.md): foreach Adam /
 /// AdamW keep `torch._foreach_sqrt(exp_avg_sqs)`, one state-sized tensor per parameter, for the
 /// whole step; the for-loop keeps `exp_avg_sq.sqrt()` and its quotient for one parameter at a
-/// time; SGD and momentum update in place; fused kernels need nothing.
+/// time, beside the previous parameter's quotient; SGD and momentum update in place; fused
+/// kernels need nothing.
 constexpr bytes torch_optimizer_temporaries(const model_desc& model, const training_desc& t, const mesh_desc& m,
                                             std::uint64_t stage) {
   const optimizer_kind k = t.optimizer.kind;
@@ -512,7 +599,13 @@ constexpr bytes torch_optimizer_temporaries(const model_desc& model, const train
     return bytes{};
   const dtype state = t.optimizer.state_dtype.is_none() ? t.precision.optimizer_states : t.optimizer.state_dtype;
   const std::uint64_t group = m.dp * m.cp;
-  bytes total{}, largest{};
+  // The for-loop (`_single_tensor_adam`, torch/optim/adam.py): `denom = (exp_avg_sq.sqrt() /
+  // bias_correction2_sqrt).add_(eps)` makes the root and the quotient of one parameter, while the
+  // previous parameter's `denom`, a local of the loop, lives until the new one replaces it: two of
+  // a tensor beside its predecessor's (measured: pw3-009-phi3, whose gate_up_proj's root and
+  // quotient met qkv_proj's quotient). A block's largest tensor follows another of the block, at
+  // most its second largest; the embedding comes first and the output after the final norm.
+  bytes total{}, loop{};
   for (const layer_desc& l : model) {
     const std::uint64_t n = instances_on_stage(l, stage, m.pp);
     if (n == 0 || !l.trainable || l.kind == layer_kind::parameters) continue;
@@ -520,10 +613,12 @@ constexpr bytes torch_optimizer_temporaries(const model_desc& model, const train
     const std::uint64_t shard =
         m.zero_stage >= 1 ? ceil_div(e.dense, group) + ceil_div(e.expert, group / m.ep) : e.total();
     total += storage_bytes(state, shard) * n;
-    const std::uint64_t big = ceil_div(largest_tensor(l), m.zero_stage >= 1 ? group : 1);
-    largest = max(largest, storage_bytes(state, big));
+    const std::uint64_t divisor = m.zero_stage >= 1 ? group : 1;
+    const bytes big = storage_bytes(state, ceil_div(largest_tensor(l), divisor));
+    const bytes before = storage_bytes(state, ceil_div(largest_tensor(l, true), divisor));
+    loop = max(loop, big * 2 + before);
   }
-  return t.optimizer_kind == optimizer_impl::for_loop ? largest * 2 : total;
+  return t.optimizer_kind == optimizer_impl::for_loop ? loop : total;
 }
 }  // namespace detail
 }  // namespace memalg
