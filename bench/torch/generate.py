@@ -18,6 +18,7 @@ committed groups already cover and draws only what is missing. A case measured a
 
     python bench/torch/generate.py --group pairwise-1 --seed 20261202 --min-cases 130
     python bench/torch/generate.py --group pairwise-2 --seed 20261203   # the pairs pairwise-1's skipped cases held
+    python bench/torch/generate.py --group pairwise-3 --seed 20261204   # the families of 2024-2026
     python bench/torch/generate.py --check          # every valid pair covered by the committed groups
 
 The numeric values within a category (the sequence length of a "long" case, the vocabulary of a
@@ -41,7 +42,8 @@ MATRIX = os.path.join(HERE, "matrix")
 
 # The axes and their values. A value names a category; the case's numbers are drawn within it.
 AXES = [
-    ("family", ["gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon"]),
+    ("family", ["gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon",
+                "qwen3", "olmo2", "phi3", "starcoder2", "gpt_bigcode", "gemma2", "gemma3"]),
     ("precision", ["fp32", "bf16", "autocast-bf16"]),
     ("attention", ["eager", "sdpa"]),
     ("dropout", ["off", "embedding", "attention", "residual", "all"]),
@@ -64,6 +66,10 @@ AXIS_INDEX = {a: i for i, a in enumerate(AXIS_NAMES)}
 VALUES = dict(AXES)
 
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2")
+# Families whose config has a head_dim field (the others derive it as hidden / heads).
+HEAD_DIM_FIELD = LLAMA_LIKE + ("qwen3", "gemma2", "gemma3")
+# Families with a gated MLP (SwiGLU, or Gemma's GeGLU).
+GATED = LLAMA_LIKE + ("qwen3", "olmo2", "phi3", "gemma2", "gemma3")
 
 # Where each family applies dropout (Hugging Face transformers 5.17 modelling code):
 # GPT-2: embd_pdrop (wte + wpe), attn_pdrop (attention probabilities), resid_pdrop (c_proj outputs);
@@ -75,6 +81,14 @@ DROPOUT_SITES = {
     "llama": ("attention",), "mistral": ("attention",), "mixtral": ("attention",), "qwen2": ("attention",),
     "gpt_neox": ("attention", "residual"),
     "falcon": ("attention", "residual"),
+    # Qwen3, OLMo 2, Gemma 2 and 3: attention_dropout only. Phi-3: attention_dropout and resid_pdrop
+    # (resid_attn_dropout, resid_mlp_dropout; its embd_pdrop is read by no module). StarCoder2:
+    # embedding_dropout, attention_dropout, residual_dropout (after o_proj and c_proj).
+    # GPT-BigCode: GPT-2's embd_pdrop, attn_pdrop, resid_pdrop.
+    "qwen3": ("attention",), "olmo2": ("attention",), "gemma2": ("attention",), "gemma3": ("attention",),
+    "phi3": ("attention", "residual"),
+    "starcoder2": ("embedding", "attention", "residual"),
+    "gpt_bigcode": ("embedding", "attention", "residual"),
 }
 
 
@@ -90,13 +104,15 @@ def pair_reason(a, va, b, vb):
             if v == "embedding" and fam == "gpt_neox":
                 return "GPT-NeoX's embedding dropout is hidden_dropout, the residual site's probability"
             if v in ("embedding", "residual") and v not in sites:
-                return "%s has no %s dropout (its only site is attention_dropout)" % (fam, v)
+                return "%s has no %s dropout (its sites: %s)" % (fam, v, ", ".join(sites))
             if v == "all" and len(sites) == 1:
                 return "%s has one dropout site: 'all' is 'attention'" % fam
-        if other == "head_dim" and v == "explicit" and fam not in LLAMA_LIKE:
+        if other == "head_dim" and v == "explicit" and fam not in HEAD_DIM_FIELD:
             return "%s derives its head width from hidden / heads (no head_dim field)" % fam
         if other == "heads" and v != "mha" and fam in ("gpt2", "gpt_neox"):
             return "%s has no grouped or multi-query attention" % fam
+        if other == "heads" and v == "gqa" and fam == "gpt_bigcode":
+            return "gpt_bigcode has one key/value head (multi_query) or all of them, no groups"
         if other == "residual" and v == "parallel" and fam not in ("gpt_neox", "falcon"):
             return "%s has no parallel-residual block" % fam
     return None
@@ -167,7 +183,7 @@ def draw_numbers(c, rng):
                      "mqa": 1}[c["heads"]]
     d = hidden // heads
     n["head_dim"] = {"derived": None, "explicit": rng.choice([d // 2, 3 * d // 2, 2 * d])}[c["head_dim"]]
-    if fam in LLAMA_LIKE:
+    if fam in GATED:
         n["ffn"] = 2 * hidden if fam == "mixtral" else rng.choice([2 * hidden, 8 * hidden // 3 // 64 * 64, 3 * hidden])
     else:
         n["ffn"] = 4 * hidden
@@ -176,6 +192,10 @@ def draw_numbers(c, rng):
         n["top_k"] = rng.choice([1, 2])
     if fam == "gpt_neox":
         n["rotary_pct"] = rng.choice([0.25, 1.0])
+    if fam in ("gemma2", "gemma3"):
+        # The local layers' window: longer than any drawn sequence (no mask under SDPA) or half
+        # the sequence (a mask, and the key and value expanded to every head).
+        n["window"] = rng.choice([4096, max(32, n["seq"] // 2)])
     n["grad_accum"] = 1 if c["accumulation"] == "1" else rng.choice([2, 3])
     n["dropout_p"] = 0.1
     return n
@@ -187,7 +207,7 @@ def estimate(c, n):
     f, a = n["ffn"], n["heads"]
     d = n["head_dim"] or h // a
     kv = n["kv_heads"]
-    gated = c["family"] in LLAMA_LIKE
+    gated = c["family"] in GATED
     experts = n.get("experts", 1)
     attn_p = h * (a * d + 2 * kv * d) + a * d * h
     mlp_p = (3 if gated else 2) * h * f * experts
@@ -211,7 +231,11 @@ def estimate(c, n):
     # (the embedding's lookup is free), the attention core's 12·s²·d per head and layer; about
     # 60 GFLOP/s in fp32 and 0.5 in bf16 (under autocast too: matrix products without bf16
     # instructions), measured here with torch 2.11.
-    flops = 6 * (P - v * h) * T * n["grad_accum"] + 12 * L * n["micro_batch"] * a * d * n["seq"] ** 2 * n["grad_accum"]
+    # The output projection is counted once, tied or not (the input embedding is a lookup);
+    # groups before pairwise-3 were drawn without it, which let bf16 cases with large
+    # vocabularies through that took minutes.
+    flops = 6 * (P - v * h * (1 if c["embeddings"] == "tied" else 2) + v * h) * T * n["grad_accum"] + \
+        12 * L * n["micro_batch"] * a * d * n["seq"] ** 2 * n["grad_accum"]
     rate = 60e9 if c["precision"] == "fp32" else 0.5e9
     # The profile's analysis: about 2 ms per operator event, some 200 events per layer and
     # micro-batch in a step (measured on the hand-picked cases).
