@@ -66,7 +66,7 @@ bool same_dtype(const dtype& a, const dtype& b) {
 // The fields of layer_desc / layer_shape the header spells out. `known_fields` copies exactly
 // these, so the plan of the copy is the plan of the header.
 #define MEMALG_EMIT_LAYER_FIELDS(X) \
-  X(count) X(params) X(tp_replicated_params) X(expert_params) X(matrix_params) X(matrix_rows_plus_cols) X(gather_params)
+  X(count) X(params) X(tp_replicated_params) X(expert_params) X(matrix_params) X(matrix_rows_plus_cols) X(gather_params) X(buffer_bytes)
 #define MEMALG_EMIT_SHAPE_FIELDS(X)                                                                                   \
   X(hidden) X(heads) X(kv_heads) X(head_dim) X(ffn) X(vocab) X(in) X(out) X(kernel) X(experts) X(top_k)              \
   X(capacity_factor_percent) X(chunk) X(dropout_permille) X(sequence) X(kv_sequence) X(positions) X(rank)           \

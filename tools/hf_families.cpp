@@ -252,6 +252,10 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     if (c.hidden % c.heads != 0) r.fail("'n_embd' must be a multiple of 'n_head'");
     c.head_dim = c.hidden / c.heads;
     c.kv_heads = r.flag_or({"multi_query"}, true) ? 1 : c.heads;
+    // GPTBigCodeModel's causal mask is a buffer of n_positions² booleans (modeling_gpt_bigcode.py,
+    // `register_buffer("bias", torch.tril(torch.ones((max_positions, max_positions),
+    // dtype=torch.bool)), persistent=False)`): 64 MiB at 8192 positions.
+    f.buffer_bytes = mul(c.positions, c.positions);
     c.rms_norm = false;
     c.gated = false;
     c.bias = true;

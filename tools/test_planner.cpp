@@ -198,6 +198,7 @@ TEST_CASE("the presets of current families are the imported configurations") {
       CHECK(p->model->entries[i].shape.head_dim == m.model.entries[i].shape.head_dim);
       CHECK(p->model->entries[i].shape.norm_eps == m.model.entries[i].shape.norm_eps);
       CHECK(p->model->entries[i].shape.window == m.model.entries[i].shape.window);
+      CHECK(p->model->entries[i].buffer_bytes == m.model.entries[i].buffer_bytes);
       CHECK(p->model->entries[i].shape.rotary_tables == m.model.entries[i].shape.rotary_tables);
     }
     if (m.active != 0) CHECK(active_parameters(*p->model) == m.active);
@@ -321,6 +322,24 @@ TEST_CASE("an imported Llama-2 7B plans like the llama2-7b preset") {
   const plan_result rb = evaluate(b.model, b.training, b.mesh, b.device);
   CHECK(ra.per_rank == rb.per_rank);
   CHECK(ra.fits);
+}
+
+TEST_CASE("GPT-BigCode's causal-mask buffer is resident with the weights, on every rank, not a parameter") {
+  // StarCoderBase-1B: 8192 positions, so GPTBigCodeModel's `bias` buffer is 8192² booleans.
+  plan_flags f;
+  f.config = data("gpt-bigcode-1b.json");
+  f.seq = "1024";
+  f.micro_batch = "1";
+  f.precision = "fp32";
+  const plan_inputs one = make_inputs(f);
+  const plan_result r1 = evaluate(one.model, one.training, one.mesh, one.device);
+  CHECK(r1.per_rank.weights.value == one.model.parameters() * 4 + 8192ULL * 8192ULL);
+  f.dp = "4";
+  f.zero = "3";
+  const plan_inputs sharded = make_inputs(f);
+  const plan_result r4 = evaluate(sharded.model, sharded.training, sharded.mesh, sharded.device);
+  CHECK(r4.per_rank.weights.value >= 8192ULL * 8192ULL);  // FSDP shards parameters, not buffers
+  CHECK(r4.per_rank.weights.value < r1.per_rank.weights.value / 2);
 }
 
 TEST_CASE("--attention with --config: flash (SDPA, Hugging Face's default) unless naive is asked for") {

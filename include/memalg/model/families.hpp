@@ -92,6 +92,9 @@ struct family_lm_config {
   mla_shape mla{};
   moe_spec moe{};
   std::uint64_t vision_params = 0;    ///< a vision tower and its projector, counted as weights
+  /// Module buffers of the model besides its parameters, in bytes, held with the token embedding
+  /// (GPT-BigCode's n_positions² boolean causal mask; layer_desc::buffer_bytes).
+  std::uint64_t buffer_bytes = 0;
 };
 
 namespace detail {
@@ -207,6 +210,7 @@ constexpr model_desc family_lm(const family_lm_config& f) {
       layer_desc e = l;
       if ((f.norms_after || f.rms_weight_fp32) && l.kind == layer_kind::rmsnorm) e.shape.flags |= layer_flags::rms_weight_fp32;
       if (f.logit_softcap && l.kind == layer_kind::output) e.shape.flags |= layer_flags::softcap;
+      if (l.kind == layer_kind::embedding) e.buffer_bytes = f.buffer_bytes;
       m.push(e);
       continue;
     }

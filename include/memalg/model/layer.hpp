@@ -206,6 +206,10 @@ struct layer_desc {
   std::uint64_t matrix_rows_plus_cols = 0;  ///< Σ (rows + columns) over those matrices
   std::uint64_t gather_params = 0;          ///< parameters ZeRO-3 gathers at once for one instance
   bool trainable = true;                    ///< frozen layers have no gradients or optimizer states
+  /// Bytes of module buffers one instance holds besides its parameters: resident on every rank
+  /// of its stage, never sharded, trained or counted as parameters (GPT-BigCode's causal mask,
+  /// `register_buffer("bias", torch.tril(torch.ones(n, n, dtype=torch.bool)))`).
+  std::uint64_t buffer_bytes = 0;
   dtype weight_storage = dtypes::none;      ///< overrides the policy's weight dtype (quantized base)
   layer_shape shape{};
   /// Which sub-model the entry belongs to (layer_group): the trained model, or a distillation

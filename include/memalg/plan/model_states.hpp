@@ -106,6 +106,7 @@ constexpr stage_model_states model_states(const model_desc& model, const trainin
 
   stage_model_states s{};
   breakdown states{};
+  bytes buffers{};  // module buffers (layer_desc::buffer_bytes): with the weights, on the device
   for (const layer_desc& l : model) {
     const std::uint64_t n = instances_on_stage(l, stage, m.pp);
     if (n == 0) continue;
@@ -124,6 +125,7 @@ constexpr stage_model_states model_states(const model_desc& model, const trainin
       w += storage_bytes(p.weight_cache, gemm) * p.weight_cache_copies;
     }
     states.weights += w * n;
+    buffers += bytes{l.buffer_bytes} * n;
 
     // ZeRO-3 gathers one instance at a time (its tensor-parallel part).
     if (z >= 3) {
@@ -157,6 +159,7 @@ constexpr stage_model_states model_states(const model_desc& model, const trainin
     s.host.weights = states.weights;
     s.device.weights = bytes{};
   }
+  s.device.weights += buffers;
   return s;
 }
 

@@ -135,6 +135,7 @@ using starcoder2_15b = family_preset<starcoder2_15b_family>;
 constexpr family_lm_config starcoderbase_1b_family() {
   family_lm_config f = current_config("starcoderbase-1b", 24, 2048, 16, 1, 128, 8192, 49152, 1e-5);
   f.lm.positions = 8192;
+  f.buffer_bytes = 8192 * 8192;  // the causal-mask buffer, one bool per pair of positions
   f.lm.rms_norm = false;
   f.lm.gated = false;
   f.lm.bias = true;
