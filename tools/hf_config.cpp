@@ -108,6 +108,8 @@ struct counts {
 
 }  // namespace
 
+std::string_view hf_family_of(std::string_view model_type) { return family_of(model_type); }
+
 hf_model parse_hf_config(std::string_view text, std::string_view source, const import_options& options) {
   if (text.size() > max_config_bytes)
     throw usage_error(std::string(source) + ": larger than " + std::to_string(max_config_bytes) +

@@ -54,7 +54,7 @@ std::uint64_t gemma_local_layers(const reader& r, std::uint64_t layers, bool gem
   } else {
     const std::uint64_t pattern = gemma3 ? r.count_or({"sliding_window_pattern"}, 6) : 2;
     if (pattern == 0) r.fail("field 'sliding_window_pattern' must be at least 1");
-    for (std::uint64_t i = 0; i < layers; ++i) sliding += (i + 1) % pattern == 0 ? 0 : 1;
+    sliding = local_layers_of_pattern(layers, pattern);
   }
   return sliding;
 }

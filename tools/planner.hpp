@@ -272,6 +272,8 @@ hf_model parse_hf_config(std::string_view text, std::string_view source = "confi
 /// Reads and parses a file (a regular file of at most max_config_bytes).
 hf_model load_hf_config(const std::string& path, const import_options& options = {});
 nlohmann::json hf_json(const hf_model& m);
+/// The family a Hugging Face model_type is read as ("gemma3_text" → "gemma3"), "" if none.
+std::string_view hf_family_of(std::string_view model_type);
 
 int run_import(const std::string& path, bool json);
 

@@ -233,12 +233,8 @@ TEST_CASE("the generated matrix: every valid pair of axis values is measured, ev
                   << pairs << " valid pairs");
 }
 
-/// The family memalg's import names for a case's recorded model_type: the same, except Gemma 3's
-/// text model (Gemma3ForCausalLM's config says gemma3_text; the family is gemma3).
-std::string imported_family(const json& c) {
-  const std::string t = c["family"].get<std::string>();
-  return t == "gemma3_text" ? "gemma3" : t;
-}
+/// The family memalg's import reads a case's recorded model_type as (gemma3_text: gemma3).
+std::string imported_family(const json& c) { return std::string(hf_family_of(c["family"].get<std::string>())); }
 
 TEST_CASE("measured data: memalg's import counts the parameters PyTorch allocated, for every case") {
   for (const json& c : all_cases()) {

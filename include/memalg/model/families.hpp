@@ -97,6 +97,13 @@ struct family_lm_config {
   std::uint64_t buffer_bytes = 0;
 };
 
+/// Local (sliding-window) layers among `layers` when every `pattern`-th layer is global and the
+/// others local, from the first: Gemma2Config's alternation (pattern 2) and Gemma3TextConfig's
+/// `sliding_window_pattern` (6), `(i + 1) % pattern != 0` for a local layer i.
+constexpr std::uint64_t local_layers_of_pattern(std::uint64_t layers, std::uint64_t pattern) {
+  return pattern == 0 ? layers : layers - layers / pattern;
+}
+
 namespace detail {
 
 constexpr param_tally family_attention_params(const family_lm_config& f, const layer_shape& s) {

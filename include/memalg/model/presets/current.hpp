@@ -69,10 +69,10 @@ constexpr family_lm_config gemma_config(std::string_view name, bool gemma3, std:
     f.qk_norm = qk_norm_kind::per_head;
     f.rotary_tables = 2;  // local (base 10 000) and global (10^6) layers, one in six global
     f.window = 1024;
-    f.local_layers = layers - layers / 6;
+    f.local_layers = local_layers_of_pattern(layers, 6);
   } else {
     f.window = 4096;  // every other layer local, from the first
-    f.local_layers = (layers + 1) / 2;
+    f.local_layers = local_layers_of_pattern(layers, 2);
   }
   return f;
 }
