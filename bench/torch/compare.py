@@ -128,7 +128,9 @@ def measured_split(case):
     get = lambda k: b.get(k, 0)  # noqa: E731
     grads = get("GRADIENT")
     if case["parallel"] == "fsdp2":
-        states = case["parameter_bytes"] + case["optimizer_state_bytes"]
+        # (the model's own shards and buffers, counted by measure.py: the profiler does not
+        # categorise FSDP2's DTensors; memalg counts buffers with the weights)
+        states = case["parameter_bytes"] + case["optimizer_state_bytes"] + case.get("buffer_bytes", 0)
         rest = case["peak_bytes"] - states - grads
     else:
         states = get("PARAMETER") + get("OPTIMIZER_STATE")

@@ -7,7 +7,7 @@
 // and its implementation, a mesh axis's degree) that no measured case of that stack contains, or a
 // numeric value (sequence, micro-batch, width, depth, gradient accumulation) outside the measured
 // range, or a combination of values whose measured steps did not all settle (pytorch: FSDP2 with
-// reentrant checkpointing and accumulation) (docs/accuracy.md, "The envelope"). Outside, the
+// gradient accumulation) (docs/accuracy.md, "The envelope"). Outside, the
 // prediction follows the same cited rules, but nothing measured confirms it. `require_fits` does
 // not read the envelope.
 //
@@ -50,8 +50,8 @@ struct stack_envelope {
   bool sequence_parallel = false;                   ///< measured with sequence parallelism
   /// Combinations of measured values whose measured steps did not all settle: the harness
   /// skipped a case holding one, with its reason (bench/torch/measured/), so the bound is not
-  /// confirmed there. A ZeRO stage on more than one rank, a recomputation and gradient
-  /// accumulation above 1; an empty name ends the list.
+  /// confirmed there. A ZeRO stage on more than one rank, a recomputation (empty: any) and
+  /// gradient accumulation above 1; an empty name ends the list.
   struct combination {
     int zero_stage = -1;
     std::string_view recomputation{};
@@ -119,11 +119,10 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.dp = {1, 2};
       e.tp = e.pp = e.cp = e.ep = {1, 1};
       e.zero_stages = {0, 3, -1, -1};  // DDP, FSDP2
-      // FSDP2 over gloo with reentrant checkpointing and accumulation: two of the three cases
-      // reached no steady state on the CPU, and one run of them lay 1.0 % above the plan
-      // (docs/accuracy.md, "The generated matrix").
-      e.unsettled = {{{3, "full-reentrant", "fsdp2 + reentrant checkpointing + gradient accumulation"},
-                       {3, "every-reentrant", "fsdp2 + reentrant checkpointing + gradient accumulation"}}};
+      // FSDP2 over gloo with gradient accumulation: three of the twelve drawn cases (reentrant
+      // checkpointing twice, none once) reached no steady state on the CPU, and a fourth only
+      // without the profiler's data-flow checks (docs/accuracy.md, "The generated matrix").
+      e.unsettled = {{{3, "", "fsdp2 + gradient accumulation"}}};
       break;
     case stack_kind::megatron:
       e.validated = true;
@@ -222,8 +221,8 @@ constexpr envelope_check check_envelope(const training_desc& t, const mesh_desc&
   if (!zero) out.add("zero", "", static_cast<std::uint64_t>(m.zero_stage));
   if (m.sequence_parallel && !e.sequence_parallel) out.add("sp", "on");
   for (const stack_envelope::combination& c : e.unsettled)
-    if (!c.name.empty() && m.dp * m.cp > 1 && m.zero_stage == c.zero_stage && recomputation_name(t) == c.recomputation &&
-        t.grad_accum > 1)
+    if (!c.name.empty() && m.dp * m.cp > 1 && m.zero_stage == c.zero_stage &&
+        (c.recomputation.empty() || recomputation_name(t) == c.recomputation) && t.grad_accum > 1)
       out.add("combination", c.name);
   out.validated = out.size == 0;
   return out;
