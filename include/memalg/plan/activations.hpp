@@ -404,6 +404,10 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
   }
   bytes done{};     // pytorch: gradients of the entries whose backward has run
   bytes pending{};  // pytorch, accumulating or FSDP: a tied output's new gradient, not yet in .grad
+  // FSDP2: the root unit's gradients, unsharded until its reduce-scatter ends the backward (in
+  // `pending`, beside the shards counted in `done`).
+  bytes root_waiting{};
+  const bool fsdp2_root = torch && m.zero_stage >= 3 && m.dp * m.cp > 1;
   for (std::size_t j = model.size; j-- > 0;) {
     const layer_desc& l = model.entries[j];
     if (l.group == layer_group::teacher || l.place == placement::spread || held[j] == 0) continue;
@@ -588,12 +592,26 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
         // gradient .grad takes.
         const bool waits = accumulating || m.zero_stage >= 2;
         if (tied && tied_model) {
-          if (waits) pending = tied_weight_grad;
+          if (waits) pending += tied_weight_grad;
           else done += tied_grads;
         }
         if (tied_embedding_entry && waits) {
-          pending = bytes{};
+          pending = saturating_sub(pending, tied_weight_grad);
           if (!accumulating) done += tied_grads;
+        }
+        // FSDP2's root unit (the entries that are not repeated) has no reduce-scatter of its own
+        // before the backward ends: its post-backward runs in the root's final callback
+        // (torch/distributed/fsdp/_fully_shard/_fsdp_state.py, `_root_post_backward_final_callback`),
+        // so each of its gradients stays whole, as autograd made it, from its entry's backward to
+        // the end (measured: pw3-027-phi3, `MmBackward0 of lm_head`, 3580×1024 fp32, beside the
+        // blocks' backward). Unaccumulated the shard in `done` stands for part of it; with
+        // accumulation the shard is the earlier micro-batches' (`all_grads`), and the new
+        // gradient waits beside it.
+        if (fsdp2_root && l.place != placement::repeated && l.trainable) {
+          const bytes whole = tied_embedding_entry ? tied_weight_grad : g.full;
+          const bytes wait = accumulating ? whole : saturating_sub(whole, tied_embedding_entry ? tied_grads : own);
+          root_waiting += wait;
+          pending += wait;
         }
       } else {
         // memalg's runtime frees some saved bytes as its backward begins (a block's MLP dropout
@@ -646,7 +664,9 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     if (root > bytes{}) {
       const bytes reduce = root * (table.host ? 2 : 1) + root.shard(m.dp * m.cp) + output;
       const bytes temps = saturating_sub(reduce, detail::fsdp_gathered(model, t, m, stage));
-      const bytes grads = accumulating ? all_grads + pending : done + pending;
+      // (the root's gradients themselves are in `reduce` now: its input and the output's own)
+      const bytes left = saturating_sub(pending, root_waiting);
+      const bytes grads = accumulating ? all_grads + left : done + left;
       backward.offer(on_device(prior), temps, boundary, grads);
       if (log != nullptr) log->push({sweep_step::backward, model.size - 1, on_device(prior), temps, boundary, grads});
     }
