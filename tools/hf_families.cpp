@@ -287,6 +287,7 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.moe.top_k = r.count({"num_experts_per_tok"});
     f.moe.ffn = r.count({"moe_intermediate_size"});
     f.moe.shared_ffn = mul(f.moe.ffn, r.count_or_none({"n_shared_experts"}, 1));
+    f.moe.router_fp32 = true;  // DeepseekV3TopkRouter: F.linear(hidden.type(float32), weight.type(float32))
     const std::uint64_t dense = std::min(r.count_or_none({"first_k_dense_replace"}, 0), c.layers);
     f.moe.sparse_layers = c.layers - dense;
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
@@ -357,7 +358,6 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
   // What the pytorch stack's activation rules do not yet follow of each family's modelling code:
   // its activations are planned as the classic block's and are outside the measured envelope.
   const std::pair<std::string_view, const char*> unmodelled[] = {
-      {"deepseek_v3", "multi-head latent attention, the shared expert and the routing"},
       {"gpt_oss", "the attention sinks, the clamped SwiGLU and the routing"},
       {"llama4", "the shared expert, the routing and the L2 QK-norm"},
   };

@@ -200,6 +200,12 @@ TEST_CASE("the presets of current families are the imported configurations") {
       CHECK(p->model->entries[i].shape.window == m.model.entries[i].shape.window);
       CHECK(p->model->entries[i].buffer_bytes == m.model.entries[i].buffer_bytes);
       CHECK(p->model->entries[i].shape.rotary_tables == m.model.entries[i].shape.rotary_tables);
+      CHECK(p->model->entries[i].shape.rotary_dim == m.model.entries[i].shape.rotary_dim);
+      CHECK(p->model->entries[i].shape.q_lora_rank == m.model.entries[i].shape.q_lora_rank);
+      CHECK(p->model->entries[i].shape.kv_lora_rank == m.model.entries[i].shape.kv_lora_rank);
+      CHECK(p->model->entries[i].shape.v_head_dim == m.model.entries[i].shape.v_head_dim);
+      CHECK(p->model->entries[i].shape.shared_ffn == m.model.entries[i].shape.shared_ffn);
+      CHECK(p->model->entries[i].shape.router_fp32 == m.model.entries[i].shape.router_fp32);
     }
     if (m.active != 0) CHECK(active_parameters(*p->model) == m.active);
     // Layer-shape flags cannot reshape it; --attention still chooses the attention.
@@ -231,6 +237,20 @@ TEST_CASE("import of current families: text_config, aliases, quantization, refus
   CHECK(kimi.sparse_layers == 3);
   CHECK(kimi.active < kimi.parameters);
   CHECK(v3.active_with_embedding == v3.active + 100 * 64);  // the untied input embedding table
+  // Its blocks carry the latent attention's and the shared expert's shapes, which the pytorch
+  // stack's rules read (no note that they are not followed).
+  CHECK(!has_note(v3, "do not yet follow"));
+  for (const layer_desc& l : v3.model)
+    if (l.kind == layer_kind::transformer_block) {
+      CHECK(l.shape.kv_lora_rank == 8);
+      CHECK(l.shape.q_lora_rank == 16);
+      CHECK(l.shape.v_head_dim == 8);
+      CHECK(l.shape.head_dim == 12);
+      CHECK(l.shape.rotary_dim == 4);
+      const bool sparse = (l.shape.flags & layer_flags::moe) != 0;
+      CHECK(l.shape.shared_ffn == (sparse ? 16U : 0U));
+      CHECK(l.shape.router_fp32 == sparse);
+    }
   // first_k_dense_replace 0: every layer sparse.
   std::string all_sparse = mla;
   all_sparse.replace(all_sparse.find("\"first_k_dense_replace\": 1"), 26, "\"first_k_dense_replace\": 0");

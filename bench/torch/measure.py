@@ -119,6 +119,22 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
              "rms_norm_eps": 1e-6, "rope_theta": 1e6, "attention_bias": False, "use_sliding_window": False,
              "sliding_window": None, "attention_dropout": p_att, "initializer_range": 0.02,
              "tie_word_embeddings": False if tied is None else tied}
+    elif family == "deepseek_v3":
+        # DeepSeek-V3's multi-head latent attention (q and kv compressed to ranks 96 and 64, heads
+        # of 32 + 16 rotary dimensions for q and k, 32 for v, rotary pairs interleaved as
+        # released) before a dense MLP on the first layer (first_k_dense_replace) and, after it,
+        # 8 routed experts of width 128 in 4 groups (2 chosen per token before its top-k) with one
+        # shared expert.
+        c = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 32000,
+             "hidden_size": h, "intermediate_size": ffn or 2 * h, "moe_intermediate_size": h // 2,
+             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+             "q_lora_rank": 96, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+             "v_head_dim": 32, "n_routed_experts": experts or 8, "num_experts_per_tok": top_k or 2,
+             "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+             "first_k_dense_replace": 1, "norm_topk_prob": True, "rope_interleave": True,
+             "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+             "rope_theta": 10000.0, "attention_bias": False, "attention_dropout": p_att,
+             "initializer_range": 0.02, "tie_word_embeddings": False if tied is None else tied}
     elif family == "mixtral":
         c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
              "hidden_size": h, "intermediate_size": ffn or 2 * h, "num_hidden_layers": layers,
@@ -329,6 +345,18 @@ def matrix():
     add(case("qwen3moe-autocast", "qwen3_moe", precision="autocast-bf16"))
     add(case("qwen3moe-gc", "qwen3_moe", gradient_checkpointing=True))
     add(case("qwen3moe-top1", "qwen3_moe", top_k=1))
+    # DeepSeek-V3: latent attention, a dense first layer, then routed and shared experts with
+    # group-limited routing; top-k 2 and 1, both attentions, bf16 and autocast, checkpointing.
+    # A vocabulary of 2000 and 2048 tokens a step: the blocks' tensors, not the loss's, make
+    # most of the peak.
+    ds = dict(vocab=2000, seq=1024, layers=3)
+    add(case("dsv3", "deepseek_v3", **ds))
+    add(case("dsv3-eager", "deepseek_v3", attention="eager", **ds))
+    add(case("dsv3-bf16", "deepseek_v3", precision="bf16", **ds))
+    add(case("dsv3-autocast", "deepseek_v3", precision="autocast-bf16", **ds))
+    add(case("dsv3-gc", "deepseek_v3", gradient_checkpointing=True, micro_batch=4, **ds))
+    add(case("dsv3-top1", "deepseek_v3", top_k=1, **ds))
+    add(case("dsv3-v32k", "deepseek_v3"))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))

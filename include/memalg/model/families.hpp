@@ -62,6 +62,7 @@ struct moe_spec {
   std::uint64_t sparse_layers = 0;  ///< how many layers are sparse; the others have lm.ffn-wide MLPs
   bool router_bias = false;         ///< the router has a bias (gpt-oss)
   bool expert_bias = false;         ///< the experts' projections have biases (gpt-oss)
+  bool router_fp32 = false;         ///< the router's logits from fp32 casts (DeepSeek-V3's TopkRouter)
 };
 
 /// A causal language model of a current family: what `lm_config` says, and what it adds.
@@ -167,15 +168,21 @@ constexpr param_tally family_block_params(const family_lm_config& f, const layer
 constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& generic, bool sparse,
                                   std::uint64_t count) {
   layer_shape s = generic.shape;
-  if (f.mla.kv_lora_rank != 0) {  // the activation algebra's view: a·(dn + dr)-wide heads
+  if (f.mla.kv_lora_rank != 0) {  // a·(dn + dr)-wide query and key heads, dr of them rotated
     s.kv_heads = s.heads;
     s.head_dim = f.mla.qk_nope_dim + f.mla.qk_rope_dim;
+    s.rotary_dim = f.mla.qk_rope_dim;
+    s.q_lora_rank = f.mla.q_lora_rank;
+    s.kv_lora_rank = f.mla.kv_lora_rank;
+    s.v_head_dim = f.mla.v_head_dim;
   }
   if (sparse) {
     s.flags |= layer_flags::moe;
     s.experts = f.moe.experts;
     s.top_k = f.moe.top_k;
     s.ffn = f.moe.ffn;
+    s.shared_ffn = f.moe.shared_ffn;
+    s.router_fp32 = f.moe.router_fp32;
   }
   // How the family's modelling code computes (what the pytorch stack saves, layer_flags).
   if (f.qk_norm == qk_norm_kind::per_head) s.flags |= layer_flags::qk_norm_per_head;

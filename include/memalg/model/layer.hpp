@@ -83,6 +83,18 @@ struct layer_shape {
   /// Blocks: the sliding window of local attention, in tokens (each query attends to the last
   /// `window` keys; Gemma's sliding_attention layers); 0: global attention.
   std::uint64_t window = 0;
+  /// Blocks with multi-head latent attention (DeepSeek-V2/V3, modeling_deepseek_v3.py): the
+  /// query's and the key-value's compressed ranks (q_lora_rank 0: one query projection) and the
+  /// value head's width; the query and key heads are `head_dim` = dn + dr wide, `rotary_dim` = dr
+  /// of them rotated. kv_lora_rank 0: not MLA.
+  std::uint64_t q_lora_rank = 0;
+  std::uint64_t kv_lora_rank = 0;
+  std::uint64_t v_head_dim = 0;
+  /// MoE blocks: the shared experts' MLP width beside the routed experts (DeepSeek-V3,
+  /// moe_intermediate_size × n_shared_experts; 0: none), and whether the router computes its
+  /// logits in fp32 from fp32 casts of its input and weight (DeepseekV3TopkRouter).
+  std::uint64_t shared_ffn = 0;
+  bool router_fp32 = false;
   /// Norms and blocks: ε added under the norm's square root (0: the kind's default,
   /// default_norm_eps). Hugging Face configs name it `layer_norm_epsilon`, `layer_norm_eps`,
   /// `rms_norm_eps`.

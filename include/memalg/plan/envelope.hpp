@@ -106,7 +106,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.validated = true;
       e.families = {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon", "qwen3", "olmo2",
                     "phi3", "starcoder2", "gpt_bigcode", "gemma2", "gemma3",
-                    "qwen3_moe"};
+                    "qwen3_moe", "deepseek_v3"};
       e.precisions = {"fp32", "bf16", "autocast-bf16"};
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "full", "full-reentrant"};

@@ -74,12 +74,19 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
   const std::uint64_t S = checked_mul(checked_mul(b, s.heads), checked_mul(ceil_div(a.seq, a.c.cp), kv_seq));
   const bool drop = attention_dropout_permille(s) != 0;
   const bool rotary = (s.flags & layer_flags::rotary) != 0, fused = (s.flags & layer_flags::fused_qkv) != 0;
+  // Multi-head latent attention (DeepseekV3Attention, modeling_deepseek_v3.py): the query and the
+  // key are a·(dn + dr) wide (Q and K above), the value and the output a·dv (V). The CPU's fused
+  // SDPA kernel needs one head width for q, k and v, so with dv ≠ dn + dr SDPA takes its math path
+  // there (measured: dsv3, whose SDPA step keeps the same probabilities as its eager one).
+  const bool mla = s.kv_lora_rank != 0;
+  const std::uint64_t dv = mla && s.v_head_dim != 0 ? s.v_head_dim : s.head_dim;
+  const std::uint64_t V = mla ? checked_mul(T, checked_mul(s.heads, dv)) : Q;
   // Eager attention, SDPA's math path (taken with dropout on the CPU, and by Falcon-7B's layout):
   // the fp32 softmax (and its cast when narrower), the query, the expanded key and value (repeat_kv)
   // and the output's contiguous copy for the out-projection; with dropout its mask and output.
   // On CUDA, SDPA's fused kernels apply dropout inside (saving their RNG offsets only).
   const bool unfused = (s.flags & layer_flags::flash) == 0 || (s.flags & layer_flags::unfused_attention) != 0 ||
-                       (drop && a.c.cpu);
+                       (drop && a.c.cpu) || (mla && a.c.cpu && dv != s.head_dim);
   if (unfused) {
     // The softmax's output, in fp32 (Llama, Mistral, Qwen2, Mixtral, GPT-NeoX:
     // `softmax(..., dtype=torch.float32).to(query.dtype)`), in the scores' dtype (GPT-2's
@@ -123,11 +130,14 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // Falcon's multi-query layout indexes K and V out as copies.
     // SDPA's math path keeps its own copies of the three, expanded to all heads (measured:
     // pw1-012-falcon), 3Q.
+    // MLA: the query (`torch.cat((q_pass, q_rot))`) and key (`expand_kv`'s `new_empty` filled by
+    // copies) as the products read them, and the value, a strided view of kv_b_proj's output that
+    // the product copies (eager), or the math path's copies of the three: Q + K + V either way.
     const std::uint64_t expanded = s.kv_heads == 1 && b == 1 ? K : Q;
-    std::uint64_t qkv = eager ? Q + 2 * expanded : checked_mul(Q, 3);
+    std::uint64_t qkv = mla ? Q + K + V : eager ? Q + 2 * expanded : checked_mul(Q, 3);
     if (eager && fused && rotary && b == 1 && s.kv_heads == s.heads) qkv += Q + K;
     r.saved.input_grad = a.split(bytes{checked_mul(qkv, ce)});
-    r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});               // out-projection input
+    r.saved.weight_grad = a.split(bytes{checked_mul(V, em)});               // out-projection input
     // The raw scores, masked (soft-capping makes one scores-sized tensor at a time beside what
     // is saved: its quotient, then its product, each freed as the next is made).
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});
@@ -140,9 +150,9 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // The product's saved V goes with the dropout's tensors where it has a storage of its own
     // (a separate projection's, or SDPA's math-path copy; GPT-2's views the fused output that Q and
     // K view too).
-    const bytes value{checked_mul(Q, ce)};
+    const bytes value{checked_mul(V, ce)};
     const bytes both{checked_mul(S, 2 * sm)}, first{checked_mul(S, sm)};
-    const bytes gone = dropout + (!eager ? value : !fused ? bytes{checked_mul(expanded, em)} : bytes{});
+    const bytes gone = dropout + (!eager || mla ? value : !fused ? bytes{checked_mul(expanded, em)} : bytes{});
     r.backward_temporary = a.split(value + max_b(first, saturating_sub(both, gone)));
   } else {
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
@@ -157,11 +167,14 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     std::uint64_t elems = fused ? Q + 2 * K : rotary ? kept_kv : Q + 2 * kept_kv;
     if (rotary) elems += Q + kept_kv;
     if (fused && rotary) elems += Q;
+    // MLA: the query and key copies, and the value as a view of kv_b_proj's whole output,
+    // a·(dn + dv) per token (not measured: the CPU takes the math path above).
+    if (mla) elems = Q + K + checked_mul(T, checked_mul(s.heads, s.head_dim - s.rotary_dim + dv));
     r.saved.input_grad = a.split(bytes{checked_mul(elems, em)});
-    r.saved.weight_grad = a.split(bytes{checked_mul(Q, em)});                          // output
+    r.saved.weight_grad = a.split(bytes{checked_mul(V, em)});                          // output
     r.saved.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});             // log-sum-exp
     if (masked) r.saved.core += bytes{checked_mul(checked_mul(b, ceil_div(a.seq, a.c.cp)), checked_mul(kv_seq, em))};
-    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(Q + 2 * kept_kv, em), 1)});  // dQ, dK, dV
+    r.backward_temporary = a.split(bytes{checked_mul(mla ? Q + K + V : Q + 2 * kept_kv, em)});  // dQ, dK, dV
   }
   // QK-norm: an RMSNorm on the query and on the key after their projections, before the rotary
   // embedding (whose products save only cos and sin). Each keeps its fp32 input (the projection's
@@ -178,6 +191,27 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
       r.saved.input_grad += a.split(bytes{checked_mul(n, 4 + normed) + checked_mul(checked_mul(T, s.heads + s.kv_heads), 4)});
     else if ((s.flags & layer_flags::qk_norm_whole) != 0)
       r.saved.input_grad += a.split(bytes{checked_mul(n, 8) + checked_mul(T, 2 * 4)});
+  }
+  // MLA's compressed projections: q_a_proj's output, which q_a_layernorm keeps as its fp32 input
+  // (the output itself in fp32; else its upcast copy, the narrow output then freed), and the
+  // norm's rsqrt and normalised products (torch_norm, q_b_proj reading its output); likewise
+  // kv_a_layernorm over the kv_lora_rank columns of kv_a_proj_with_mqa's output, whose fp32
+  // input in fp32 is a view of that output and keeps all of it (kv_lora_rank + dr columns).
+  // The rotary products on the dr columns keep only cos and sin (the shared tables); the
+  // up-projections' outputs are copied into the query and key, or viewed by the value (above).
+  // Measured: dsv3* (2×1024×96 and 2048×80 outputs, 2×1024×96 and 2×1024×64 products per layer).
+  // Each latent norm (DeepseekV3RMSNorm: `self.weight * hidden_states.to(input_dtype)`, the
+  // input dtype the projection's, em, under autocast too) keeps its rsqrt per token, x·rstd cast to
+  // em and the product in em (or, under autocast, the up-projection's cast copy of it): T·4 + 2·T·r·em.
+  if (mla) {
+    const bool narrow = em != 4 || t.autocast;
+    const std::uint64_t dr = s.rotary_dim;
+    const auto latent_norm = [&](std::uint64_t rank) {
+      return checked_mul(T, checked_mul(rank, 4)) + checked_mul(T, 4) + checked_mul(checked_mul(T, rank), 2 * em);
+    };
+    std::uint64_t latent = latent_norm(s.kv_lora_rank) + (narrow ? 0 : checked_mul(T, checked_mul(dr, 4)));
+    if (s.q_lora_rank != 0) latent += latent_norm(s.q_lora_rank);
+    r.saved.input_grad += a.rep(bytes{latent});
   }
   if (a.c.sp) r.comm += a.values_per_token(s.hidden);
   return r;
@@ -203,12 +237,28 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
   const bool gated = (s.flags & layer_flags::gated) != 0;
   if ((s.flags & layer_flags::moe) != 0) {
     const std::uint64_t R = routed_tokens(s, T), E = s.experts, k = s.top_k;
-    std::uint64_t e = checked_mul(checked_mul(R, f), (gated ? 4 : 2) * em);  // gate-up output, SiLU, product
-    e += checked_mul(checked_mul(R, h), 2 * em);                           // routed input and output copies
+    // The grouped experts compute in their input's dtype: under autocast the residual stream's
+    // (fp32), since their grouped products are no operator autocast casts (measured: dsv3-autocast
+    // and qwen3moe-autocast keep fp32 routed copies, gate-up outputs, SiLU and products, and no
+    // bf16 copy of the experts' weights).
+    const std::uint64_t ee = t.autocast ? t.en : em;
+    std::uint64_t e = checked_mul(checked_mul(R, f), (gated ? 4 : 2) * ee);  // gate-up output, SiLU, product
+    e += checked_mul(checked_mul(R, h), 2 * ee);                           // routed input and output copies
     e += checked_mul(checked_mul(T, E), 4) + checked_mul(T, 12 * k + 4);   // router softmax, top-k, weights
     e += checked_mul(R, 29) + checked_mul(E, 4);                           // sort, indices, masks, counts
+    // DeepSeek-V3's router computes its logits from fp32 casts of its input and weight
+    // (DeepseekV3TopkRouter: `F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))`),
+    // which the product keeps when the activations are narrower (under autocast the product is
+    // cast back to bf16 like any other, a consumer of the norm's output); its sigmoid keeps its
+    // fp32 output, T·E·4 as the softmax above, and the group-limited choice (`topk` of group
+    // scores, `scatter_`, `masked_fill`) makes only transients.
+    if (s.router_fp32 && em != 4 && !t.autocast) e += checked_mul(checked_mul(T + E, h), 4);
+    // The shared experts (DeepseekV3MoE's `shared_experts`, a SwiGLU MLP of width f_s on the same
+    // input, added to the routed output): gate, up, SiLU and product.
+    const std::uint64_t Fs = checked_mul(T, s.shared_ffn);
+    e += checked_mul(Fs, 4 * em);
     r.saved.input_grad = a.split(bytes{e});
-    r.backward_temporary = a.split(bytes{checked_mul(checked_mul(R, f), 3 * em)});
+    r.backward_temporary = a.split(max_b(bytes{checked_mul(checked_mul(R, f), 3 * ee)}, bytes{checked_mul(Fs, 3 * em)}));
     return r;
   }
   const std::uint64_t F = checked_mul(T, f);
@@ -271,8 +321,11 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // unless attention and MLP read the same input.
       const std::uint64_t residuals = (parallel ? 1 : 2) + (cross ? 1 : 0);
       r.parts.norms.input_grad = a.rep(bytes{checked_mul(checked_mul(H, residuals), torch_residual_bytes(t, rms))});
-      const std::uint64_t into_mlp = (s.flags & layer_flags::moe) != 0 ? 2 : gated ? 2 : 1;
-      const std::uint64_t into_attention = fused ? 1 : 3;
+      // (under autocast each projection reading a norm's output keeps its own cast copy: the
+      // router, and a shared expert's gate and up, not the grouped experts, torch_mlp; MLA's
+      // q_a_proj and kv_a_proj)
+      const std::uint64_t into_mlp = (s.flags & layer_flags::moe) != 0 ? (s.shared_ffn != 0 ? 3 : 1) : gated ? 2 : 1;
+      const std::uint64_t into_attention = fused ? 1 : s.kv_lora_rank != 0 ? 2 : 3;
       // OLMo 2 (norms_after): no norm before the sub-layers; their projections read the residual
       // stream itself, the block's input and the sum after attention, and keep it (under autocast
       // each keeps its own bf16 cast instead); a norm on each sub-layer's output
@@ -323,7 +376,9 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // attention's core.
       bytes mlp_copies{};
       if (t.autocast) {
-        const bytes copies{checked_mul(ceil_div(l.params - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
+        // (not the grouped experts' weights: torch_mlp)
+        const std::uint64_t cast = l.params - l.expert_params;
+        const bytes copies{checked_mul(ceil_div(cast - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
         const std::uint64_t attention = attention_params(s).params * (cross ? 2 : 1);
         const bytes attention_copies{checked_mul(ceil_div(attention, c.tp), t.em)};
         r.parts.mlp.weight_grad += copies;
