@@ -306,6 +306,14 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.moe.ffn = c.ffn;
     f.moe.sparse_layers = c.layers;
     f.moe.router_bias = f.moe.expert_bias = true;
+    f.moe.clamped_swiglu = f.moe.router_topk_softmax = true;
+    // GptOssRMSNorm: `(self.weight * hidden_states).to(input_dtype)`, the product in fp32.
+    f.rms_weight_fp32 = true;
+    // GptOssConfig's layer_types: sliding_attention at even indices unless listed (Gemma 2's
+    // pattern), with a window of sliding_window (128).
+    f.local_layers = gemma_local_layers(r, c.layers, false);
+    f.window = r.count_or_none({"sliding_window"}, 128);
+    if (f.window == 0 || f.local_layers == 0) f.window = f.local_layers = 0;
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
     eps_default = 1e-5;
   } else {  // llama4
@@ -352,13 +360,12 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
   }
   c.dropout_permille = std::max({c.embedding_dropout_permille, c.attention_dropout_permille,
                                  c.attention_output_dropout_permille, c.mlp_output_dropout_permille});
-  if (family == "gpt_oss" || family == "llama4" ||
+  if (family == "llama4" ||
       (family == "qwen3" && r.flag_or({"use_sliding_window"}, false)))
     m.notes.push_back("local attention layers (sliding-window or chunked) are planned as full attention");
   // What the pytorch stack's activation rules do not yet follow of each family's modelling code:
   // its activations are planned as the classic block's and are outside the measured envelope.
   const std::pair<std::string_view, const char*> unmodelled[] = {
-      {"gpt_oss", "the attention sinks, the clamped SwiGLU and the routing"},
       {"llama4", "the shared expert, the routing and the L2 QK-norm"},
   };
   for (const auto& [name, what] : unmodelled)
@@ -385,7 +392,9 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     if (l.kind == layer_kind::transformer_block) {
       const bool sparse = (l.shape.flags & layer_flags::moe) != 0;
       (sparse ? m.per_sparse_layer : m.per_layer) = l.params;
-      (sparse ? m.sparse_layers : m.dense_layers) = l.count;
+      // (local and global layers are entries of their own, with the same parameters)
+      std::uint64_t& layers = sparse ? m.sparse_layers : m.dense_layers;
+      layers = add(layers, l.count);
     }
   }
   if (f.moe.experts != 0) {

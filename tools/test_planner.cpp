@@ -206,6 +206,9 @@ TEST_CASE("the presets of current families are the imported configurations") {
       CHECK(p->model->entries[i].shape.v_head_dim == m.model.entries[i].shape.v_head_dim);
       CHECK(p->model->entries[i].shape.shared_ffn == m.model.entries[i].shape.shared_ffn);
       CHECK(p->model->entries[i].shape.router_fp32 == m.model.entries[i].shape.router_fp32);
+      CHECK(p->model->entries[i].shape.attention_sinks == m.model.entries[i].shape.attention_sinks);
+      CHECK(p->model->entries[i].shape.clamped_swiglu == m.model.entries[i].shape.clamped_swiglu);
+      CHECK(p->model->entries[i].shape.router_topk_softmax == m.model.entries[i].shape.router_topk_softmax);
     }
     if (m.active != 0) CHECK(active_parameters(*p->model) == m.active);
     // Layer-shape flags cannot reshape it; --attention still chooses the attention.
@@ -235,6 +238,14 @@ TEST_CASE("import of current families: text_config, aliases, quantization, refus
   CHECK(has_note(kimi, "model_type 'kimi_k2' is read as deepseek_v3"));
   CHECK(kimi.dense_layers == 1);
   CHECK(kimi.sparse_layers == 3);
+  // Local and global layers are separate entries; the import counts both (Gemma 2: alternating).
+  CHECK(parse_hf_config(R"({"model_type": "gemma2", )" + dims + "}").dense_layers == 4);
+  const hf_model oss4 = parse_hf_config(R"({"model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2, )" + dims + "}");
+  CHECK(oss4.sparse_layers == 4);
+  std::size_t local_entries = 0;
+  for (const layer_desc& l : oss4.model)
+    if (l.kind == layer_kind::transformer_block && l.shape.window == 128) local_entries += l.count;
+  CHECK(local_entries == 2);  // GptOssConfig's default layer_types: sliding at even indices
   CHECK(kimi.active < kimi.parameters);
   CHECK(v3.active_with_embedding == v3.active + 100 * 64);  // the untied input embedding table
   // Its blocks carry the latent attention's and the shared expert's shapes, which the pytorch

@@ -135,6 +135,22 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
              "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
              "rope_theta": 10000.0, "attention_bias": False, "attention_dropout": p_att,
              "initializer_range": 0.02, "tie_word_embeddings": False if tied is None else tied}
+    elif family == "gpt_oss":
+        # gpt-oss: attention sinks (a learned logit per head beside the scores; eager attention
+        # only, the model does not support SDPA), biases on q, k, v and o, local (window 128) and
+        # global layers alternating, every layer sparse: a router with a bias whose softmax runs
+        # over the top-k logits, experts with biases and the clamped SwiGLU.
+        c = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 32000,
+             "hidden_size": h, "intermediate_size": ffn or h, "num_hidden_layers": layers,
+             "num_attention_heads": heads, "num_key_value_heads": kv_heads or heads // 2,
+             "head_dim": head_dim or 64, "num_local_experts": experts or 8,
+             "num_experts_per_tok": top_k or 2, "sliding_window": window or 128,
+             "layer_types": layer_types or [("sliding_attention" if i % 2 == 0 else "full_attention")
+                                            for i in range(layers)],
+             "attention_bias": True, "hidden_act": "silu", "max_position_embeddings": 4096,
+             "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "attention_dropout": p_att,
+             "router_aux_loss_coef": 0.001, "output_router_logits": False, "initializer_range": 0.02,
+             "tie_word_embeddings": False if tied is None else tied}
     elif family == "mixtral":
         c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
              "hidden_size": h, "intermediate_size": ffn or 2 * h, "num_hidden_layers": layers,
@@ -357,6 +373,14 @@ def matrix():
     add(case("dsv3-gc", "deepseek_v3", gradient_checkpointing=True, micro_batch=4, **ds))
     add(case("dsv3-top1", "deepseek_v3", top_k=1, **ds))
     add(case("dsv3-v32k", "deepseek_v3"))
+    # gpt-oss (eager attention only): sinks, local and global layers, biased experts with the
+    # clamped SwiGLU; fp32, bf16, autocast, checkpointing, top-k 1, and a long sequence.
+    add(case("gptoss", "gpt_oss", attention="eager", **ds))
+    add(case("gptoss-bf16", "gpt_oss", attention="eager", precision="bf16", **ds))
+    add(case("gptoss-autocast", "gpt_oss", attention="eager", precision="autocast-bf16", **ds))
+    add(case("gptoss-gc", "gpt_oss", attention="eager", gradient_checkpointing=True, micro_batch=4, **ds))
+    add(case("gptoss-top1", "gpt_oss", attention="eager", top_k=1, **ds))
+    add(case("gptoss-v32k", "gpt_oss", attention="eager"))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))

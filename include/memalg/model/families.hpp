@@ -63,6 +63,10 @@ struct moe_spec {
   bool router_bias = false;         ///< the router has a bias (gpt-oss)
   bool expert_bias = false;         ///< the experts' projections have biases (gpt-oss)
   bool router_fp32 = false;         ///< the router's logits from fp32 casts (DeepSeek-V3's TopkRouter)
+  /// gpt-oss: the experts' clamped SwiGLU (GptOssExperts) and the router's softmax over the
+  /// top-k logits (GptOssTopKRouter).
+  bool clamped_swiglu = false;
+  bool router_topk_softmax = false;
 };
 
 /// A causal language model of a current family: what `lm_config` says, and what it adds.
@@ -183,7 +187,12 @@ constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& g
     s.ffn = f.moe.ffn;
     s.shared_ffn = f.moe.shared_ffn;
     s.router_fp32 = f.moe.router_fp32;
+    s.clamped_swiglu = f.moe.clamped_swiglu;
+    s.router_topk_softmax = f.moe.router_topk_softmax;
   }
+  s.attention_sinks = f.attention_sinks;
+  // (gpt-oss's eager softmax runs in the logits' dtype: `dtype=combined_logits.dtype`)
+  if (f.attention_sinks) s.flags |= layer_flags::softmax_scores_dtype;
   // How the family's modelling code computes (what the pytorch stack saves, layer_flags).
   if (f.qk_norm == qk_norm_kind::per_head) s.flags |= layer_flags::qk_norm_per_head;
   if (f.qk_norm == qk_norm_kind::whole) s.flags |= layer_flags::qk_norm_whole;
@@ -237,7 +246,16 @@ constexpr model_desc family_lm(const family_lm_config& f) {
       b.shape.window = f.window;
       m.push(b);
     }
-    if (sparse != 0) m.push(detail::family_block(f, l, true, sparse));
+    // Local attention among sparse layers when every layer is sparse (gpt-oss's sliding_attention
+    // layers, window 128): their own entry, as Gemma's dense ones.
+    const std::uint64_t local_sparse = f.window != 0 && sparse == c.layers ? (f.local_layers < sparse ? f.local_layers : sparse) : 0;
+    if (sparse > local_sparse) m.push(detail::family_block(f, l, true, sparse - local_sparse));
+    if (local_sparse != 0) {
+      layer_desc b = detail::family_block(f, l, true, local_sparse);
+      b.name = local_sparse == sparse ? "block" : "local_block";
+      b.shape.window = f.window;
+      m.push(b);
+    }
   }
   return m;
 }

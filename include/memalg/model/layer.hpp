@@ -95,6 +95,12 @@ struct layer_shape {
   /// logits in fp32 from fp32 casts of its input and weight (DeepseekV3TopkRouter).
   std::uint64_t shared_ffn = 0;
   bool router_fp32 = false;
+  /// gpt-oss (modeling_gpt_oss.py): a learned sink logit per head beside eager attention's scores
+  /// (GptOssAttention's `sinks`); the experts' clamped SwiGLU with biases (GptOssExperts,
+  /// `_apply_gate`); the router's softmax over its top-k logits only (GptOssTopKRouter).
+  bool attention_sinks = false;
+  bool clamped_swiglu = false;
+  bool router_topk_softmax = false;
   /// Norms and blocks: ε added under the norm's square root (0: the kind's default,
   /// default_norm_eps). Hugging Face configs name it `layer_norm_epsilon`, `layer_norm_eps`,
   /// `rms_norm_eps`.

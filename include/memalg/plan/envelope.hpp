@@ -39,7 +39,7 @@ struct measured_range {
 /// by name (every value is outside).
 struct stack_envelope {
   bool validated = false;
-  std::array<std::string_view, 16> families{};     ///< Hugging Face model_type (pytorch); "" for a shape
+  std::array<std::string_view, 24> families{};     ///< Hugging Face model_type (pytorch); "" for a shape
   std::array<std::string_view, 8> precisions{};    ///< precision_policy::name
   std::array<std::string_view, 2> attentions{};    ///< "naive", "flash"
   std::array<std::string_view, 8> recomputations{};  ///< none, selective, full, full-reentrant, every
@@ -106,7 +106,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.validated = true;
       e.families = {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon", "qwen3", "olmo2",
                     "phi3", "starcoder2", "gpt_bigcode", "gemma2", "gemma3",
-                    "qwen3_moe", "deepseek_v3"};
+                    "qwen3_moe", "deepseek_v3", "gpt_oss"};
       e.precisions = {"fp32", "bf16", "autocast-bf16"};
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "full", "full-reentrant"};

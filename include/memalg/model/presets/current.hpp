@@ -81,7 +81,10 @@ constexpr family_lm_config gpt_oss_config(std::string_view name, std::uint64_t l
   family_lm_config f = current_config(name, layers, 2880, 64, 8, 64, 2880, 201088, 1e-5);
   f.attention_bias = true;
   f.attention_sinks = true;
-  f.moe = {experts, 4, 2880, 0, layers, true, true};
+  f.moe = {experts, 4, 2880, 0, layers, true, true, false, true, true};
+  f.rms_weight_fp32 = true;  // GptOssRMSNorm's product in fp32
+  f.window = 128;  // sliding_attention at even indices (GptOssConfig's layer_types)
+  f.local_layers = local_layers_of_pattern(layers, 2);
   return f;
 }
 

@@ -102,12 +102,21 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // is off by default). Measured: pw1-129-llama (bf16), whose probabilities, dropout tensors and
     // the three inputs it keeps are fp32. `ce`: the element size of what the core keeps.
     const std::uint64_t ce = eager ? em : (em > 4 ? em : 4);
+    // (gpt-oss's sinks, a parameter, promote the concatenated logits to the weights' dtype: fp32
+    // under autocast, where the scores are bf16; measured: gptoss-autocast)
     const std::uint64_t sm = !eager                                             ? ce
+                             : s.attention_sinks                                 ? (em > t.en ? em : t.en)
                              : (s.flags & layer_flags::softmax_scores_dtype) != 0 ? em
                              : (s.flags & layer_flags::softmax_stream_dtype) != 0 ? t.en
                                                                                   : 4;
     bytes saved{checked_mul(S, sm)};
     if (ce != sm) saved += bytes{checked_mul(S, ce)};
+    // Attention sinks (gpt-oss's eager attention, modeling_gpt_oss.py: `torch.cat([attn_weights,
+    // sinks])`, less its row maximum, softmax, `probs[..., :-1]`): the probabilities the softmax
+    // and the product with V keep have one column more per row (the product reads a view of
+    // them), and the maximum's backward keeps its int64 indices, one per row.
+    const std::uint64_t rows = checked_mul(checked_mul(b, s.heads), ceil_div(a.seq, a.c.cp));
+    if (eager && s.attention_sinks) saved += bytes{checked_mul(rows, sm + 8)};
     // Soft-capped scores (Gemma 2's attn_logit_softcapping, eager only: `tanh(s / c) · c`,
     // modeling_gemma2.py eager_attention_forward): tanh keeps its output for its backward
     // (derivatives.yaml, `tanh_backward(grad, result)`), in the scores' dtype; the divisions and
@@ -141,6 +150,11 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // The raw scores, masked (soft-capping makes one scores-sized tensor at a time beside what
     // is saved: its quotient, then its product, each freed as the next is made).
     r.forward_temporary = a.split(bytes{checked_mul(S, 4)});
+    // With sinks the masked scores live on while the logits with their sink column are made and
+    // then less their row maximum (`combined_logits - max`): the scores and two of the wider
+    // tensors at once, before the probabilities (counted as saved) exist: one wider tensor more
+    // (measured: gptoss-top1, whose peak is that forward moment).
+    if (eager && s.attention_sinks) r.forward_temporary += a.split(bytes{checked_mul(S + rows, sm)});
     // The gradients of the probabilities and of the scores, in the softmax's dtype (S·2·sm),
     // beside the value's gradient that the product's backward makes with the first (Q·em, the
     // expanded value's). With dropout the product's backward first makes the dropped
@@ -242,10 +256,19 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
     // and qwen3moe-autocast keep fp32 routed copies, gate-up outputs, SiLU and products, and no
     // bf16 copy of the experts' weights).
     const std::uint64_t ee = t.autocast ? t.en : em;
-    std::uint64_t e = checked_mul(checked_mul(R, f), (gated ? 4 : 2) * ee);  // gate-up output, SiLU, product
+    // gpt-oss's clamped SwiGLU (GptOssExperts `_apply_gate`: `gate.clamp(max=limit)`,
+    // `up.clamp(-limit, limit)`, `glu = gate * sigmoid(gate * alpha)`, `(up + 1) * glu`) keeps
+    // the gate-up output (2 columns a unit: both clamps read views of it), the clamped gate, the
+    // sigmoid, glu, `up + 1` and the product: 7 where SiLU's keeps 4.
+    const std::uint64_t inner = s.clamped_swiglu ? 7 : gated ? 4 : 2;
+    std::uint64_t e = checked_mul(checked_mul(R, f), inner * ee);          // gate-up output, SiLU, product
     e += checked_mul(checked_mul(R, h), 2 * ee);                           // routed input and output copies
-    e += checked_mul(checked_mul(T, E), 4) + checked_mul(T, 12 * k + 4);   // router softmax, top-k, weights
-    e += checked_mul(R, 29) + checked_mul(E, 4);                           // sort, indices, masks, counts
+    // The router: Mixtral's fp32 softmax over every expert, then its top-k and the renormalised
+    // weights; gpt-oss's top-k of the logits, then the softmax over those k only (its backward
+    // keeps its output and topk's indices).
+    e += s.router_topk_softmax ? checked_mul(T, 12 * k)
+                               : checked_mul(checked_mul(T, E), 4) + checked_mul(T, 12 * k + 4);  // router softmax, top-k, weights
+    e += checked_mul(R, s.clamped_swiglu ? 37 : 29) + checked_mul(E, 4);   // sort (two with biases), indices, masks, counts
     // DeepSeek-V3's router computes its logits from fp32 casts of its input and weight
     // (DeepseekV3TopkRouter: `F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))`),
     // which the product keeps when the activations are narrower (under autocast the product is
@@ -258,7 +281,7 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
     const std::uint64_t Fs = checked_mul(T, s.shared_ffn);
     e += checked_mul(Fs, 4 * em);
     r.saved.input_grad = a.split(bytes{e});
-    r.backward_temporary = a.split(max_b(bytes{checked_mul(checked_mul(R, f), 3 * ee)}, bytes{checked_mul(Fs, 3 * em)}));
+    r.backward_temporary = a.split(max_b(bytes{checked_mul(checked_mul(R, f), (s.clamped_swiglu ? 4 : 3) * ee)}, bytes{checked_mul(Fs, 3 * em)}));
     return r;
   }
   const std::uint64_t F = checked_mul(T, f);
@@ -387,7 +410,10 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       r.saved = r.parts.total();
       r.input = stream;
       r.input_in_saved = after ? !t.autocast : torch_residual_bytes(t, rms) == t.en;
-      r.forward_temporary = max_b(fwd, stream);
+      // The attention's forward transients come before the MLP's saved tensors exist (the sweep
+      // counts the whole block's saved tensors at its forward moment): measured in gptoss*,
+      // whose eager attention with sinks makes three scores-sized transients.
+      r.forward_temporary = max_b(saturating_sub(fwd, r.parts.mlp.total()), stream);
       // The block's backward in two phases: the MLP's first (its nodes were made last, and the
       // attention's backward needs the gradient that comes through it), then the attention's,
       // once the MLP's saved tensors are freed (torch/csrc/autograd/engine.cpp runs ready nodes
@@ -511,6 +537,34 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
       table.entries[i].selective += shared;
       break;
     }
+  // Without checkpointing the masks are the model's forward's own (masking_utils.py, made once
+  // before the first block): eager attention's causal mask and, with local layers, the sliding
+  // one, each materialised (b, 1, s, s) in the stream's dtype, live through every block's forward
+  // and gone before the loss (measured: gptoss-top1, whose peak is its last block's forward with
+  // both). They are transients of each block's forward here.
+  const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
+  if (!full) {
+    bytes masks{};
+    bool causal = false, local = false;
+    for (std::size_t i = 0; i < model.size; ++i) {
+      const layer_desc& l = model.entries[i];
+      if (l.kind != layer_kind::transformer_block || l.group == layer_group::teacher) continue;
+      const act_terms a(c, l.shape);
+      const std::uint64_t elems = checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq));
+      const bool eager = (l.shape.flags & layer_flags::flash) == 0;
+      if (eager && (l.shape.flags & layer_flags::causal) != 0 && l.shape.window == 0 && !causal) {
+        causal = true;
+        masks += bytes{checked_mul(elems, t.en)};
+      }
+      if (l.shape.window != 0 && !local && (eager || l.shape.window < a.seq)) {
+        local = true;
+        masks += bytes{checked_mul(elems, eager ? t.en : 1)};
+      }
+    }
+    for (std::size_t i = 0; i < model.size; ++i)
+      if (model.entries[i].kind == layer_kind::transformer_block && model.entries[i].group != layer_group::teacher)
+        table.entries[i].forward_temporary += masks;
+  }
 }
 
 /// FSDP2 (fully_shard on every repeated entry and on the root): the root's parameters (every
