@@ -207,16 +207,15 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
       r.saved.input_grad += a.split(bytes{checked_mul(n, 8) + checked_mul(T, 2 * 4)});
   }
   // MLA's compressed projections: q_a_proj's output, which q_a_layernorm keeps as its fp32 input
-  // (the output itself in fp32; else its upcast copy, the narrow output then freed), and the
-  // norm's rsqrt and normalised products (torch_norm, q_b_proj reading its output); likewise
-  // kv_a_layernorm over the kv_lora_rank columns of kv_a_proj_with_mqa's output, whose fp32
-  // input in fp32 is a view of that output and keeps all of it (kv_lora_rank + dr columns).
-  // The rotary products on the dr columns keep only cos and sin (the shared tables); the
+  // (the output itself in fp32; else its upcast copy, the narrow output then freed), and likewise
+  // kv_a_layernorm over the kv_lora_rank columns of kv_a_proj_with_mqa's output, whose fp32 input
+  // in fp32 is a view of that output and keeps all of it (kv_lora_rank + dr columns). Each latent
+  // norm (DeepseekV3RMSNorm: `self.weight * hidden_states.to(input_dtype)`, the input dtype the
+  // projection's, em, under autocast too) keeps its rsqrt per token, x·rstd cast to em and the
+  // product in em (under autocast the up-projection's cast copy of it): T·4 + 2·T·r·em. The
+  // rotary products on the dr columns keep only cos and sin (the shared tables); the
   // up-projections' outputs are copied into the query and key, or viewed by the value (above).
   // Measured: dsv3* (2×1024×96 and 2048×80 outputs, 2×1024×96 and 2×1024×64 products per layer).
-  // Each latent norm (DeepseekV3RMSNorm: `self.weight * hidden_states.to(input_dtype)`, the
-  // input dtype the projection's, em, under autocast too) keeps its rsqrt per token, x·rstd cast to
-  // em and the product in em (or, under autocast, the up-projection's cast copy of it): T·4 + 2·T·r·em.
   if (mla) {
     const bool narrow = em != 4 || t.autocast;
     const std::uint64_t dr = s.rotary_dim;
