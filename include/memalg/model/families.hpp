@@ -237,25 +237,21 @@ constexpr model_desc family_lm(const family_lm_config& f) {
       m.push(e);
       continue;
     }
+    // A kind of block (dense or sparse) in two entries when some of its layers attend locally
+    // (Gemma's sliding_attention layers among the dense ones; gpt-oss's among its sparse ones,
+    // when every layer is sparse): the same parameters, layer_shape::window on the local ones.
+    const auto push_blocks = [&](bool is_sparse, std::uint64_t count, std::uint64_t local) {
+      if (count > local) m.push(detail::family_block(f, l, is_sparse, count - local));
+      if (local == 0) return;
+      layer_desc b = detail::family_block(f, l, is_sparse, local);
+      b.name = local == count ? "block" : "local_block";
+      b.shape.window = f.window;
+      m.push(b);
+    };
+    const auto local_of = [&](std::uint64_t n) { return f.local_layers < n ? f.local_layers : n; };
     const std::uint64_t dense = c.layers - sparse;
-    const std::uint64_t local = f.window != 0 && sparse == 0 ? (f.local_layers < dense ? f.local_layers : dense) : 0;
-    if (dense > local) m.push(detail::family_block(f, l, false, dense - local));
-    if (local != 0) {
-      layer_desc b = detail::family_block(f, l, false, local);
-      b.name = local == dense ? "block" : "local_block";
-      b.shape.window = f.window;
-      m.push(b);
-    }
-    // Local attention among sparse layers when every layer is sparse (gpt-oss's sliding_attention
-    // layers, window 128): their own entry, as Gemma's dense ones.
-    const std::uint64_t local_sparse = f.window != 0 && sparse == c.layers ? (f.local_layers < sparse ? f.local_layers : sparse) : 0;
-    if (sparse > local_sparse) m.push(detail::family_block(f, l, true, sparse - local_sparse));
-    if (local_sparse != 0) {
-      layer_desc b = detail::family_block(f, l, true, local_sparse);
-      b.name = local_sparse == sparse ? "block" : "local_block";
-      b.shape.window = f.window;
-      m.push(b);
-    }
+    push_blocks(false, dense, f.window != 0 && sparse == 0 ? local_of(dense) : 0);
+    push_blocks(true, sparse, f.window != 0 && sparse == c.layers ? local_of(sparse) : 0);
   }
   return m;
 }
