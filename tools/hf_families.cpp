@@ -36,11 +36,11 @@ bool softcapped(const reader& r, const char* name, bool fallback) {
   return true;
 }
 
-/// Gemma's attention layer types: `layer_types` ("sliding_attention" or "full_attention" per
-/// layer), else the config class's pattern (Gemma2Config: sliding at even indices;
-/// Gemma3TextConfig: global every `sliding_window_pattern`-th layer, default 6). Returns how many
-/// layers are sliding.
-std::uint64_t gemma_local_layers(const reader& r, std::uint64_t layers, bool gemma3) {
+/// Attention layer types (Gemma 2 and 3, gpt-oss): `layer_types` ("sliding_attention" or
+/// "full_attention" per layer), else the config class's pattern (Gemma2Config and GptOssConfig:
+/// sliding at even indices; Gemma3TextConfig: global every `sliding_window_pattern`-th layer,
+/// default 6). Returns how many layers are sliding.
+std::uint64_t sliding_layers(const reader& r, std::uint64_t layers, bool gemma3) {
   std::uint64_t sliding = 0;
   const auto it = r.j.find("layer_types");
   if (it != r.j.end() && !it->is_null()) {
@@ -206,7 +206,7 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.rms_weight_fp32 = true;
     f.attention_softcap = softcapped(r, "attn_logit_softcapping", family == "gemma2");
     f.logit_softcap = softcapped(r, "final_logit_softcapping", family == "gemma2");
-    f.local_layers = gemma_local_layers(r, c.layers, family == "gemma3");
+    f.local_layers = sliding_layers(r, c.layers, family == "gemma3");
     f.window = r.count_or_none({"sliding_window"}, 4096);
     if (f.window == 0 || f.local_layers == 0) f.window = f.local_layers = 0;
     if (family == "gemma3") f.rotary_tables = (f.local_layers != 0 ? 1 : 0) + (f.local_layers < c.layers ? 1 : 0);
@@ -311,7 +311,7 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.rms_weight_fp32 = true;
     // GptOssConfig's layer_types: sliding_attention at even indices unless listed (Gemma 2's
     // pattern), with a window of sliding_window (128).
-    f.local_layers = gemma_local_layers(r, c.layers, false);
+    f.local_layers = sliding_layers(r, c.layers, false);
     f.window = r.count_or_none({"sliding_window"}, 128);
     if (f.window == 0 || f.local_layers == 0) f.window = f.local_layers = 0;
     c.tied = r.flag_or({"tie_word_embeddings"}, false);

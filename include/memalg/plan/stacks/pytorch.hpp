@@ -495,11 +495,14 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
 
 /// Tensors of the whole model, kept with the token embedding's saved bytes.
 constexpr void pytorch_table(const model_desc& model, const activation_context& c, activation_table& table) {
-  // Tensors of the whole model that every block's backward reads: rotary embeddings' cos and
-  // sin (one sequence, broadcast over the batch), and under checkpointing the materialised
-  // causal mask of eager attention, an input every checkpointed block keeps.
+  // Tensors of the whole model that every block reads: rotary embeddings' cos and sin (one
+  // sequence, broadcast over the batch), kept for the backward, and the attention masks the
+  // model's forward makes once before its first block (masking_utils.py): eager attention's
+  // causal mask and, with local layers, the sliding one (create_sliding_window_causal_mask),
+  // each materialised (b, 1, s, s) in the stream's dtype; SDPA's local layers a boolean mask when
+  // the window is shorter than the sequence (else none: is_causal).
   const torch_bytes t = torch_bytes_of(c);
-  bytes shared{};
+  bytes shared{}, masks{};
   bool rotary = false, mask = false, local_mask = false;
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
@@ -515,55 +518,33 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
       const std::uint64_t tables = l.shape.rotary_tables > 1 ? l.shape.rotary_tables : 1;
       shared += bytes{checked_mul(checked_mul(checked_mul(ceil_div(a.seq, c.cp), rd), 2 * e), tables)};
     }
-    const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
     const std::uint64_t mask_elems = checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq));
     const bool eager = (l.shape.flags & layer_flags::flash) == 0;
-    if (full && eager && (l.shape.flags & layer_flags::causal) != 0 && l.shape.window == 0 && !mask) {
+    if (eager && (l.shape.flags & layer_flags::causal) != 0 && l.shape.window == 0 && !mask) {
       mask = true;
-      shared += bytes{checked_mul(mask_elems, t.en)};
+      masks += bytes{checked_mul(mask_elems, t.en)};
     }
-    // Local layers read a mask of their own (create_sliding_window_causal_mask, masking_utils.py):
-    // eager attention's materialised as the causal one; SDPA's a boolean mask when the window is
-    // shorter than the sequence (else none: is_causal).
-    if (full && l.shape.window != 0 && !local_mask && (eager || l.shape.window < a.seq)) {
+    if (l.shape.window != 0 && !local_mask && (eager || l.shape.window < a.seq)) {
       local_mask = true;
-      shared += bytes{checked_mul(mask_elems, eager ? t.en : 1)};
+      masks += bytes{checked_mul(mask_elems, eager ? t.en : 1)};
     }
   }
+  // Under checkpointing the masks are an input every checkpointed block keeps, held with the
+  // token embedding's saved bytes as the rotary tables are. Without it they live through every
+  // block's forward and are gone before the loss (measured: gptoss-top1, whose peak is its last
+  // block's forward with both): transients of each block's forward.
+  const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
+  if (full) shared += masks;
   for (std::size_t i = 0; i < model.size; ++i)
     if (model.entries[i].kind == layer_kind::embedding && table.entries[i].backward) {
       table.entries[i].saved += shared;
       table.entries[i].selective += shared;
       break;
     }
-  // Without checkpointing the masks are the model's forward's own (masking_utils.py, made once
-  // before the first block): eager attention's causal mask and, with local layers, the sliding
-  // one, each materialised (b, 1, s, s) in the stream's dtype, live through every block's forward
-  // and gone before the loss (measured: gptoss-top1, whose peak is its last block's forward with
-  // both). They are transients of each block's forward here.
-  const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
-  if (!full) {
-    bytes masks{};
-    bool causal = false, local = false;
-    for (std::size_t i = 0; i < model.size; ++i) {
-      const layer_desc& l = model.entries[i];
-      if (l.kind != layer_kind::transformer_block || l.group == layer_group::teacher) continue;
-      const act_terms a(c, l.shape);
-      const std::uint64_t elems = checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq));
-      const bool eager = (l.shape.flags & layer_flags::flash) == 0;
-      if (eager && (l.shape.flags & layer_flags::causal) != 0 && l.shape.window == 0 && !causal) {
-        causal = true;
-        masks += bytes{checked_mul(elems, t.en)};
-      }
-      if (l.shape.window != 0 && !local && (eager || l.shape.window < a.seq)) {
-        local = true;
-        masks += bytes{checked_mul(elems, eager ? t.en : 1)};
-      }
-    }
+  if (!full)
     for (std::size_t i = 0; i < model.size; ++i)
       if (model.entries[i].kind == layer_kind::transformer_block && model.entries[i].group != layer_group::teacher)
         table.entries[i].forward_temporary += masks;
-  }
 }
 
 /// FSDP2 (fully_shard on every repeated entry and on the root): the root's parameters (every
