@@ -72,7 +72,8 @@ bool same_dtype(const dtype& a, const dtype& b) {
   X(capacity_factor_percent) X(chunk) X(dropout_permille) X(sequence) X(kv_sequence) X(positions) X(rank)           \
   X(saved_per_token) X(rotary_dim) X(rotary_tables) X(window) X(attention_dropout_permille) X(attention_output_dropout_permille)                \
   X(mlp_output_dropout_permille) X(q_lora_rank) X(kv_lora_rank) X(v_head_dim) X(shared_ffn) X(router_fp32) \
-  X(attention_sinks) X(clamped_swiglu) X(router_topk_softmax)
+  X(attention_sinks) X(clamped_swiglu) X(router_topk_softmax) X(complex_rotary) X(l2_qk_norm)                     \
+  X(attention_temperature) X(dense_experts)
 
 layer_desc known_fields(const layer_desc& l) {
   layer_desc c{};

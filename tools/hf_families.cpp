@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "hf_reader.hpp"
 #include "memalg/model/families.hpp"
@@ -311,9 +312,9 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.rms_weight_fp32 = true;
     // GptOssConfig's layer_types: sliding_attention at even indices unless listed (Gemma 2's
     // pattern), with a window of sliding_window (128).
-    f.local_layers = sliding_layers(r, c.layers, false);
+    f.local_sparse_layers = sliding_layers(r, c.layers, false);
     f.window = r.count_or_none({"sliding_window"}, 128);
-    if (f.window == 0 || f.local_layers == 0) f.window = f.local_layers = 0;
+    if (f.window == 0 || f.local_sparse_layers == 0) f.window = f.local_sparse_layers = 0;
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
     eps_default = 1e-5;
   } else {  // llama4
@@ -327,13 +328,54 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.moe.top_k = r.count_or({"num_experts_per_tok"}, 1);
     f.moe.ffn = c.ffn;
     f.moe.shared_ffn = c.ffn;
+    f.moe.dense_experts = true;
     c.ffn = r.count({"intermediate_size_mlp"});
+    std::vector<bool> sparse(c.layers), rope(c.layers);
     if (r.find({"moe_layers"}) != nullptr) {
-      f.moe.sparse_layers = count_layers(r, "moe_layers", c.layers, [](std::uint64_t, bool listed) { return listed; });
+      f.moe.sparse_layers = count_layers(r, "moe_layers", c.layers, [&](std::uint64_t i, bool listed) { return sparse[i] = listed; });
     } else {
       const std::uint64_t step = r.count_or({"interleave_moe_layer_step"}, 1);
-      f.moe.sparse_layers = count_layers(r, "moe_layers", c.layers, [&](std::uint64_t i, bool) { return (i + 1) % step == 0; });
+      if (step == 0) r.fail("field 'interleave_moe_layer_step' must be at least 1");
+      f.moe.sparse_layers = count_layers(r, "moe_layers", c.layers, [&](std::uint64_t i, bool) { return sparse[i] = (i + 1) % step == 0; });
     }
+    // Which layers rotate (no_rope_layers: 1 for a rotary layer, else every
+    // no_rope_layer_interval-th layer is NoPE) and attend in chunks (layer_types, by default
+    // "chunked_attention" exactly on the rotary layers; Llama4TextConfig.__post_init__).
+    const json* flags = r.find({"no_rope_layers"});
+    if (flags != nullptr && !(flags->is_array() && flags->empty())) {
+      if (!flags->is_array() || flags->size() != c.layers)
+        r.fail("field 'no_rope_layers' must hold a 0 or 1 per layer (" + std::to_string(c.layers) + "), not " + flags->dump());
+      for (std::uint64_t i = 0; i < c.layers; ++i) {
+        const json& v = (*flags)[i];
+        if (!v.is_number_integer() || (v.get<std::int64_t>() != 0 && v.get<std::int64_t>() != 1))
+          r.fail("field 'no_rope_layers' must hold a 0 or 1 per layer, not " + flags->dump());
+        rope[i] = v.get<std::int64_t>() == 1;
+      }
+    } else {
+      const std::uint64_t interval = r.count_or({"no_rope_layer_interval"}, 4);
+      if (interval == 0) r.fail("field 'no_rope_layer_interval' must be at least 1");
+      for (std::uint64_t i = 0; i < c.layers; ++i) rope[i] = (i + 1) % interval != 0;
+    }
+    if (const json* types = r.find({"layer_types"}); types != nullptr) {
+      if (!types->is_array() || types->size() != c.layers)
+        r.fail("field 'layer_types' must list one type per layer (" + std::to_string(c.layers) + "), not " + types->dump());
+      for (std::uint64_t i = 0; i < c.layers; ++i)
+        if ((*types)[i] != (rope[i] ? "chunked_attention" : "full_attention"))
+          r.fail("field 'layer_types' must be 'chunked_attention' on the rotary layers and 'full_attention' on the "
+                 "NoPE ones (no_rope_layers); other combinations are not supported");
+    }
+    for (std::uint64_t i = 0; i < c.layers; ++i) {
+      if (!rope[i]) continue;
+      if (sparse[i]) ++f.local_sparse_layers;
+      else ++f.local_layers;
+    }
+    f.nope_global = f.complex_rotary = true;
+    f.attention_temperature = r.flag_or({"attn_temperature_tuning"}, true);
+    if (r.flag_or({"use_qk_norm"}, true)) f.qk_norm = qk_norm_kind::l2;
+    if (const auto chunk = r.j.find("attention_chunk_size"); chunk != r.j.end() && chunk->is_null())
+      r.fail("field 'attention_chunk_size' must be a number: Llama 4's model makes its chunked mask whatever the layers");
+    f.window = r.count_or({"attention_chunk_size"}, 8192);
+    if (f.window == 0) r.fail("field 'attention_chunk_size' must be at least 1");
     c.tied = r.flag_or({"tie_word_embeddings"}, false);
     eps_default = 1e-5;
     if (multimodal) f.vision_params = vision_params(top, source, m, c.hidden, llama4_vision_from);
@@ -360,19 +402,8 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
   }
   c.dropout_permille = std::max({c.embedding_dropout_permille, c.attention_dropout_permille,
                                  c.attention_output_dropout_permille, c.mlp_output_dropout_permille});
-  if (family == "llama4" ||
-      (family == "qwen3" && r.flag_or({"use_sliding_window"}, false)))
-    m.notes.push_back("local attention layers (sliding-window or chunked) are planned as full attention");
-  // What the pytorch stack's activation rules do not yet follow of each family's modelling code:
-  // its activations are planned as the classic block's and are outside the measured envelope.
-  const std::pair<std::string_view, const char*> unmodelled[] = {
-      {"llama4", "the shared expert, the routing and the L2 QK-norm"},
-  };
-  for (const auto& [name, what] : unmodelled)
-    if (name == family)
-      m.notes.push_back(std::string("activations: the pytorch stack's rules do not yet follow ") + what +
-                        " (modeling_" + std::string(family) + ".py); they are planned as the classic block's and are not "
-                        "validated (they may be under-counted)");
+  if (family == "qwen3" && r.flag_or({"use_sliding_window"}, false))
+    m.notes.push_back("local attention layers (sliding-window) are planned as full attention");
   if (f.vision_params != 0)
     m.notes.push_back("the vision tower is counted as weights; its activations (images) are not modelled");
 

@@ -515,6 +515,11 @@ struct observed_envelope {
   std::set<std::string> families, precisions, attentions, recomputations, optimizers;
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> ranges;
   std::set<int> zero_stages;
+  std::map<std::string, std::uint64_t> family_ranks;  ///< the most ranks a family was measured on
+  void ranks(const std::string& family, std::uint64_t n) {
+    auto [it, fresh] = family_ranks.try_emplace(family, n);
+    if (!fresh) it->second = std::max(it->second, n);
+  }
   void number(const std::string& axis, std::uint64_t v) {
     auto [it, fresh] = ranges.try_emplace(axis, v, v);
     if (!fresh) it->second = {std::min(it->second.first, v), std::max(it->second.second, v)};
@@ -557,6 +562,15 @@ void check_table(stack_kind s, const observed_envelope& o) {
   for (int z : e.zero_stages)
     if (z >= 0) zero.insert(z);
   CHECK(zero == o.zero_stages);
+  // The families the data holds on one rank only, where the data has more than one rank.
+  std::set<std::string> one_rank;
+  if (o.ranges.count("dp") == 1 && o.ranges.at("dp").second > 1)
+    for (const auto& [family, n] : o.family_ranks)
+      if (n == 1) one_rank.insert(family);
+  std::string names;
+  for (const std::string& n : one_rank) names += " " + n;
+  INFO("measured on one rank only:" << names);
+  CHECK(listed(e.one_rank_families) == one_rank);
 }
 
 }  // namespace
@@ -584,6 +598,7 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
     p.number("micro_batch", c["micro_batch"].get<std::uint64_t>());
     p.number("grad_accum", 1);
     p.number("dp", c["world"].get<std::uint64_t>());
+    p.ranks(imported_family(c), c["world"].get<std::uint64_t>());
     p.number("tp", 1);
     p.number("pp", 1);
     p.zero_stages.insert(c["parallel"].get<std::string>() == "fsdp2" ? 3 : 0);
@@ -609,6 +624,7 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
       p.number("grad_accum", n["grad_accum"].get<std::uint64_t>());
       const std::string r = a["ranks"].get<std::string>();
       p.number("dp", r == "1" ? 1 : 2);
+      p.ranks(a["family"].get<std::string>(), r == "1" ? 1 : 2);
       p.number("tp", 1);
       p.number("pp", 1);
       p.zero_stages.insert(r == "fsdp2-2" ? 3 : 0);
@@ -706,6 +722,16 @@ TEST_CASE("memalg plan says where a configuration leaves the measured envelope")
   combo.grad_accum = "2";
   combo.zero = "0";
   CHECK(outside(combo).validated);
+  // A mixture of experts measured on one rank only: inside there, outside under DDP.
+  plan_flags moe = f;
+  moe.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/llama4.json";
+  moe.seq = "1024";
+  CHECK(outside(moe).validated);
+  moe.dp = "2";
+  const envelope_report ranks = outside(moe);
+  CHECK(!ranks.validated);
+  REQUIRE(ranks.outside.size() == 1);
+  CHECK(ranks.outside[0] == "combination: this family on more than one rank (measured on one)");
   plan_flags shape{};
   shape.layers = "2";
   shape.hidden = "256";

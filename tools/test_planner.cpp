@@ -209,6 +209,12 @@ TEST_CASE("the presets of current families are the imported configurations") {
       CHECK(p->model->entries[i].shape.attention_sinks == m.model.entries[i].shape.attention_sinks);
       CHECK(p->model->entries[i].shape.clamped_swiglu == m.model.entries[i].shape.clamped_swiglu);
       CHECK(p->model->entries[i].shape.router_topk_softmax == m.model.entries[i].shape.router_topk_softmax);
+      CHECK(p->model->entries[i].shape.complex_rotary == m.model.entries[i].shape.complex_rotary);
+      CHECK(p->model->entries[i].shape.l2_qk_norm == m.model.entries[i].shape.l2_qk_norm);
+      CHECK(p->model->entries[i].shape.attention_temperature == m.model.entries[i].shape.attention_temperature);
+      CHECK(p->model->entries[i].shape.dense_experts == m.model.entries[i].shape.dense_experts);
+      CHECK(p->model->entries[i].name == m.model.entries[i].name);
+      CHECK(p->model->entries[i].count == m.model.entries[i].count);
     }
     if (m.active != 0) CHECK(active_parameters(*p->model) == m.active);
     // Layer-shape flags cannot reshape it; --attention still chooses the attention.
@@ -262,6 +268,51 @@ TEST_CASE("import of current families: text_config, aliases, quantization, refus
       CHECK(l.shape.shared_ffn == (sparse ? 16U : 0U));
       CHECK(l.shape.router_fp32 == sparse);
     }
+  // Llama 4: sparse layers every interleave_moe_layer_step-th, NoPE layers every
+  // no_rope_layer_interval-th (full attention, temperature tuning, no QK-norm), the others
+  // rotary with the L2 QK-norm and chunked attention: four kinds of block in 8 layers.
+  {
+    const std::string l4 = R"({"model_type": "llama4_text", "num_local_experts": 4, "intermediate_size_mlp": 64, "interleave_moe_layer_step": 2, "attention_chunk_size": 256, )";
+    std::string dims8 = dims;
+    dims8.replace(dims8.find("\"num_hidden_layers\": 4"), 22, "\"num_hidden_layers\": 8");
+    const hf_model m = parse_hf_config(l4 + dims8 + "}");
+    CHECK(m.family == "llama4");
+    CHECK(m.sparse_layers == 4);
+    std::uint64_t rope_sparse = 0, rope_dense = 0, nope_sparse = 0, nope_dense = 0;
+    for (const layer_desc& l : m.model) {
+      if (l.kind != layer_kind::transformer_block) continue;
+      const bool sparse = (l.shape.flags & layer_flags::moe) != 0, rope = (l.shape.flags & layer_flags::rotary) != 0;
+      CHECK(l.shape.dense_experts == sparse);
+      CHECK(l.shape.l2_qk_norm == rope);
+      CHECK(l.shape.complex_rotary == rope);
+      CHECK(l.shape.attention_temperature == !rope);
+      CHECK(l.shape.window == (rope ? 256U : 0U));
+      CHECK(l.shape.ffn == (sparse ? 32U : 64U));
+      (sparse ? (rope ? rope_sparse : nope_sparse) : (rope ? rope_dense : nope_dense)) += l.count;
+    }
+    // layers 0-7: sparse 1, 3, 5, 7; NoPE 3, 7
+    CHECK(rope_dense == 4);
+    CHECK(rope_sparse == 2);
+    CHECK(nope_sparse == 2);
+    CHECK(nope_dense == 0);
+    // no_rope_layers as listed, use_qk_norm and attn_temperature_tuning off.
+    const hf_model listed = parse_hf_config(l4 + R"("no_rope_layers": [0, 1, 1, 1, 1, 1, 1, 1], "use_qk_norm": false, "attn_temperature_tuning": false, )" + dims8 + "}");
+    std::uint64_t nope = 0;
+    for (const layer_desc& l : listed.model)
+      if (l.kind == layer_kind::transformer_block) {
+        CHECK(!l.shape.l2_qk_norm);
+        CHECK(!l.shape.attention_temperature);
+        if ((l.shape.flags & layer_flags::rotary) == 0) nope += l.count;
+      }
+    CHECK(nope == 1);
+    CHECK(message(l4 + R"("no_rope_layers": [1, 0], )" + dims8 + "}").find("'no_rope_layers' must hold a 0 or 1 per layer (8)") != std::string::npos);
+    CHECK(message(l4 + R"("layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"], )" + dims8 + "}").find("'chunked_attention' on the rotary layers") != std::string::npos);
+    std::string no_chunk = l4;
+    no_chunk.replace(no_chunk.find("256"), 3, "null");
+    CHECK(message(no_chunk + dims8 + "}").find("'attention_chunk_size' must be a number") != std::string::npos);
+    CHECK(!has_note(m, "do not yet follow"));
+    CHECK(!has_note(m, "planned as full attention"));
+  }
   // first_k_dense_replace 0: every layer sparse.
   std::string all_sparse = mla;
   all_sparse.replace(all_sparse.find("\"first_k_dense_replace\": 1"), 26, "\"first_k_dense_replace\": 0");

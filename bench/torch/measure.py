@@ -151,6 +151,24 @@ def family_config(family, layers, dropout=0.0, tied=None, hidden=256, heads=4, v
              "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "attention_dropout": p_att,
              "router_aux_loss_coef": 0.001, "output_router_logits": False, "initializer_range": 0.02,
              "tie_word_embeddings": False if tied is None else tied}
+    elif family == "llama4":
+        # Llama 4's text model (Llama4ForCausalLM): sparse layers every second one
+        # (interleave_moe_layer_step 2; 4 experts of width `ffn or h` computed densely over every
+        # expert, and a shared expert of the same width), dense layers of width 2h
+        # (intermediate_size_mlp); every fourth layer NoPE with attention temperature tuning and
+        # full attention, the others rotary with the weightless L2 QK-norm and chunked attention
+        # (chunks of `window or 8192` tokens, as released).
+        c = {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "vocab_size": 32000,
+             "hidden_size": h, "intermediate_size": ffn or h, "intermediate_size_mlp": 2 * h,
+             "num_hidden_layers": layers, "num_attention_heads": heads,
+             "num_key_value_heads": kv_heads or heads // 2, "head_dim": head_dim or h // heads,
+             "num_local_experts": experts or 4, "num_experts_per_tok": top_k or 1,
+             "interleave_moe_layer_step": 2, "no_rope_layer_interval": 4, "use_qk_norm": True,
+             "attention_chunk_size": window or 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
+             "attn_scale": 0.1, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+             "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+             "rope_theta": 500000.0, "attention_bias": False, "attention_dropout": p_att,
+             "initializer_range": 0.02, "tie_word_embeddings": False if tied is None else tied}
     elif family == "mixtral":
         c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
              "hidden_size": h, "intermediate_size": ffn or 2 * h, "num_hidden_layers": layers,
@@ -381,6 +399,23 @@ def matrix():
     add(case("gptoss-gc", "gpt_oss", attention="eager", gradient_checkpointing=True, micro_batch=4, **ds))
     add(case("gptoss-top1", "gpt_oss", attention="eager", top_k=1, **ds))
     add(case("gptoss-v32k", "gpt_oss", attention="eager"))
+    # Llama 4: dense and sparse layers interleaved, rotary layers (L2 QK-norm, chunked attention)
+    # and a NoPE layer (temperature tuning, full attention), the experts computed densely over
+    # all of them beside a shared expert; both attentions, bf16 and autocast, checkpointing,
+    # top-k 1 (as released) and 2, and chunks shorter than the sequence.
+    l4 = dict(vocab=2000, seq=1024, layers=4)
+    add(case("llama4", "llama4", **l4))
+    add(case("llama4-eager", "llama4", attention="eager", **l4))
+    add(case("llama4-bf16", "llama4", precision="bf16", **l4))
+    add(case("llama4-autocast", "llama4", precision="autocast-bf16", **l4))
+    add(case("llama4-gc", "llama4", gradient_checkpointing=True, micro_batch=4, **l4))
+    add(case("llama4-top2", "llama4", top_k=2, **l4))
+    add(case("llama4-chunk", "llama4", window=256, **l4))
+    add(case("llama4-eager-chunk", "llama4", attention="eager", window=256, **l4))
+    # A chunk (or window) as long as the sequence still needs SDPA's mask (masking_utils.py keeps
+    # it when the keys are at least the local size).
+    add(case("llama4-chunk-seq", "llama4", window=1024, **l4))
+    add(case("gemma3-window-seq", "gemma3", window=256, layer_types=lg))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))

@@ -42,6 +42,7 @@ enum class qk_norm_kind : std::uint8_t {
   none,
   per_head,  ///< RMSNorm(head_dim) on q and on k, one weight for every head (Qwen3, Gemma 3)
   whole,     ///< RMSNorm over the whole q (a·d) and k (kv·d) projections (OLMo 2)
+  l2,        ///< a weightless L2 norm per head on the rotated q and k (Llama 4's rotary layers)
 };
 
 /// Multi-head latent attention (DeepSeek-V2, Liu et al. 2024, arXiv 2405.04434; DeepSeek-V3).
@@ -67,6 +68,9 @@ struct moe_spec {
   /// top-k logits (GptOssTopKRouter).
   bool clamped_swiglu = false;
   bool router_topk_softmax = false;
+  /// Llama 4: every expert computes every token, its input scaled by the token's routing score
+  /// (0 for the experts not chosen; Llama4TextMoe).
+  bool dense_experts = false;
 };
 
 /// A causal language model of a current family: what `lm_config` says, and what it adds.
@@ -92,6 +96,15 @@ struct family_lm_config {
   /// parameters, layer_shape::window), since what SDPA keeps depends on it.
   std::uint64_t window = 0;
   std::uint64_t local_layers = 0;
+  /// Local layers among the sparse ones (gpt-oss's, whose every layer is sparse; Llama 4's
+  /// chunked layers among its mixture-of-experts layers). `local_layers` counts the dense ones.
+  std::uint64_t local_sparse_layers = 0;
+  /// Llama 4: the global (full-attention) layers are NoPE layers, without rotary positions and
+  /// QK-norm, with attention temperature tuning when `attention_temperature`; the local ones
+  /// attend within chunks of `window` tokens, which needs the same mask as a sliding window.
+  bool nope_global = false;
+  bool attention_temperature = false;
+  bool complex_rotary = false;        ///< Llama 4's rotary embedding as a complex product
   bool attention_bias = false;        ///< q, k, v and o have biases (gpt-oss; StarCoder2 through lm.bias)
   bool attention_sinks = false;       ///< one learned logit per head (gpt-oss)
   mla_shape mla{};
@@ -189,7 +202,10 @@ constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& g
     s.router_fp32 = f.moe.router_fp32;
     s.clamped_swiglu = f.moe.clamped_swiglu;
     s.router_topk_softmax = f.moe.router_topk_softmax;
+    s.dense_experts = f.moe.dense_experts;
   }
+  s.l2_qk_norm = f.qk_norm == qk_norm_kind::l2;
+  s.complex_rotary = f.complex_rotary;
   s.attention_sinks = f.attention_sinks;
   // (gpt-oss's eager softmax runs in the logits' dtype: `dtype=combined_logits.dtype`)
   if (f.attention_sinks) s.flags |= layer_flags::softmax_scores_dtype;
@@ -238,20 +254,31 @@ constexpr model_desc family_lm(const family_lm_config& f) {
       continue;
     }
     // A kind of block (dense or sparse) in two entries when some of its layers attend locally
-    // (Gemma's sliding_attention layers among the dense ones; gpt-oss's among its sparse ones,
-    // when every layer is sparse): the same parameters, layer_shape::window on the local ones.
+    // (Gemma's sliding_attention layers among the dense ones; gpt-oss's among its sparse ones;
+    // Llama 4's chunked layers among both): the same parameters, layer_shape::window on the
+    // local ones.
+    // Llama 4's global layers are its NoPE layers: no rotary positions and no QK-norm, the
+    // query scaled by the temperature (modeling_llama4.py, Llama4TextAttention: `use_rope`).
     const auto push_blocks = [&](bool is_sparse, std::uint64_t count, std::uint64_t local) {
-      if (count > local) m.push(detail::family_block(f, l, is_sparse, count - local));
+      if (count > local) {
+        layer_desc g = detail::family_block(f, l, is_sparse, count - local);
+        if (f.nope_global) {
+          g.shape.flags &= ~layer_flags::rotary;
+          g.shape.l2_qk_norm = g.shape.complex_rotary = false;
+          g.shape.attention_temperature = f.attention_temperature;
+        }
+        m.push(g);
+      }
       if (local == 0) return;
       layer_desc b = detail::family_block(f, l, is_sparse, local);
-      b.name = local == count ? "block" : "local_block";
+      b.name = local == count ? b.name : is_sparse && b.name == "moe_block" ? "local_moe_block" : "local_block";
       b.shape.window = f.window;
       m.push(b);
     };
-    const auto local_of = [&](std::uint64_t n) { return f.local_layers < n ? f.local_layers : n; };
     const std::uint64_t dense = c.layers - sparse;
-    push_blocks(false, dense, f.window != 0 && sparse == 0 ? local_of(dense) : 0);
-    push_blocks(true, sparse, f.window != 0 && sparse == c.layers ? local_of(sparse) : 0);
+    const auto local_of = [&](std::uint64_t local, std::uint64_t n) { return f.window == 0 ? 0 : local < n ? local : n; };
+    push_blocks(false, dense, local_of(f.local_layers, dense));
+    push_blocks(true, sparse, local_of(f.local_sparse_layers, sparse));
   }
   return m;
 }

@@ -101,6 +101,16 @@ struct layer_shape {
   bool attention_sinks = false;
   bool clamped_swiglu = false;
   bool router_topk_softmax = false;
+  /// Llama 4 (modeling_llama4.py): the rotary embedding as a complex product of fp32 copies of
+  /// the query and key (`apply_rotary_emb`, `view_as_complex(xq.float()...)`, one complex64 table
+  /// of s × d/2); the weightless L2 norm on the rotated query and key (Llama4TextL2Norm); on the
+  /// NoPE layers, attention temperature tuning (the query times a per-position fp32 scale); and
+  /// the experts computed over every expert for every token (Llama4TextMoe: the input repeated
+  /// once per expert, scaled by the sigmoid of its routing score, batched products over all).
+  bool complex_rotary = false;
+  bool l2_qk_norm = false;
+  bool attention_temperature = false;
+  bool dense_experts = false;
   /// Norms and blocks: ε added under the norm's square root (0: the kind's default,
   /// default_norm_eps). Hugging Face configs name it `layer_norm_epsilon`, `layer_norm_eps`,
   /// `rms_norm_eps`.

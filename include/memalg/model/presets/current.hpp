@@ -84,7 +84,7 @@ constexpr family_lm_config gpt_oss_config(std::string_view name, std::uint64_t l
   f.moe = {experts, 4, 2880, 0, layers, true, true, false, true, true};
   f.rms_weight_fp32 = true;  // GptOssRMSNorm's product in fp32
   f.window = 128;  // sliding_attention at even indices (GptOssConfig's layer_types)
-  f.local_layers = local_layers_of_pattern(layers, 2);
+  f.local_sparse_layers = local_layers_of_pattern(layers, 2);
   return f;
 }
 
@@ -166,6 +166,13 @@ using gpt_oss_120b = family_preset<gpt_oss_120b_family>;
 constexpr family_lm_config llama4_scout_family() {
   family_lm_config f = current_config("llama4-scout", 48, 5120, 40, 8, 128, 16384, 202048, 1e-5);
   f.moe = {16, 1, 8192, 8192, 48, false, false};
+  f.moe.dense_experts = true;
+  // Llama4TextConfig: every fourth layer NoPE (no_rope_layers), the others rotary with the L2
+  // QK-norm and chunked attention (attention_chunk_size 8192), temperature tuning on.
+  f.qk_norm = qk_norm_kind::l2;
+  f.complex_rotary = f.nope_global = f.attention_temperature = true;
+  f.window = 8192;
+  f.local_sparse_layers = 36;
   f.vision_params = llama4_vision_params({1408, 34, 5632, 3, 14, 336, 4096, 4096, 4096}, 5120);
   return f;
 }

@@ -160,6 +160,7 @@ struct mlp_bytes {
   saved_bytes saved{};
   bytes backward_temporary{};
   bytes grad_temporary{};  ///< pytorch: the transients while a weight gradient is new (0: backward_temporary)
+  bytes forward_temporary{};  ///< pytorch: beside the whole block's saved tensors, late in its forward
   bytes comm{};
 };
 

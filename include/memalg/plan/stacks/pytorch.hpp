@@ -7,6 +7,7 @@
 // plan/activations.hpp, and stage_timeline, plan/timeline.hpp.)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "memalg/model/layers.hpp"
@@ -172,11 +173,13 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     // SDPA (flash / memory-efficient): its query, key and value and output, fp32 log-sum-exp. A
     // fused projection's output is one storage that Q, K and V view; rotary positions save the
     // rotated copies of Q and K (and, when V stays a strided view, the output's contiguous copy).
-    // A sliding window shorter than the keys needs a mask (no is_causal): transformers then
+    // A sliding window (or Llama 4's chunk) no longer than the keys needs a mask (no is_causal:
+    // masking_utils.py, `_ignore_causal_mask_sdpa` keeps the mask when kv_length >= the local
+    // size): transformers then
     // expands the key and value to all heads itself (sdpa_attention.py, use_gqa_in_sdpa is false
     // with a mask; repeat_kv's reshape copies), and the CPU's flash kernel keeps the mask turned
     // additive in the query's dtype, (b, 1, s, kv) (measured: gemma2-window).
-    const bool masked = s.window != 0 && s.window < kv_seq;
+    const bool masked = s.window != 0 && s.window <= kv_seq;
     const std::uint64_t kept_kv = masked && s.kv_heads != s.heads ? Q : K;
     std::uint64_t elems = fused ? Q + 2 * K : rotary ? kept_kv : Q + 2 * kept_kv;
     if (rotary) elems += Q + kept_kv;
@@ -205,6 +208,26 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
       r.saved.input_grad += a.split(bytes{checked_mul(n, 4 + normed) + checked_mul(checked_mul(T, s.heads + s.kv_heads), 4)});
     else if ((s.flags & layer_flags::qk_norm_whole) != 0)
       r.saved.input_grad += a.split(bytes{checked_mul(n, 8) + checked_mul(T, 2 * 4)});
+    // Llama 4's L2 norm (Llama4TextL2Norm: `x * rsqrt(x.float().pow(2).mean(-1) + eps)`, then
+    // `.type_as(x)`, no weight) on the rotated query and key keeps its fp32 input and its rsqrt
+    // per head and token: in fp32 the complex rotary product itself, of which the input is a
+    // view, else the upcast copy of the rotated, cast-back query and key (measured: llama4*).
+    if (s.l2_qk_norm)
+      r.saved.input_grad += a.split(bytes{checked_mul(n, 4) + checked_mul(checked_mul(T, s.heads + s.kv_heads), 4)});
+    // Llama 4's rotary embedding (modeling_llama4.py, `apply_rotary_emb`) makes, before it
+    // returns, fp32 copies of the projected query and key (none in fp32), their complex products
+    // with the table and the products' casts back (none in fp32), beside the projections'
+    // outputs; its products keep only the table. The NoPE layers' temperature tuning
+    // (`(query_states * attn_scales).to(dtype)`) makes the fp32 product of the query and the
+    // per-position scale, then its cast.
+    const bool narrow = em < 4;
+    if (s.complex_rotary && rotary)
+      r.forward_temporary = max_b(r.forward_temporary, a.split(bytes{checked_mul(n, em + 4 + (narrow ? 4 + em : 0))}));
+    // (the scale itself, one fp32 per position broadcast over the batch, is what the product
+    // keeps for its backward)
+    if (s.attention_temperature) r.saved.input_grad += bytes{checked_mul(ceil_div(a.seq, a.c.cp), 4)};
+    if (s.attention_temperature)
+      r.forward_temporary = max_b(r.forward_temporary, a.split(bytes{checked_mul(checked_mul(T, q), em + 4 + (narrow ? em : 0))}));
   }
   // MLA's compressed projections: q_a_proj's output, which q_a_layernorm keeps as its fp32 input
   // (the output itself in fp32; else its upcast copy, the narrow output then freed), and likewise
@@ -248,6 +271,38 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
   mlp_bytes r{};
   const std::uint64_t T = a.tokens, em = t.em, f = s.ffn, h = s.hidden;
   const bool gated = (s.flags & layer_flags::gated) != 0;
+  if ((s.flags & layer_flags::moe) != 0 && s.dense_experts) {
+    // Llama 4's experts (modeling_llama4.py, Llama4TextMoe and Llama4TextExperts): every expert
+    // computes every token. The router keeps its sigmoid's fp32 output (T·E, of the logits'
+    // top-k scattered into -inf, `sigmoid(router_scores.float())`) and top-k's int64 indices
+    // (the scatter's backward); the scores' transposed copy (`transpose(0, 1).reshape(-1, 1)`,
+    // T·E in the logits' dtype) and the input repeated once per expert (`repeat`, in the norm
+    // output's dtype: the stream's) are what their product keeps; the batched products keep
+    // that product (under autocast its bf16 cast instead, and cast copies of the experts'
+    // weights, counted with the block's), the gate-up output (2f), the SiLU and the gated
+    // product (f each), E·T rows each. Top-k changes only the indices: the routed tokens are
+    // E·T whatever the routing, a bound that holds for every batch (measured: llama4-top2).
+    const std::uint64_t E = s.experts, k = s.top_k, R = checked_mul(E, T);
+    std::uint64_t e = checked_mul(checked_mul(R, h), t.en + em) + checked_mul(checked_mul(R, f), 4 * em);
+    e += checked_mul(checked_mul(T, E), 4 + em) + checked_mul(T, 8 * k);
+    const std::uint64_t Fs = checked_mul(T, s.shared_ffn);
+    e += checked_mul(Fs, 4 * em);  // the shared expert, Llama4TextMLP: gate, up, SiLU, product
+    r.saved.input_grad = a.split(bytes{e});
+    // Backward (the engine runs the ready node of the highest sequence number, and each node's
+    // saved tensors are released after it runs, torch/csrc/autograd/engine.cpp): the sum over
+    // the experts' backward expands the output's gradient, which the view's backward copies
+    // (R·h); the shared expert's nodes, made after the experts', run first beside that copy;
+    // then the down product's input gradient (R·f) beside it; the gated product's two (2·R·f),
+    // its saved output gone; SiLU's and the concatenation for the gate-up output, with less
+    // of the saved tensors held each time. The most above the saved tensors: R·(h + f), or
+    // 2·R·f, or the copy with the shared expert's three (measured: llama4-gc).
+    const std::uint64_t widest = std::max({checked_mul(R, h + f), checked_mul(R, 2 * f), checked_mul(R, h) + checked_mul(Fs, 3)});
+    r.backward_temporary = a.split(bytes{checked_mul(widest, em)});
+    // Forward: the experts' output (R·h) lives on while the shared expert runs, until the sum
+    // over the experts is added to the shared expert's output.
+    r.forward_temporary = a.split(bytes{checked_mul(checked_mul(R, h), em)});
+    return r;
+  }
   if ((s.flags & layer_flags::moe) != 0) {
     const std::uint64_t R = routed_tokens(s, T), E = s.experts, k = s.top_k;
     // The grouped experts compute in their input's dtype: under autocast the residual stream's
@@ -398,8 +453,9 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // attention's core.
       bytes mlp_copies{};
       if (t.autocast) {
-        // (not the grouped experts' weights: torch_mlp)
-        const std::uint64_t cast = l.params - l.expert_params;
+        // (not the grouped experts' weights, torch_mlp; Llama 4's batched products over every
+        // expert are autocast's bmm, which casts them)
+        const std::uint64_t cast = s.dense_experts ? l.params : l.params - l.expert_params;
         const bytes copies{checked_mul(ceil_div(cast - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
         const std::uint64_t attention = attention_params(s).params * (cross ? 2 : 1);
         const bytes attention_copies{checked_mul(ceil_div(attention, c.tp), t.em)};
@@ -412,7 +468,7 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // The attention's forward transients come before the MLP's saved tensors exist (the sweep
       // counts the whole block's saved tensors at its forward moment): measured in gptoss*,
       // whose eager attention with sinks makes three scores-sized transients.
-      r.forward_temporary = max_b(saturating_sub(fwd, r.parts.mlp.total()), stream);
+      r.forward_temporary = max_b(max_b(saturating_sub(fwd, r.parts.mlp.total()), m.forward_temporary), stream);
       // The block's backward in two phases: the MLP's first (its nodes were made last, and the
       // attention's backward needs the gradient that comes through it), then the attention's,
       // once the MLP's saved tensors are freed (torch/csrc/autograd/engine.cpp runs ready nodes
@@ -500,7 +556,7 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
   // model's forward makes once before its first block (masking_utils.py): eager attention's
   // causal mask and, with local layers, the sliding one (create_sliding_window_causal_mask),
   // each materialised (b, 1, s, s) in the stream's dtype; SDPA's local layers a boolean mask when
-  // the window is shorter than the sequence (else none: is_causal).
+  // the window is no longer than the sequence (else none: is_causal).
   const torch_bytes t = torch_bytes_of(c);
   bytes shared{}, masks{};
   bool rotary = false, mask = false, local_mask = false;
@@ -516,7 +572,10 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
       const std::uint64_t e = (l.shape.flags & layer_flags::rotary_fp32) != 0 ? 4 : t.en;
       // (one table per attention layer type with its own base: Gemma 3's local and global)
       const std::uint64_t tables = l.shape.rotary_tables > 1 ? l.shape.rotary_tables : 1;
-      shared += bytes{checked_mul(checked_mul(checked_mul(ceil_div(a.seq, c.cp), rd), 2 * e), tables)};
+      // (Llama 4's one complex64 table of rd/2 per position, Llama4TextRotaryEmbedding's
+      // `torch.polar`, in fp32 whatever the precision)
+      const std::uint64_t per_position = l.shape.complex_rotary ? checked_mul(rd, 4) : checked_mul(rd, 2 * e);
+      shared += bytes{checked_mul(checked_mul(ceil_div(a.seq, c.cp), per_position), tables)};
     }
     const std::uint64_t mask_elems = checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq));
     const bool eager = (l.shape.flags & layer_flags::flash) == 0;
@@ -524,7 +583,7 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
       mask = true;
       masks += bytes{checked_mul(mask_elems, t.en)};
     }
-    if (l.shape.window != 0 && !local_mask && (eager || l.shape.window < a.seq)) {
+    if (l.shape.window != 0 && !local_mask && (eager || l.shape.window <= a.seq)) {
       local_mask = true;
       masks += bytes{checked_mul(mask_elems, eager ? t.en : 1)};
     }
