@@ -163,6 +163,13 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_flag("--swiglu", swiglu, "SwiGLU (gated) MLP instead of GeLU");
   app.add_flag("--untied", untied, "output layer not tied to the token embedding");
   app.add_flag("--no-bias", no_bias, "linear layers and norms without biases");
+  app.add_flag("--no-linear-bias", no_linear_bias,
+               "linear layers without biases, norms with them (Megatron's --disable-bias-linear)");
+  app.add_option("--experts", experts, "a mixture of N experts, each --ffn wide, in every block (needs --top-k)");
+  app.add_option("--top-k", top_k, "experts per token (with --experts)");
+  app.add_option("--moe-router", moe_router,
+                 "softmax (a softmax top-k, Hugging Face's; default) | sinkhorn (Megatron's "
+                 "--moe-router-load-balancing-type sinkhorn)");
   app.add_option("--norm", norm, "layernorm|rmsnorm");
   app.add_option("--attention", attention, "naive (scores saved; Hugging Face eager) | flash (output and log-sum-exp saved; SDPA, the default with --config)");
   app.add_option("--dropout", dropout, "dropout probability in [0, 1) (default 0, presets their own)");
@@ -283,7 +290,8 @@ std::uint64_t suffix_count(std::string_view text, std::string_view prefix, std::
 /// Flags that describe the layers' shapes (a config.json describes them itself).
 bool layer_shape_given(const plan_flags& f) {
   return !f.layers.empty() || !f.hidden.empty() || !f.heads.empty() || !f.kv_heads.empty() || !f.ffn.empty() ||
-         !f.vocab.empty() || !f.positions.empty() || f.swiglu || f.untied || f.no_bias || !f.norm.empty() || !f.dropout.empty();
+         !f.vocab.empty() || !f.positions.empty() || f.swiglu || f.untied || f.no_bias || f.no_linear_bias ||
+         !f.norm.empty() || !f.dropout.empty() || !f.experts.empty() || !f.top_k.empty() || !f.moe_router.empty();
 }
 
 /// --attention: naive (Hugging Face "eager", the scores saved) or flash (SDPA / FlashAttention).
@@ -349,6 +357,23 @@ std::optional<lm_config> transformer_config(const plan_flags& f) {
   if (f.swiglu) c.gated = true;
   if (f.untied) c.tied = false;
   if (f.no_bias) c.bias = false;
+  if (f.no_linear_bias) {
+    if (f.no_bias) throw usage_error("--no-bias and --no-linear-bias say different things about the norms: give one");
+    c.bias = false;
+    c.norm_bias = true;
+  }
+  if (!f.experts.empty() || !f.top_k.empty()) {
+    if (f.experts.empty() || f.top_k.empty())
+      throw usage_error("a mixture of experts needs --experts and --top-k");
+    c.experts = parse_positive(f.experts, "--experts");
+    c.top_k = parse_positive(f.top_k, "--top-k");
+    if (c.experts > (1ULL << 20)) throw usage_error("--experts is larger than any model");
+  }
+  if (!f.moe_router.empty()) {
+    if (c.experts == 0) throw usage_error("--moe-router needs a mixture of experts (--experts, --top-k)");
+    if (f.moe_router == "sinkhorn") c.router_sinkhorn = true;
+    else if (f.moe_router != "softmax") throw usage_error("unknown --moe-router '" + f.moe_router + "' (softmax|sinkhorn)");
+  }
   if (!f.norm.empty()) {
     if (f.norm == "layernorm") c.rms_norm = false;
     else if (f.norm == "rmsnorm") c.rms_norm = true;

@@ -64,6 +64,9 @@ struct plan_flags {
   bool swiglu = false;
   bool untied = false;
   bool no_bias = false;
+  bool no_linear_bias = false;  ///< linear layers without biases, norms with (Megatron's --disable-bias-linear)
+  std::string experts, top_k;   ///< a mixture of experts in every block
+  std::string moe_router;       ///< softmax (Hugging Face's top-k) | sinkhorn (Megatron's)
   std::string norm;       ///< layernorm|rmsnorm
   std::string attention;  ///< naive|flash
   std::string dropout;    ///< probability in [0, 1)

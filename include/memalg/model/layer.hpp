@@ -111,6 +111,15 @@ struct layer_shape {
   bool l2_qk_norm = false;
   bool attention_temperature = false;
   bool dense_experts = false;
+  /// MoE blocks: the router balances the load with Sinkhorn's algorithm, Megatron-core's
+  /// TopKRouter under `--moe-router-load-balancing-type sinkhorn` (router.py,
+  /// `sinkhorn_load_balancing`: the experts are chosen on the Sinkhorn-normalised logits, the
+  /// scores are a sigmoid of the logits for top-1 and a softmax otherwise), not a softmax top-k.
+  bool router_sinkhorn = false;
+  /// Blocks without `bias`: the norms keep their shift all the same (Megatron's
+  /// `--disable-bias-linear` removes the linear layers' biases only; Transformer Engine's
+  /// LayerNorm always has one).
+  bool norm_bias = false;
   /// Norms and blocks: ε added under the norm's square root (0: the kind's default,
   /// default_norm_eps). Hugging Face configs name it `layer_norm_epsilon`, `layer_norm_eps`,
   /// `rms_norm_eps`.

@@ -34,7 +34,7 @@ constexpr param_tally transformer_block_params(const layer_shape& s) {
   const bool bias = (s.flags & layer_flags::bias) != 0;
   const bool cross = (s.flags & layer_flags::cross_attention) != 0;
   param_tally p{};
-  const param_tally norm = norm_params(s.hidden, rms, bias);
+  const param_tally norm = norm_params(s.hidden, rms, bias || s.norm_bias);
   if ((s.flags & layer_flags::shared_norm) != 0) {
     p += norm_params(s.hidden, rms, true);
   } else {
@@ -97,6 +97,10 @@ struct lm_config {
   std::uint64_t experts = 0;    ///< > 0: the MLP is a mixture of experts
   std::uint64_t top_k = 0;
   std::uint64_t capacity_factor_percent = 0;
+  bool router_sinkhorn = false;  ///< MoE: Megatron's Sinkhorn router (layer_shape::router_sinkhorn)
+  /// Without `bias`: the LayerNorms keep their shift (Megatron's --disable-bias-linear;
+  /// layer_shape::norm_bias).
+  bool norm_bias = false;
   dtype logits = dtypes::none;  ///< none: fp32
   std::uint64_t loss_chunk = 0; ///< chunked loss: logits rows at a time (0: unchunked)
   // How the modelling code computes (what the pytorch stack saves; layer_flags in model/layer.hpp):
@@ -151,11 +155,13 @@ constexpr layer_shape block_shape(const lm_config& c) {
             (c.qkv_bias ? layer_flags::qkv_bias : 0u);
   s.rotary_dim = c.rotary ? c.rotary_dim : 0;
   s.norm_eps = c.norm_eps;
+  s.norm_bias = !c.bias && c.norm_bias;
   if (c.experts != 0) {
     s.flags |= layer_flags::moe;
     s.experts = c.experts;
     s.top_k = c.top_k;
     s.capacity_factor_percent = c.capacity_factor_percent;
+    s.router_sinkhorn = c.router_sinkhorn;
   }
   return s;
 }
@@ -176,7 +182,7 @@ constexpr model_desc transformer_lm(const lm_config& c) {
   block.count = c.layers;
   block.place = placement::repeated;
   m.push(block);
-  layer_desc norm = c.rms_norm ? rmsnorm_layer(c.hidden) : layernorm_layer(c.hidden, c.bias);
+  layer_desc norm = c.rms_norm ? rmsnorm_layer(c.hidden) : layernorm_layer(c.hidden, c.bias || c.norm_bias);
   norm.shape.norm_eps = c.norm_eps;
   norm.name = "final_norm";
   norm.place = placement::last_stage;
