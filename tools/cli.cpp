@@ -548,6 +548,12 @@ plan_inputs make_inputs(const plan_flags& f) {
   }
   if (f.states_only && !f.seq.empty())
     throw usage_error("--states-only plans without activations: give it without --seq");
+  // Llama 4's local layers attend in chunks (Llama4TextConfig's attention_chunk_size); Megatron-LM
+  // has no chunked attention (attention_chunk appears once, fixed to 0, in its inference
+  // flash-attention call, megatron/core/transformer/attention.py), so it does not train Llama 4.
+  if (in.training.stack == stack_kind::megatron && in.family == "llama4")
+    throw usage_error("Megatron-core does not implement Llama 4: it has no chunked attention for its local layers; "
+                      "plan it with --stack pytorch");
   if (const std::string_view e = plan_error(in.model, in.training, in.mesh, in.device); !e.empty())
     throw usage_error(std::string(e));
   return in;

@@ -119,6 +119,21 @@ memalg_cli_refused(fit_range "fit --preset gpt2-124m --seq 1024 --micro-batch 8.
 memalg_cli_refused(sweep_wide_range "sweep --preset gpt2-124m --seq 1024 --world 1 --micro-batch 1..64"
   "--micro-batch 1[.][.]64 is 64 choices, more than the 32 .*memalg fit --micro-batch 1[.][.]64")
 memalg_cli_refused(fit_no_divisor "fit --preset gpt2-124m --seq 1024 --micro-batch 5..7 --global-batch 8" "no micro-batch in 5..7 divides the 8 sequences")
+# --stack megatron refuses what Megatron-core does not implement (Llama 4's chunked attention) and
+# what its rules do not follow (docs/algebra.md, "The megatron stack"): exit status 2, one line.
+set(_hf_configs ${PROJECT_SOURCE_DIR}/tests/data/hf)
+memalg_cli_refused(megatron_llama4 "plan --config ${_hf_configs}/llama-4-scout.json --seq 4096 --stack megatron"
+  "^memalg: error: Megatron-core does not implement Llama 4: it has no chunked attention")
+memalg_cli_refused(megatron_mla "plan --config ${_hf_configs}/deepseek-v3.json --seq 4096 --stack megatron"
+  "^memalg: error: the megatron stack does not model multi-head latent attention")
+memalg_cli_refused(megatron_sinks "plan --config ${_hf_configs}/gpt-oss-20b.json --seq 4096 --stack megatron"
+  "^memalg: error: the megatron stack does not model attention sinks")
+memalg_cli_refused(megatron_softmax_router "plan --config ${_hf_configs}/qwen3-30b-a3b.json --seq 4096 --stack megatron"
+  "^memalg: error: the megatron stack models Megatron-core's Sinkhorn router only")
+memalg_cli_refused(megatron_moe_ep "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024 --dp 2 --ep 2 --stack megatron"
+  "^memalg: error: the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank")
+memalg_cli_refused(pytorch_sinkhorn "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024"
+  "^memalg: error: a Sinkhorn router is Megatron's")
 
 # What the single-GPU user sees.
 function(memalg_cli_ok name args match)
@@ -133,6 +148,8 @@ memalg_cli_ok(states_alone_do_not_fit "plan --preset llama2-70b --device l4"
 memalg_cli_ok(sweep_states_only "sweep --preset gpt2-124m --world 2 --states-only" "note: model states only")
 memalg_cli_ok(default_precision "plan --preset gpt2-124m --seq 1024" "precision autocast-bf16")
 memalg_cli_ok(megatron_precision "plan --preset gpt2-124m --seq 1024 --stack megatron" "precision mixed-bf16-fp32-grads")
+memalg_cli_ok(megatron_moe "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --attention flash --dropout 0.1 --seq 1024 --micro-batch 4 --dp 8 --optimizer adam --device h100-80gb --stack megatron --json"
+  "\"parameters\": 63521792")
 memalg_cli_ok(deprecated_precision "plan --params 7B --precision amp-bf16" "precision mixed-bf16-fp32-grads"
   "-DERR_MATCH=^memalg: note: --precision amp-bf16 is deprecated")
 memalg_cli_ok(precision_help "plan --help" "autocast-fp16 +the Trainer's fp16=True")

@@ -253,6 +253,76 @@ TEST_CASE("configurations that cannot be planned are one sentence") {
   CHECK_THROWS_WITH_AS(make_inputs(f), "the key/value heads do not divide the attention heads", usage_error);
 }
 
+TEST_CASE("a mixture of experts from the shape flags; what the megatron stack refuses") {
+  // Megatron's test gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser (bench/megatron):
+  // --disable-bias-linear keeps the LayerNorms' shift, so 63,521,792 parameters.
+  plan_flags f;
+  f.layers = "4";
+  f.hidden = "512";
+  f.heads = "8";
+  f.vocab = "50304";
+  f.positions = "1024";
+  f.ffn = "1344";
+  f.swiglu = true;
+  f.no_linear_bias = true;
+  f.experts = "4";
+  f.top_k = "1";
+  f.moe_router = "sinkhorn";
+  f.seq = "1024";
+  f.micro_batch = "4";
+  f.stack = "megatron";
+  const plan_inputs in = make_inputs(f);
+  CHECK(in.model.parameters() == 63'521'792);
+  f.no_bias = true;  // the norms too: one flag or the other
+  CHECK_THROWS_AS(make_inputs(f), usage_error);
+  f.no_bias = false;
+  plan_flags g = f;
+  g.top_k = "";
+  CHECK_THROWS_WITH_AS(make_inputs(g), "a mixture of experts needs --experts and --top-k", usage_error);
+  g = f;
+  g.moe_router = "hash";
+  CHECK_THROWS_AS(make_inputs(g), usage_error);
+  g = f;
+  g.top_k = "5";
+  CHECK_THROWS_WITH_AS(make_inputs(g), "a mixture of experts routes each token to more experts than it has", usage_error);
+  // What the megatron stack's rules do not follow is refused with its sentence (exit status 2).
+  const auto refusal = [](plan_flags h) {
+    try {
+      (void)make_inputs(h);
+    } catch (const usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  g = f;
+  g.moe_router = "softmax";
+  CHECK(refusal(g).rfind("the megatron stack models Megatron-core's Sinkhorn router only", 0) == 0);
+  g = f;
+  g.ep = "2";
+  g.dp = "2";
+  CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank", 0) == 0);
+  g = f;
+  g.tp = "2";
+  g.sp = true;
+  CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank", 0) == 0);
+  g = f;
+  g.swiglu = false;
+  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases only", 0) == 0);
+  g = f;
+  g.no_linear_bias = false;
+  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases only", 0) == 0);
+  // A Sinkhorn router is Megatron's: the pytorch stack refuses it.
+  g = f;
+  g.stack = "pytorch";
+  CHECK(refusal(g).rfind("a Sinkhorn router is Megatron's", 0) == 0);
+  // Other stacks plan it; the dense model under megatron is untouched.
+  g.stack = "paper";
+  CHECK(refusal(g).empty());
+  g = f;
+  g.experts = g.top_k = g.moe_router = "";
+  CHECK(refusal(g).empty());
+}
+
 TEST_CASE("precision names: the stack's default, what PyTorch calls them, old spellings kept for a release") {
   plan_flags f;
   f.params = "1B";

@@ -101,6 +101,19 @@ constexpr plan_issue layer_issue(const model_desc& model, const training_desc& t
     }
   return plan_issue::none;
 }
+
+/// Why the training stack cannot plan the model (one sentence), or empty: the megatron stack's
+/// refusals (stacks/megatron.hpp, megatron_unmodelled); a Sinkhorn router, which only Megatron
+/// has, under the pytorch stack, whose routers are Hugging Face's.
+constexpr std::string_view stack_unmodelled(const model_desc& model, const training_desc& t, const mesh_desc& m) {
+  if (t.stack == stack_kind::megatron) return megatron_unmodelled(model, m);
+  if (t.stack == stack_kind::pytorch)
+    for (const layer_desc& l : model)
+      if (l.shape.router_sinkhorn)
+        return "a Sinkhorn router is Megatron's (plan it with --stack megatron); the pytorch stack follows Hugging "
+               "Face's routers";
+  return {};
+}
 }  // namespace detail
 
 /// The first reason a configuration cannot be planned (plan_issue::none when it can). Type-level
@@ -122,6 +135,7 @@ constexpr plan_issue find_plan_issue(const model_desc& model, const training_des
   if (const plan_issue i = detail::layer_issue(model, t, m); i != plan_issue::none) return i;
   const std::uint64_t repeated = model.repeated_layers();
   if (m.pp > 1 && repeated != 0 && m.pp * m.virtual_stages > repeated) return plan_issue::pipeline_deeper_than_layers;
+  if (!detail::stack_unmodelled(model, t, m).empty()) return plan_issue::stack_does_not_model;
   return plan_issue::none;
 }
 
@@ -130,7 +144,9 @@ constexpr std::string_view plan_error(const model_desc& model, const training_de
                                       const device_desc& d) {
   if (const std::string_view e = mesh_error(m); !e.empty()) return e;
   if (const std::string_view e = device_error(d); !e.empty()) return e;
-  return describe(find_plan_issue(model, t, m, d));
+  const plan_issue i = find_plan_issue(model, t, m, d);
+  if (i == plan_issue::stack_does_not_model) return detail::stack_unmodelled(model, t, m);
+  return describe(i);
 }
 
 namespace detail {

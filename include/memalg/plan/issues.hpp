@@ -34,6 +34,7 @@ enum class plan_issue : int {
   kv_heads_do_not_divide_heads,
   top_k_exceeds_experts,
   sequence_exceeds_positions,
+  stack_does_not_model,
 };
 
 constexpr std::string_view describe(plan_issue i) {
@@ -64,6 +65,8 @@ constexpr std::string_view describe(plan_issue i) {
     case plan_issue::top_k_exceeds_experts: return "a mixture of experts routes each token to more experts than it has";
     case plan_issue::sequence_exceeds_positions:
       return "the sequence is longer than the learned position embedding";
+    case plan_issue::stack_does_not_model:
+      return "the training stack does not model a feature of this model (memalg plan names it)";
   }
   return "unknown issue";
 }
@@ -93,6 +96,9 @@ struct plan_check {
   static_assert(I != plan_issue::kv_heads_do_not_divide_heads, "plan: the key/value heads do not divide the attention heads");
   static_assert(I != plan_issue::top_k_exceeds_experts, "plan: a mixture of experts routes each token to more experts than it has");
   static_assert(I != plan_issue::sequence_exceeds_positions, "plan: the sequence is longer than the learned position embedding");
+  static_assert(I != plan_issue::stack_does_not_model,
+                "plan: the training stack does not model a feature of this model (detail::stack_unmodelled names it; "
+                "memalg plan prints it)");
   static constexpr bool value = I == plan_issue::none;
 };
 }  // namespace detail

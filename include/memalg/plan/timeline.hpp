@@ -137,7 +137,7 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
       for (breakdown& b : tl.at) b.comm_buffers += s.device.gradients;
   }
   if (t.stack == stack_kind::megatron)
-    for (breakdown& b : tl.at) b.temporaries += detail::megatron_workspaces(d);  // (stacks/megatron.hpp)
+    for (breakdown& b : tl.at) b.temporaries += detail::megatron_workspaces(model, d);  // (stacks/megatron.hpp)
   tl.host = s.host;
   tl.parameters = s.parameters;
   if (acts != nullptr) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "memalg/device/device.hpp"
 #include "memalg/plan/stacks/common.hpp"
@@ -18,8 +19,112 @@ namespace detail {
 /// and fp32 mean / rstd; the fused attention keeps contiguous Q, K, V (K and V at the key/value
 /// heads), its output and fp32 softmax statistics, no scores; the bias-dropout-add keeps a bool
 /// mask; the MLP the GeLU's input and output (SwiGLU: the gated projection's output and the down
-/// projection's input). The loss (vocabulary-parallel cross entropy) holds the bf16 logits and
-/// their fp32 copy and works in place. Other kinds follow the paper accounting.
+/// projection's input); a mixture of experts its router's scores and map, the permuted tokens, the
+/// grouped experts' inputs, SwiGLU input and output (megatron_moe below). The loss (vocabulary-parallel
+/// cross entropy) holds the bf16 logits and their fp32 copy and works in place. Other kinds follow
+/// the paper accounting.
+constexpr raw_activations megatron_activations(const layer_desc& l, const activation_context& c);
+
+/// Megatron-core's MoELayer (megatron/core/transformer/moe/) on one tensor- and expert-parallel
+/// rank, dropless, with the Sinkhorn router, the allgather token dispatcher (Megatron's default)
+/// and grouped-GEMM SwiGLU experts run by Transformer Engine's operation fuser; what
+/// `megatron_unmodelled` lets through. R = T·k rows are routed: with one expert-parallel rank
+/// every expert is local and dropless routing sends each token to exactly k of them, so R does
+/// not depend on the routing (docs/algebra.md, "The megatron stack"). The pre-MLP norm is the
+/// caller's. The experts' path follows the code of the measured run (Megatron-LM 6815c0fe,
+/// Transformer Engine 2.15.0); the commit the rest follows changed it since (docs/algebra.md).
+struct megatron_moe_bytes {
+  saved_bytes saved{};
+  bytes forward_temporary{};
+  bytes backward_temporary{};
+};
+constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation_context& c, std::uint64_t T) {
+  megatron_moe_bytes r{};
+  const std::uint64_t em = bytes_per_element_ceil(c.act), ew = bytes_per_element_ceil(c.weights);
+  const std::uint64_t h = s.hidden, f = s.ffn, E = s.experts, k = s.top_k;
+  const std::uint64_t R = checked_mul(T, k), TE = checked_mul(T, E);
+  const auto b = [](std::uint64_t n) { return bytes{n}; };
+  // The router (router.py, TopKRouter): RouterGatingLinearFunction (moe_utils.py) keeps its input,
+  // the pre-MLP norm's output (counted with the norm), and makes bf16 logits (moe_router_dtype
+  // unset: the input's dtype). sinkhorn_load_balancing picks the experts under no_grad and keeps
+  // the sigmoid of the logits for top-1 (bf16), the fp32 softmax for top-k (its cast back is not
+  // kept); `scores = logits * map` keeps the bool map, which the dispatcher keeps too (local_map).
+  bytes router = b(checked_mul(TE, k == 1 ? em : 4)) + b(TE);
+  // MoEAllGatherTokenDispatcher.dispatch_postprocess (token_dispatcher.py): the probabilities of
+  // the routed pairs by `probs.T.contiguous().masked_select(map.T.contiguous())`, whose backward
+  // keeps its input (T·E, the logits' dtype) and mask (bool); moe_utils.permute keeps the int64
+  // permutation (index_select's and unpermute's index_add_'s index) and gathers the routed rows.
+  router += b(checked_mul(TE, em)) + b(TE) + b(checked_mul(R, 8));
+  // The experts (experts.py, TEGroupedMLP._fused_forward; Transformer Engine's ops
+  // GroupedLinear, ScaledSwiGLU, GroupedLinear in ops/basic/): FC1 keeps its input (the permuted
+  // rows, for its weight gradient), ScaledSwiGLU its input (FC1's output, 2f wide) and its scales
+  // (the routed probabilities), FC2 its input (the scaled SwiGLU output).
+  r.saved.weight_grad = b(checked_mul(R, checked_mul(h, em))) + b(checked_mul(R, checked_mul(f, em)));
+  r.saved.input_grad = b(checked_mul(R, checked_mul(2 * f, em))) + b(checked_mul(R, em)) + router;
+  // The combine: MoEAllGatherTokenDispatcher.combine_preprocess calls moe_utils.unpermute, which
+  // adds the experts' output (R·h) into a zero [T, h] tensor with index_add_; PyTorch's backward
+  // of index_add keeps its `source` (derivatives.yaml: `grad.index_select(dim,
+  // index).expand_as(source)`; IndexAddBackward0 holds source_), so FC2's output stays.
+  r.saved.input_grad += b(checked_mul(R, checked_mul(h, em)));
+  // Forward: ScaledSwiGLU's unscaled output beside its scaled one (R·f); unpermute allocates the
+  // [T, h] output twice under deterministic algorithms (--deterministic-mode) before its index_add_.
+  const bytes stream = b(checked_mul(T, checked_mul(h, em)));
+  r.forward_temporary = max_b(b(checked_mul(R, checked_mul(f, em))), stream * 2);
+  // Backward, one autograd function (ops/fuser.py) holding its output gradient (R·h) throughout:
+  // FC2's input gradient (R·f) and its weight gradient (E·f·h in the weights' dtype: no gradient
+  // accumulation fusion), then ScaledSwiGLU's scaled gradient (R·f), its input gradient (R·2f) and
+  // the recomputed SwiGLU for the scales' gradient (R·f, and R for the products); then FC1's input
+  // gradient (R·h) and weight gradient (E·2f·h) beside FC2's.
+  const bytes wgrad2 = b(checked_mul(E, checked_mul(checked_mul(f, h), ew)));
+  const bytes glu = b(checked_mul(R, checked_mul(h + 5 * f + 1, em))) + wgrad2;
+  const bytes fc1 = b(checked_mul(R, checked_mul(2 * h + 2 * f, em))) + wgrad2 * 3;
+  r.backward_temporary = max_b(glu, fc1);
+  return r;
+}
+
+/// Transformer Engine's cuBLAS workspace (transformer_engine/pytorch/cpp_extensions/gemm.py,
+/// get_cublas_workspace_size_bytes): 32 MiB and 1 KiB from Hopper on (where torch's is 32 MiB),
+/// 4 MiB before.
+constexpr bytes te_cublas_workspace(const device_desc& d) {
+  using namespace memalg::literals;
+  return d.blas_workspace >= 32_MiB ? d.blas_workspace + bytes{1024} : 4_MiB;
+}
+
+/// Why the megatron stack cannot plan `model` on mesh `m`, as one sentence, or empty. It refuses
+/// what Megatron-core implements but its rules do not follow (memalg plan --stack megatron exits
+/// with the sentence; a type-level plan fails to compile, plan_issue::stack_does_not_model).
+constexpr std::string_view megatron_unmodelled(const model_desc& model, const mesh_desc& m) {
+  for (const layer_desc& l : model) {
+    if (l.kind != layer_kind::transformer_block) continue;
+    const layer_shape& s = l.shape;
+    if (s.kv_lora_rank != 0)
+      return "the megatron stack does not model multi-head latent attention (DeepSeek-V3; Megatron-core's "
+             "MLASelfAttention): plan it with --stack pytorch";
+    if (s.attention_sinks)
+      return "the megatron stack does not model attention sinks (gpt-oss; Megatron-core's learnable softmax "
+             "offset, softmax_type learnable): plan it with --stack pytorch";
+    if ((s.flags & layer_flags::moe) == 0) continue;
+    if (s.shared_ffn != 0)
+      return "the megatron stack does not model shared experts (Megatron-core's SharedExpertMLP): plan it with "
+             "--stack pytorch";
+    if (s.clamped_swiglu)
+      return "the megatron stack does not model clamped SwiGLU experts (gpt-oss): plan it with --stack pytorch";
+    if (!s.router_sinkhorn || s.router_fp32 || s.router_topk_softmax)
+      return "the megatron stack models Megatron-core's Sinkhorn router only (--moe-router sinkhorn, the measured one), "
+             "not its softmax top-k router with a load-balancing loss (Mixtral, Qwen3-MoE): plan it with --stack pytorch";
+    if ((s.flags & layer_flags::gated) == 0 || (s.flags & layer_flags::bias) != 0)
+      return "the megatron stack models SwiGLU experts without biases only (Transformer Engine's fused grouped "
+             "MLP; --swiglu --no-linear-bias)";
+    if (s.capacity_factor_percent != 0)
+      return "the megatron stack does not model a capacity factor (Megatron-core's token dropping, "
+             "apply_router_token_dropping): plan the experts dropless";
+    if (m.tp > 1 || m.ep > 1)
+      return "the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank "
+             "(--tp 1 --ep 1): how many tokens a rank's experts receive from the others depends on the routing";
+  }
+  return {};
+}
+
 constexpr raw_activations megatron_activations(const layer_desc& l, const activation_context& c) {
   raw_activations r{};
   const layer_shape& s = l.shape;
@@ -55,13 +160,24 @@ constexpr raw_activations megatron_activations(const layer_desc& l, const activa
       r.parts.attention.weight_grad = a.split(bytes{checked_mul(checked_mul(T, q), em)});           // output
       r.parts.attention.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});              // softmax statistics
       if (drop) r.parts.attention.input_grad += a.rep(bytes{H});  // the attention's bias-dropout-add mask
+      r.input = stream;
+      r.input_in_saved = true;
+      if ((s.flags & layer_flags::moe) != 0) {
+        // The pre-MLP norm is Transformer Engine's LayerNorm (TENorm): its input, its output (which
+        // the router keeps) and fp32 mean and rstd, as the LayerNorm-Linear it replaces.
+        const megatron_moe_bytes moe = megatron_moe(s, c, T);
+        r.parts.mlp = moe.saved;
+        if (drop) r.parts.mlp.input_grad += a.rep(bytes{H});  // the MLP's bias-dropout-add mask
+        r.saved = r.parts.total();
+        r.forward_temporary = max_b(stream, moe.forward_temporary);
+        r.backward_temporary = moe.backward_temporary + stream * 2;
+        break;
+      }
       const std::uint64_t F = checked_mul(T, s.ffn);
       r.parts.mlp.input_grad = a.split(bytes{checked_mul(F, (gated ? 2 : 1) * em)});  // the activation's input
       r.parts.mlp.weight_grad = a.split(bytes{checked_mul(F, em)});                  // the down projection's input
       if (drop) r.parts.mlp.input_grad += a.rep(bytes{H});
       r.saved = r.parts.total();
-      r.input = stream;
-      r.input_in_saved = true;
       r.forward_temporary = stream;
       r.backward_temporary = a.split(bytes{checked_mul(F, (gated ? 3 : 2) * em)}) + stream * 2;
       if (c.sp) r.comm = a.values_per_token(s.hidden);
@@ -92,10 +208,20 @@ constexpr raw_activations megatron_activations(const layer_desc& l, const activa
   return r;
 }
 
-/// Three cuBLAS workspaces out of the caching allocator, in every phase: PyTorch's for the main
-/// thread and for the autograd thread, Transformer Engine's
-/// (transformer_engine/pytorch/cpp_extensions/gemm.py).
-constexpr bytes megatron_workspaces(const device_desc& d) { return d.blas_workspace * 3; }
+/// The cuBLAS workspaces out of the caching allocator, in every phase: PyTorch's for the main
+/// thread and for the autograd thread, Transformer Engine's (transformer_engine/pytorch/
+/// cpp_extensions/gemm.py, get_cublas_workspace); with grouped-GEMM experts also one per compute
+/// stream of TE's grouped GEMM (the same function with grouped_gemm=True:
+/// tex.get_num_cublas_streams(), 4 in common/util/multi_stream.cpp), kept for the process.
+constexpr bytes megatron_workspaces(const model_desc& model, const device_desc& d) {
+  bytes w = d.blas_workspace * 2 + te_cublas_workspace(d);
+  for (const layer_desc& l : model)
+    if (l.kind == layer_kind::transformer_block && (l.shape.flags & layer_flags::moe) != 0) {
+      w += te_cublas_workspace(d) * 4;
+      break;
+    }
+  return w;
+}
 
 }  // namespace detail
 }  // namespace memalg
