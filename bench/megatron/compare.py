@@ -37,6 +37,15 @@ def flags(case, stack="megatron"):
          "--stage", str(d["pp"] - 1), "--json"]
     if not d["tied_embeddings"]:
         f.append("--untied")
+    if d.get("gated_linear_unit"):
+        f.append("--swiglu")
+    if not d["bias_linear"]:
+        f.append("--no-linear-bias")  # Megatron's --disable-bias-linear: the LayerNorms keep theirs
+    if d.get("moe"):
+        moe = d["moe"]
+        assert moe["load_balancing"].startswith("sinkhorn") and moe["capacity_factor"] is None
+        f += ["--experts", str(moe["num_experts"]), "--top-k", str(moe["router_topk"]), "--moe-router", "sinkhorn",
+              "--ep", str(moe["expert_model_parallel"])]
     if d["vp"] is not None:
         f += ["--pp-schedule", "interleaved:%d" % d["vp"]]
     if isinstance(d["recompute"], dict):

@@ -140,7 +140,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.sequence = {1024, 8192};
       e.micro_batch = {1, 4};
       e.hidden = {512, 4096};
-      e.layers = {12, 32};
+      e.layers = {4, 32};
       e.grad_accum = {1, 4};
       e.dp = {2, 8};
       e.tp = {1, 4};
