@@ -744,13 +744,12 @@ TEST_CASE("memalg plan says where a configuration leaves the measured envelope")
   combo.grad_accum = "2";
   combo.zero = "0";
   CHECK(outside(combo).validated);
-  // A mixture of experts measured on one rank only: inside there, outside under DDP.
-  plan_flags moe = f;
-  moe.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/llama4.json";
-  moe.seq = "1024";
-  CHECK(outside(moe).validated);
-  moe.dp = "2";
-  const envelope_report ranks = outside(moe);
+  // A family measured on one rank only (Qwen3): inside there, outside under DDP.
+  plan_flags one_rank = f;
+  one_rank.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/qwen3.json";
+  CHECK(outside(one_rank).validated);
+  one_rank.dp = "2";
+  const envelope_report ranks = outside(one_rank);
   CHECK(!ranks.validated);
   REQUIRE(ranks.outside.size() == 1);
   CHECK(ranks.outside[0] == "combination: this family on more than one rank (measured on one)");

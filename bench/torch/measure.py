@@ -423,6 +423,12 @@ def matrix():
     add(case("gpt2-ddp", "gpt2", world=2, parallel="ddp", bucket_cap_mb=25))
     add(case("llama-fsdp2", "llama", world=2, parallel="fsdp2"))
     add(case("gpt2-fsdp2", "gpt2", world=2, parallel="fsdp2"))
+    # The mixtures of experts on two ranks: DDP and FSDP2 (each block a unit, its experts' 3-D
+    # parameters sharded on their first dimension).
+    for n, v, kw in (("qwen3moe", "qwen3_moe", {}), ("dsv3", "deepseek_v3", ds), ("gptoss", "gpt_oss", dict(ds, attention="eager")),
+                     ("llama4", "llama4", l4)):
+        add(case(n + "-ddp", v, world=2, parallel="ddp", bucket_cap_mb=25, **kw))
+        add(case(n + "-fsdp2", v, world=2, parallel="fsdp2", **kw))
     m += generated_cases()
     names = [c["name"] for c in m]
     assert len(names) == len(set(names)), "duplicate case names"
