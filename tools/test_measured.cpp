@@ -744,6 +744,31 @@ TEST_CASE("memalg plan says where a configuration leaves the measured envelope")
   combo.grad_accum = "2";
   combo.zero = "0";
   CHECK(outside(combo).validated);
+  // Expert parallelism under the pytorch stack (transformers' enable_expert_parallel): each rank
+  // holds E/ep of the routed experts' weights, gradients and moments, every rank runs the same
+  // tokens and its local experts at most T·k routed rows (counted as T·k), no all-to-all; never
+  // measured, so outside the envelope.
+  {
+    plan_flags ep1 = f;
+    ep1.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/qwen3moe-ddp.json";
+    ep1.dp = "2";
+    plan_flags ep2 = ep1;
+    ep2.ep = "2";
+    const plan_inputs a = make_inputs(ep1), b = make_inputs(ep2);
+    const plan_result ra = evaluate(a.model, a.training, a.mesh, a.device);
+    const plan_result rb = evaluate(b.model, b.training, b.mesh, b.device);
+    std::uint64_t expert = 0;
+    for (const layer_desc& l : a.model) expert += l.expert_params * l.count;
+    CHECK(expert > 0);
+    CHECK(ra.per_rank.weights.value - rb.per_rank.weights.value == expert / 2 * 4);
+    CHECK(ra.per_rank.optimizer_states.value - rb.per_rank.optimizer_states.value == expert / 2 * 8);
+    CHECK(rb.per_rank.activations == ra.per_rank.activations);
+    CHECK(outside(ep1).validated);
+    const envelope_report r = outside(ep2);
+    CHECK(!r.validated);
+    REQUIRE(r.outside.size() == 1);
+    CHECK(r.outside[0] == "ep: 2 (measured 1..1)");
+  }
   // A family measured on one rank only (Qwen3): inside there, outside under DDP.
   plan_flags one_rank = f;
   one_rank.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/qwen3.json";
