@@ -310,6 +310,8 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.moe.clamped_swiglu = f.moe.router_topk_softmax = true;
     // GptOssRMSNorm: `(self.weight * hidden_states).to(input_dtype)`, the product in fp32.
     f.rms_weight_fp32 = true;
+    // GptOssRotaryEmbedding returns cos and sin of the d/2 frequencies (`emb = freqs`).
+    f.rotary_half_table = true;
     // GptOssConfig's layer_types: sliding_attention at even indices unless listed (Gemma 2's
     // pattern), with a window of sliding_window (128).
     f.local_sparse_layers = sliding_layers(r, c.layers, false);

@@ -213,6 +213,7 @@ TEST_CASE("the presets of current families are the imported configurations") {
       CHECK(p->model->entries[i].shape.l2_qk_norm == m.model.entries[i].shape.l2_qk_norm);
       CHECK(p->model->entries[i].shape.attention_temperature == m.model.entries[i].shape.attention_temperature);
       CHECK(p->model->entries[i].shape.dense_experts == m.model.entries[i].shape.dense_experts);
+      CHECK(p->model->entries[i].shape.rotary_half_table == m.model.entries[i].shape.rotary_half_table);
       CHECK(p->model->entries[i].name == m.model.entries[i].name);
       CHECK(p->model->entries[i].count == m.model.entries[i].count);
     }

@@ -105,6 +105,7 @@ struct family_lm_config {
   bool nope_global = false;
   bool attention_temperature = false;
   bool complex_rotary = false;        ///< Llama 4's rotary embedding as a complex product
+  bool rotary_half_table = false;     ///< gpt-oss's cos and sin of d/2 (layer_shape::rotary_half_table)
   bool attention_bias = false;        ///< q, k, v and o have biases (gpt-oss; StarCoder2 through lm.bias)
   bool attention_sinks = false;       ///< one learned logit per head (gpt-oss)
   mla_shape mla{};
@@ -206,6 +207,7 @@ constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& g
   }
   s.l2_qk_norm = f.qk_norm == qk_norm_kind::l2;
   s.complex_rotary = f.complex_rotary;
+  s.rotary_half_table = f.rotary_half_table;
   s.attention_sinks = f.attention_sinks;
   // (gpt-oss's eager softmax runs in the logits' dtype: `dtype=combined_logits.dtype`)
   if (f.attention_sinks) s.flags |= layer_flags::softmax_scores_dtype;

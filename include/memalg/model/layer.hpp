@@ -109,6 +109,9 @@ struct layer_shape {
   /// once per expert, scaled by the sigmoid of its routing score, batched products over all).
   bool complex_rotary = false;
   bool l2_qk_norm = false;
+  /// gpt-oss (GptOssRotaryEmbedding): cos and sin of d/2 frequencies, not concatenated to d
+  /// (`emb = freqs`), which its rotation applies to each half (`_apply_rotary_emb`).
+  bool rotary_half_table = false;
   bool attention_temperature = false;
   bool dense_experts = false;
   /// MoE blocks: the router balances the load with Sinkhorn's algorithm, Megatron-core's

@@ -83,6 +83,7 @@ constexpr family_lm_config gpt_oss_config(std::string_view name, std::uint64_t l
   f.attention_sinks = true;
   f.moe = {experts, 4, 2880, 0, layers, true, true, false, true, true};
   f.rms_weight_fp32 = true;  // GptOssRMSNorm's product in fp32
+  f.rotary_half_table = true;  // GptOssRotaryEmbedding: cos and sin of d/2
   f.window = 128;  // sliding_attention at even indices (GptOssConfig's layer_types)
   f.local_sparse_layers = local_layers_of_pattern(layers, 2);
   return f;

@@ -574,7 +574,10 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
       const std::uint64_t tables = l.shape.rotary_tables > 1 ? l.shape.rotary_tables : 1;
       // (Llama 4's one complex64 table of rd/2 per position, Llama4TextRotaryEmbedding's
       // `torch.polar`, in fp32 whatever the precision)
-      const std::uint64_t per_position = l.shape.complex_rotary ? checked_mul(rd, 4) : checked_mul(rd, 2 * e);
+      // (gpt-oss's cos and sin of rd/2 each, GptOssRotaryEmbedding's `emb = freqs`)
+      const std::uint64_t per_position = l.shape.complex_rotary      ? checked_mul(rd, 4)
+                                         : l.shape.rotary_half_table ? checked_mul(rd, e)
+                                                                     : checked_mul(rd, 2 * e);
       shared += bytes{checked_mul(checked_mul(ceil_div(a.seq, c.cp), per_position), tables)};
     }
     const std::uint64_t mask_elems = checked_mul(c.micro_batch, checked_mul(ceil_div(a.seq, c.cp), a.seq));
