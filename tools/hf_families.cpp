@@ -408,6 +408,9 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     m.notes.push_back("local attention layers (sliding-window) are planned as full attention");
   if (f.vision_params != 0)
     m.notes.push_back("the vision tower is counted as weights; its activations (images) are not modelled");
+  if (f.moe.experts != 0 && r.flag_or({"output_router_logits"}, false))
+    m.notes.push_back("output_router_logits is on: the router logits the auxiliary load-balancing loss reads and that "
+                      "loss's own tensors (load_balancing_loss_func) are not modelled; activations may be under-counted");
 
   m.config = c;
   m.config.experts = f.moe.experts;  // shown; family_lm reads f.moe

@@ -314,6 +314,10 @@ TEST_CASE("import of current families: text_config, aliases, quantization, refus
     CHECK(!has_note(m, "do not yet follow"));
     CHECK(!has_note(m, "planned as full attention"));
   }
+  // The auxiliary loss's router logits are not modelled: said, never silently planned without.
+  CHECK(has_note(parse_hf_config(R"({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "output_router_logits": true, )" + dims + "}"), "output_router_logits is on"));
+  CHECK(!has_note(parse_hf_config(R"({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, )" + dims + "}"), "output_router_logits is on"));
+  CHECK(has_note(parse_hf_config(R"({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true, )" + dims + "}"), "output_router_logits is on"));
   // first_k_dense_replace 0: every layer sparse.
   std::string all_sparse = mla;
   all_sparse.replace(all_sparse.find("\"first_k_dense_replace\": 1"), 26, "\"first_k_dense_replace\": 0");
