@@ -17,6 +17,7 @@
 #include <sstream>
 #include <utility>
 
+#include "layer_fields.hpp"
 #include "planner.hpp"
 
 namespace memalg::cli {
@@ -62,18 +63,6 @@ bool same_dtype(const dtype& a, const dtype& b) {
   return a.name == b.name && a.bits == b.bits && a.kind == b.kind && a.storable == b.storable && a.block == b.block &&
          a.scale_bits == b.scale_bits && a.block2 == b.block2 && a.scale2_bits == b.scale2_bits;
 }
-
-// The fields of layer_desc / layer_shape the header spells out. `known_fields` copies exactly
-// these, so the plan of the copy is the plan of the header.
-#define MEMALG_EMIT_LAYER_FIELDS(X) \
-  X(count) X(params) X(tp_replicated_params) X(expert_params) X(matrix_params) X(matrix_rows_plus_cols) X(gather_params) X(buffer_bytes)
-#define MEMALG_EMIT_SHAPE_FIELDS(X)                                                                                   \
-  X(hidden) X(heads) X(kv_heads) X(head_dim) X(ffn) X(vocab) X(in) X(out) X(kernel) X(experts) X(top_k)              \
-  X(capacity_factor_percent) X(chunk) X(dropout_permille) X(sequence) X(kv_sequence) X(positions) X(rank)           \
-  X(saved_per_token) X(rotary_dim) X(rotary_tables) X(window) X(attention_dropout_permille) X(attention_output_dropout_permille)                \
-  X(mlp_output_dropout_permille) X(q_lora_rank) X(kv_lora_rank) X(v_head_dim) X(shared_ffn) X(router_fp32) \
-  X(attention_sinks) X(clamped_swiglu) X(router_topk_softmax) X(complex_rotary) X(l2_qk_norm)                     \
-  X(attention_temperature) X(dense_experts) X(router_sinkhorn) X(norm_bias) X(rotary_half_table)
 
 layer_desc known_fields(const layer_desc& l) {
   layer_desc c{};

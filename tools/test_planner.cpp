@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "layer_fields.hpp"
 #include "planner.hpp"
 
 using namespace memalg;
@@ -190,32 +191,16 @@ TEST_CASE("the presets of current families are the imported configurations") {
     CHECK(p->model->size == m.model.size);
     for (std::size_t i = 0; i < m.model.size && i < p->model->size; ++i) {
       CAPTURE(i);
-      CHECK(p->model->entries[i].params == m.model.entries[i].params);
-      CHECK(p->model->entries[i].count == m.model.entries[i].count);
-      CHECK(p->model->entries[i].expert_params == m.model.entries[i].expert_params);
-      CHECK(p->model->entries[i].tp_replicated_params == m.model.entries[i].tp_replicated_params);
-      CHECK(p->model->entries[i].shape.flags == m.model.entries[i].shape.flags);
-      CHECK(p->model->entries[i].shape.head_dim == m.model.entries[i].shape.head_dim);
-      CHECK(p->model->entries[i].shape.norm_eps == m.model.entries[i].shape.norm_eps);
-      CHECK(p->model->entries[i].shape.window == m.model.entries[i].shape.window);
-      CHECK(p->model->entries[i].buffer_bytes == m.model.entries[i].buffer_bytes);
-      CHECK(p->model->entries[i].shape.rotary_tables == m.model.entries[i].shape.rotary_tables);
-      CHECK(p->model->entries[i].shape.rotary_dim == m.model.entries[i].shape.rotary_dim);
-      CHECK(p->model->entries[i].shape.q_lora_rank == m.model.entries[i].shape.q_lora_rank);
-      CHECK(p->model->entries[i].shape.kv_lora_rank == m.model.entries[i].shape.kv_lora_rank);
-      CHECK(p->model->entries[i].shape.v_head_dim == m.model.entries[i].shape.v_head_dim);
-      CHECK(p->model->entries[i].shape.shared_ffn == m.model.entries[i].shape.shared_ffn);
-      CHECK(p->model->entries[i].shape.router_fp32 == m.model.entries[i].shape.router_fp32);
-      CHECK(p->model->entries[i].shape.attention_sinks == m.model.entries[i].shape.attention_sinks);
-      CHECK(p->model->entries[i].shape.clamped_swiglu == m.model.entries[i].shape.clamped_swiglu);
-      CHECK(p->model->entries[i].shape.router_topk_softmax == m.model.entries[i].shape.router_topk_softmax);
-      CHECK(p->model->entries[i].shape.complex_rotary == m.model.entries[i].shape.complex_rotary);
-      CHECK(p->model->entries[i].shape.l2_qk_norm == m.model.entries[i].shape.l2_qk_norm);
-      CHECK(p->model->entries[i].shape.attention_temperature == m.model.entries[i].shape.attention_temperature);
-      CHECK(p->model->entries[i].shape.dense_experts == m.model.entries[i].shape.dense_experts);
-      CHECK(p->model->entries[i].shape.rotary_half_table == m.model.entries[i].shape.rotary_half_table);
-      CHECK(p->model->entries[i].name == m.model.entries[i].name);
-      CHECK(p->model->entries[i].count == m.model.entries[i].count);
+      const layer_desc &a = p->model->entries[i], &b = m.model.entries[i];
+      CHECK(a.name == b.name);
+      CHECK(a.shape.flags == b.shape.flags);
+      CHECK(a.shape.norm_eps == b.shape.norm_eps);
+#define MEMALG_SAME(f) CHECK(a.f == b.f);
+      MEMALG_EMIT_LAYER_FIELDS(MEMALG_SAME)
+#undef MEMALG_SAME
+#define MEMALG_SAME(f) CHECK(a.shape.f == b.shape.f);
+      MEMALG_EMIT_SHAPE_FIELDS(MEMALG_SAME)
+#undef MEMALG_SAME
     }
     if (m.active != 0) CHECK(active_parameters(*p->model) == m.active);
     // Layer-shape flags cannot reshape it; --attention still chooses the attention.

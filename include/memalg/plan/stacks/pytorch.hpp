@@ -225,9 +225,10 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
       r.forward_temporary = max_b(r.forward_temporary, a.split(bytes{checked_mul(n, em + 4 + (narrow ? 4 + em : 0))}));
     // (the scale itself, one fp32 per position broadcast over the batch, is what the product
     // keeps for its backward)
-    if (s.attention_temperature) r.saved.input_grad += bytes{checked_mul(ceil_div(a.seq, a.c.cp), 4)};
-    if (s.attention_temperature)
+    if (s.attention_temperature) {
+      r.saved.input_grad += bytes{checked_mul(ceil_div(a.seq, a.c.cp), 4)};
       r.forward_temporary = max_b(r.forward_temporary, a.split(bytes{checked_mul(checked_mul(T, q), em + 4 + (narrow ? em : 0))}));
+    }
   }
   // MLA's compressed projections: q_a_proj's output, which q_a_layernorm keeps as its fp32 input
   // (the output itself in fp32; else its upcast copy, the narrow output then freed), and likewise
