@@ -210,9 +210,8 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
       c.experts = r.count({"num_local_experts"});
       c.top_k = r.count({"num_experts_per_tok"});
       if (c.top_k > c.experts) r.fail("'num_experts_per_tok' cannot exceed 'num_local_experts'");
-      if (r.flag_or({"output_router_logits"}, false))
-        m.notes.push_back("output_router_logits is on: the router logits the auxiliary load-balancing loss reads and that "
-                      "loss's own tensors (load_balancing_loss_func) are not modelled; activations may be under-counted");
+      // MixtralForCausalLM keeps every layer's router logits for load_balancing_loss_func.
+      c.router_aux_loss = r.flag_or({"output_router_logits"}, false);
       mlp = add(mul(h, c.experts), mul(c.experts, mlp));  // router + experts
     }
     n.layer = add(add(2 * h, attention), mlp);

@@ -408,9 +408,20 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     m.notes.push_back("local attention layers (sliding-window) are planned as full attention");
   if (f.vision_params != 0)
     m.notes.push_back("the vision tower is counted as weights; its activations (images) are not modelled");
-  if (f.moe.experts != 0 && r.flag_or({"output_router_logits"}, false))
-    m.notes.push_back("output_router_logits is on: the router logits the auxiliary load-balancing loss reads and that "
-                      "loss's own tensors (load_balancing_loss_func) are not modelled; activations may be under-counted");
+  if (f.moe.experts != 0 && r.flag_or({"output_router_logits"}, false)) {
+    // Qwen3MoeForCausalLM and GptOssForCausalLM keep every sparse layer's router logits (an
+    // OutputRecorder on the router) for load_balancing_loss_func. DeepseekV3Model records no
+    // router logits and computes no such loss; Llama4TextModel records each Llama4TextMoe's
+    // first output, the layer's output, and Llama4ForCausalLM computes no such loss.
+    if (family == "qwen3_moe" || family == "gpt_oss")
+      f.moe.router_aux_loss = true;
+    else if (family == "deepseek_v3")
+      m.notes.push_back("output_router_logits has no effect on DeepSeek-V3 in transformers (no router logits are "
+                        "recorded and no auxiliary loss is computed)");
+    else
+      m.notes.push_back("output_router_logits is on: the outputs of the mixture-of-experts layers it records (Llama 4 "
+                        "has no auxiliary loss) are not modelled; the forward may be under-counted");
+  }
 
   m.config = c;
   m.config.experts = f.moe.experts;  // shown; family_lm reads f.moe

@@ -299,10 +299,36 @@ TEST_CASE("import of current families: text_config, aliases, quantization, refus
     CHECK(!has_note(m, "do not yet follow"));
     CHECK(!has_note(m, "planned as full attention"));
   }
-  // The auxiliary loss's router logits are not modelled: said, never silently planned without.
-  CHECK(has_note(parse_hf_config(R"({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "output_router_logits": true, )" + dims + "}"), "output_router_logits is on"));
-  CHECK(!has_note(parse_hf_config(R"({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, )" + dims + "}"), "output_router_logits is on"));
-  CHECK(has_note(parse_hf_config(R"({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true, )" + dims + "}"), "output_router_logits is on"));
+  // The auxiliary loss's router logits (output_router_logits): read into the sparse blocks of the
+  // families whose causal LM computes the loss (Qwen3-MoE, gpt-oss, Mixtral); said for the
+  // others, never silently planned without.
+  {
+    const auto aux_blocks = [](const hf_model& m) {
+      std::uint64_t with = 0, sparse = 0;
+      for (const layer_desc& l : m.model)
+        if (l.kind == layer_kind::transformer_block && (l.shape.flags & layer_flags::moe) != 0) {
+          ++sparse;
+          with += l.shape.router_aux_loss ? 1 : 0;
+        }
+      return std::pair{with, sparse};
+    };
+    const std::string q3 = R"({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, )";
+    const std::string mx = R"({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, )";
+    const std::string oss = R"({"model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2, )";
+    for (const std::string& head : {q3, mx, oss}) {
+      const hf_model on = parse_hf_config(head + R"("output_router_logits": true, )" + dims + "}");
+      const hf_model off = parse_hf_config(head + dims + "}");
+      CHECK(aux_blocks(on).second > 0);
+      CHECK(aux_blocks(on).first == aux_blocks(on).second);
+      CHECK(aux_blocks(off).first == 0);
+      CHECK(!has_note(on, "output_router_logits"));
+    }
+    CHECK(has_note(parse_hf_config(R"({"model_type": "deepseek_v3", "output_router_logits": true, )" + dims + ", " + mla + "}"),
+                   "output_router_logits has no effect on DeepSeek-V3"));
+    const hf_model l4 = parse_hf_config(R"({"model_type": "llama4_text", "num_local_experts": 4, "intermediate_size_mlp": 64, "output_router_logits": true, )" + dims + "}");
+    CHECK(has_note(l4, "output_router_logits is on"));
+    CHECK(aux_blocks(l4).first == 0);
+  }
   // first_k_dense_replace 0: every layer sparse.
   std::string all_sparse = mla;
   all_sparse.replace(all_sparse.find("\"first_k_dense_replace\": 1"), 26, "\"first_k_dense_replace\": 0");

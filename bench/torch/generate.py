@@ -13,13 +13,15 @@ three-way interactions, not to repeats.
 
 The matrix is append-only: a group (one file `matrix/<group>.json`) is drawn once, with its seed,
 and never redrawn. A later group (new families, new axes) starts from the pairs and triples the
-committed groups already cover and draws only what is missing. A case measured as `skipped`
+committed groups already cover, and those of the drawn groups waiting in `pending/`, and draws
+only what is missing. A case measured as `skipped`
 (bench/torch/measured/, with its reason) covers nothing: a later group draws its pairs again.
 
     python bench/torch/generate.py --group pairwise-1 --seed 20261202 --min-cases 130
     python bench/torch/generate.py --group pairwise-2 --seed 20261203   # the pairs pairwise-1's skipped cases held
     python bench/torch/generate.py --group pairwise-3 --seed 20261204   # the families of 2024-2026
     python bench/torch/generate.py --group pairwise-4 --seed 20261205   # the pairs pairwise-3's skipped case held
+    python bench/torch/generate.py --group pairwise-5 --seed 20261206   # the mixtures of experts of 2025-2026
     python bench/torch/generate.py --check          # every valid pair covered by the committed groups
 
 The numeric values within a category (the sequence length of a "long" case, the vocabulary of a
@@ -40,11 +42,13 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MATRIX = os.path.join(HERE, "matrix")
+PENDING = os.path.join(HERE, "pending")
 
 # The axes and their values. A value names a category; the case's numbers are drawn within it.
 AXES = [
     ("family", ["gpt2", "llama", "mistral", "mixtral", "qwen2", "gpt_neox", "falcon",
-                "qwen3", "olmo2", "phi3", "starcoder2", "gpt_bigcode", "gemma2", "gemma3"]),
+                "qwen3", "olmo2", "phi3", "starcoder2", "gpt_bigcode", "gemma2", "gemma3",
+                "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4"]),
     ("precision", ["fp32", "bf16", "autocast-bf16"]),
     ("attention", ["eager", "sdpa"]),
     ("dropout", ["off", "embedding", "attention", "residual", "all"]),
@@ -67,10 +71,14 @@ AXIS_INDEX = {a: i for i, a in enumerate(AXIS_NAMES)}
 VALUES = dict(AXES)
 
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2")
-# Families whose config has a head_dim field (the others derive it as hidden / heads).
-HEAD_DIM_FIELD = LLAMA_LIKE + ("qwen3", "gemma2", "gemma3")
+# The mixtures of experts of 2025-2026 (Mixtral is LLAMA_LIKE): every layer sparse but
+# DeepSeek-V3's first (first_k_dense_replace 1) and Llama 4's odd ones (interleave_moe_layer_step 2).
+MOE = ("qwen3_moe", "deepseek_v3", "gpt_oss", "llama4")
+# Families whose config has a head_dim field (the others derive it as hidden / heads; DeepSeek-V3's
+# latent attention has its own per-part widths).
+HEAD_DIM_FIELD = LLAMA_LIKE + ("qwen3", "gemma2", "gemma3", "qwen3_moe", "gpt_oss", "llama4")
 # Families with a gated MLP (SwiGLU, or Gemma's GeGLU).
-GATED = LLAMA_LIKE + ("qwen3", "olmo2", "phi3", "gemma2", "gemma3")
+GATED = LLAMA_LIKE + ("qwen3", "olmo2", "phi3", "gemma2", "gemma3") + MOE
 
 # Where each family applies dropout (Hugging Face transformers 5.17 modelling code):
 # GPT-2: embd_pdrop (wte + wpe), attn_pdrop (attention probabilities), resid_pdrop (c_proj outputs);
@@ -88,6 +96,8 @@ DROPOUT_SITES = {
     # GPT-BigCode: GPT-2's embd_pdrop, attn_pdrop, resid_pdrop.
     "qwen3": ("attention",), "olmo2": ("attention",), "gemma2": ("attention",), "gemma3": ("attention",),
     "phi3": ("attention", "residual"),
+    # Qwen3-MoE, DeepSeek-V3, gpt-oss, Llama 4: attention_dropout only.
+    "qwen3_moe": ("attention",), "deepseek_v3": ("attention",), "gpt_oss": ("attention",), "llama4": ("attention",),
     "starcoder2": ("embedding", "attention", "residual"),
     "gpt_bigcode": ("embedding", "attention", "residual"),
 }
@@ -116,6 +126,10 @@ def pair_reason(a, va, b, vb):
             return "gpt_bigcode has one key/value head (multi_query) or all of them, no groups"
         if other == "residual" and v == "parallel" and fam not in ("gpt_neox", "falcon"):
             return "%s has no parallel-residual block" % fam
+        if other == "heads" and v != "mha" and fam == "deepseek_v3":
+            return "DeepSeek-V3's latent attention lifts a key and a value for every query head"
+        if other == "attention" and v == "sdpa" and fam == "gpt_oss":
+            return "gpt-oss supports eager attention only (its sinks; the model declares no SDPA)"
     return None
 
 
@@ -131,7 +145,7 @@ def case_reason(c):
     return None
 
 
-CONSTRAINED = ("family", "dropout", "head_dim", "heads", "residual")
+CONSTRAINED = ("family", "dropout", "head_dim", "heads", "residual", "attention")
 
 
 def unsettled(c):
@@ -186,7 +200,9 @@ def draw_numbers(c, rng):
     n["seq"] = {"short": rng.choice([64, 128, 256, 384, 512]), "odd": rng.randrange(101, 1000, 2),
                 "long": rng.choice([1024, 1280, 1536, 2048])}[c["sequence"]]
     n["vocab"] = {"small": rng.randrange(2000, 10000), "large": rng.choice([32000, 32768, 50257, 65024])}[c["vocabulary"]]
-    n["layers"] = {"shallow": rng.choice([1, 2, 3]), "deep": rng.choice([4, 5, 6, 8])}[c["depth"]]
+    # (DeepSeek-V3's first layer and Llama 4's even ones are dense: two layers at least hold a sparse one)
+    n["layers"] = {"shallow": rng.choice([2, 3] if fam in ("deepseek_v3", "llama4") else [1, 2, 3]),
+                   "deep": rng.choice([4, 5, 6, 8])}[c["depth"]]
     hidden, heads = {"narrow": rng.choice([(256, 4), (384, 6)]), "wide": rng.choice([(768, 12), (1024, 16)])}[c["width"]]
     n["hidden"], n["heads"] = hidden, heads
     n["kv_heads"] = {"mha": heads, "gqa": rng.choice([heads // 2, heads // 4]) if heads % 4 == 0 else heads // 2,
@@ -200,8 +216,30 @@ def draw_numbers(c, rng):
     if fam == "mixtral":
         n["experts"] = rng.choice([4, 8])
         n["top_k"] = rng.choice([1, 2])
+    if fam in ("qwen3_moe", "gpt_oss", "llama4"):
+        # The experts' width (moe_intermediate_size, or intermediate_size for gpt-oss and Llama 4's
+        # experts), as wide as the model or narrower, as the released models' are.
+        n["ffn"] = rng.choice([hidden // 4, hidden // 2, hidden])
+    if fam == "qwen3_moe":
+        n["experts"] = rng.choice([8, 16, 32, 64, 128])
+        n["top_k"] = rng.choice([k for k in (1, 2, 4, 8) if k <= n["experts"]])
+    if fam == "deepseek_v3":
+        # n_group 4 and topk_group 2 (measure.py): E a multiple of 4, k at most 2·E/4.
+        n["experts"] = rng.choice([8, 16, 32])
+        n["top_k"] = rng.choice([1, 2, 4])
+    if fam == "gpt_oss":
+        n["experts"] = rng.choice([8, 16, 32, 64])
+        n["top_k"] = rng.choice([1, 2, 4])
+    if fam == "llama4":
+        # (every expert computes every token: E·T rows)
+        n["experts"] = rng.choice([2, 4, 8])
+        n["top_k"] = rng.choice([1, 2])
     if fam == "gpt_neox":
         n["rotary_pct"] = rng.choice([0.25, 1.0])
+    if fam == "llama4":
+        # The rotary layers' chunk: the released 8192 (longer than any drawn sequence) or half the
+        # sequence (SDPA's mask, and chunks).
+        n["window"] = rng.choice([8192, max(32, n["seq"] // 2)])
     if fam in ("gemma2", "gemma3"):
         # The local layers' window: longer than any drawn sequence (no mask under SDPA) or half
         # the sequence (a mask, and the key and value expanded to every head).
@@ -221,6 +259,9 @@ def estimate(c, n):
     experts = n.get("experts", 1)
     attn_p = h * (a * d + 2 * kv * d) + a * d * h
     mlp_p = (3 if gated else 2) * h * f * experts
+    # Rows through the experts: k·T, or E·T where every expert computes every token (Llama 4).
+    rows = {"llama4": experts}.get(c["family"], n.get("top_k", 1))
+    active_mlp = (3 if gated else 2) * h * f * rows
     emb = v * h * (1 if c["embeddings"] == "tied" else 2)
     P = L * (attn_p + mlp_p) + emb
     wb = 2 if c["precision"] == "bf16" else 4
@@ -231,7 +272,7 @@ def estimate(c, n):
     if c["ranks"] == "ddp-2":
         model_states += P * wb
     e = 2 if c["precision"] != "fp32" else 4
-    per_layer = T * (h * 20 + f * (8 if gated else 6) * (n.get("top_k", 1))) * e
+    per_layer = T * (h * 20 + f * (8 if gated else 6) * rows + (2 * h * rows if rows > 1 else 0)) * e
     if c["attention"] == "eager":
         per_layer += n["micro_batch"] * a * n["seq"] ** 2 * e * 3
     acts = per_layer * (1 if c["checkpointing"] != "off" else L) + (L * T * h * e if c["checkpointing"] != "off" else 0)
@@ -244,8 +285,8 @@ def estimate(c, n):
     # The output projection is counted once, tied or not (the input embedding is a lookup);
     # groups before pairwise-3 were drawn without it, which let bf16 cases with large
     # vocabularies through that took minutes.
-    flops = 6 * (P - v * h * (1 if c["embeddings"] == "tied" else 2) + v * h) * T * n["grad_accum"] + \
-        12 * L * n["micro_batch"] * a * d * n["seq"] ** 2 * n["grad_accum"]
+    active = L * (attn_p + (active_mlp if "experts" in n else mlp_p)) + v * h
+    flops = 6 * active * T * n["grad_accum"] + 12 * L * n["micro_batch"] * a * d * n["seq"] ** 2 * n["grad_accum"]
     rate = 60e9 if c["precision"] == "fp32" else 0.5e9
     # The profile's analysis: about 2 ms per operator event, some 200 events per layer and
     # micro-batch in a step (measured on the hand-picked cases).
@@ -327,13 +368,17 @@ def greedy(rng, wanted, covered, k, candidates=40):
     return best
 
 
-def committed_groups():
+def committed_groups(pending=False):
+    """The groups in matrix/; with `pending`, also the drawn groups waiting in pending/ (measured,
+    not yet meeting the bar: pending/README.md). A new group is drawn after both, never again over
+    pairs a pending group holds."""
     out = []
-    if os.path.isdir(MATRIX):
-        for f in sorted(os.listdir(MATRIX)):
-            if f.endswith(".json"):
-                with open(os.path.join(MATRIX, f)) as fh:
-                    out.append(json.load(fh))
+    for d in [MATRIX] + ([PENDING] if pending else []):
+        if os.path.isdir(d):
+            for f in sorted(os.listdir(d)):
+                if f.endswith(".json") and not f.endswith(".measured.json"):
+                    with open(os.path.join(d, f)) as fh:
+                        out.append(json.load(fh))
     return out
 
 
@@ -341,12 +386,12 @@ def unmeasured_cases():
     """The drawn cases whose result is `skipped` in measured/ (a group's file or its shard files):
     they cover nothing, so a later group draws their pairs again."""
     out = set()
-    measured = os.path.join(HERE, "measured")
-    if os.path.isdir(measured):
-        for f in sorted(os.listdir(measured)):
-            if f.endswith(".json"):
-                with open(os.path.join(measured, f)) as fh:
-                    out |= {r["name"] for r in json.load(fh).get("cases", []) if "skipped" in r}
+    for d, suffix in ((os.path.join(HERE, "measured"), ".json"), (PENDING, ".measured.json")):
+        if os.path.isdir(d):
+            for f in sorted(os.listdir(d)):
+                if f.endswith(suffix):
+                    with open(os.path.join(d, f)) as fh:
+                        out |= {r["name"] for r in json.load(fh).get("cases", []) if "skipped" in r}
     return out
 
 
@@ -355,7 +400,7 @@ def generate(group, seed, min_cases):
     pairs, invalid = valid_pairs()
     wanted2 = set(tuple(sorted(p, key=lambda q: AXIS_INDEX[q[0]])) for p in pairs)
     skipped = unmeasured_cases()
-    old = [c["axes"] for g in committed_groups() for c in g["cases"] if c["name"] not in skipped]
+    old = [c["axes"] for g in committed_groups(pending=True) for c in g["cases"] if c["name"] not in skipped]
     covered2 = set().union(*(tuples_of(c, 2) for c in old)) if old else set()
     covered3 = set().union(*(tuples_of(c, 3) for c in old)) if old else set()
     cases = []

@@ -265,7 +265,7 @@ DEFAULTS = {"attention": "sdpa", "precision": "fp32", "optimizer": "adamw", "for
             # Axes of the generated matrix (generate.py); these defaults are the hand-picked cases'.
             "reentrant": False, "fused": False, "grad_accum": 1, "sites": None, "kv_heads": None,
             "head_dim": None, "parallel_residual": None, "experts": None, "top_k": None, "rotary_pct": None,
-            "positions": None, "window": None, "layer_types": None,
+            "positions": None, "window": None, "layer_types": None, "router_logits": False,
             "group": "base", "generator": None}
 
 
@@ -416,6 +416,18 @@ def matrix():
     # it when the keys are at least the local size).
     add(case("llama4-chunk-seq", "llama4", window=1024, **l4))
     add(case("gemma3-window-seq", "gemma3", window=256, layer_types=lg))
+    # The auxiliary load-balancing loss (output_router_logits): many experts and tokens, so that
+    # the router logits it keeps (T·E a layer) are some megabytes; fp32, bf16, autocast,
+    # checkpointing of both kinds (reentrant: the logits recorded carry no graph).
+    aux = dict(vocab=2000, seq=1024, layers=3, experts=128, top_k=8, ffn=64, router_logits=True)
+    add(case("qwen3moe-aux", "qwen3_moe", **aux))
+    add(case("qwen3moe-aux-bf16", "qwen3_moe", precision="bf16", **aux))
+    add(case("qwen3moe-aux-gc", "qwen3_moe", gradient_checkpointing=True, micro_batch=4, **aux))
+    add(case("gptoss-aux-autocast", "gpt_oss", attention="eager", precision="autocast-bf16", **aux))
+    add(case("mixtral-aux", "mixtral", **aux))
+    # The same narrow experts without the auxiliary loss: the forward's peak at the experts.
+    add(case("gptoss-narrow-autocast", "gpt_oss", attention="eager", precision="autocast-bf16", **dict(aux, router_logits=False)))
+    add(case("mixtral-aux-gc-reentrant", "mixtral", gradient_checkpointing=True, reentrant=True, micro_batch=4, **aux))
     add(case("neox-sgd", "gpt_neox", optimizer="sgd"))
     # Two ranks over gloo: DDP (gradient buckets) and FSDP2 (fully_shard).
     add(case("llama-ddp", "llama", world=2, parallel="ddp", bucket_cap_mb=25))
@@ -494,9 +506,14 @@ def config_path(c):
 
 
 def config_dict(c):
-    return family_config(c["variant"], c["layers"], c["dropout"], c["tied"], c["hidden"], c["heads"], c["vocab"],
-                         c["ffn"], c["sites"], c["kv_heads"], c["head_dim"], c["parallel_residual"], c["experts"],
-                         c["top_k"], c["rotary_pct"], c["positions"], c.get("window"), c.get("layer_types"))
+    d = family_config(c["variant"], c["layers"], c["dropout"], c["tied"], c["hidden"], c["heads"], c["vocab"],
+                      c["ffn"], c["sites"], c["kv_heads"], c["head_dim"], c["parallel_residual"], c["experts"],
+                      c["top_k"], c["rotary_pct"], c["positions"], c.get("window"), c.get("layer_types"))
+    if c.get("router_logits"):
+        # The auxiliary load-balancing loss: the model keeps every sparse layer's router logits
+        # and adds router_aux_loss_coef times the loss over them to the language-model loss.
+        d["output_router_logits"] = True
+    return d
 
 
 def write_config(c):

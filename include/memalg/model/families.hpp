@@ -71,6 +71,9 @@ struct moe_spec {
   /// Llama 4: every expert computes every token, its input scaled by the token's routing score
   /// (0 for the experts not chosen; Llama4TextMoe).
   bool dense_experts = false;
+  /// `output_router_logits`: the router logits are kept for the auxiliary load-balancing loss
+  /// (Mixtral, Qwen3-MoE and gpt-oss compute it; layer_shape::router_aux_loss).
+  bool router_aux_loss = false;
 };
 
 /// A causal language model of a current family: what `lm_config` says, and what it adds.
@@ -204,6 +207,7 @@ constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& g
     s.clamped_swiglu = f.moe.clamped_swiglu;
     s.router_topk_softmax = f.moe.router_topk_softmax;
     s.dense_experts = f.moe.dense_experts;
+    s.router_aux_loss = f.moe.router_aux_loss;
   }
   s.l2_qk_norm = f.qk_norm == qk_norm_kind::l2;
   s.complex_rotary = f.complex_rotary;

@@ -119,6 +119,10 @@ struct layer_shape {
   /// `sinkhorn_load_balancing`: the experts are chosen on the Sinkhorn-normalised logits, the
   /// scores are a sigmoid of the logits for top-1 and a softmax otherwise), not a softmax top-k.
   bool router_sinkhorn = false;
+  /// MoE blocks: the model keeps the router's logits for Hugging Face's auxiliary
+  /// load-balancing loss (`output_router_logits`; `load_balancing_loss_func` in
+  /// modeling_mixtral.py, modeling_qwen3_moe.py and modeling_gpt_oss.py).
+  bool router_aux_loss = false;
   /// Blocks without `bias`: the norms keep their shift all the same (Megatron's
   /// `--disable-bias-linear` removes the linear layers' biases only; Transformer Engine's
   /// LayerNorm always has one).

@@ -495,7 +495,10 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
             if (log != nullptr) log->push({step, j, cast_held, narrow, a.comm + boundary, grads});
             return;
           }
-          const bool split = phased && a.grad_temporary > bytes{} && a.grad_temporary <= a.backward_temporary;
+          // (a dense MLP's grad_temporary is at most its backward_temporary; routed experts' may
+          // be larger: their first moment, the routing product's, precedes their gradients)
+          const bool split = phased && a.grad_temporary > bytes{} &&
+                             (a.grad_temporary <= a.backward_temporary || a.late_mlp_params != 0);
           const bytes settled = !split ? first_phase(grads) : accumulating ? all_grads + pending : saturating_sub(first_phase(grads), late_mlp);
           // Saved tensors whose node runs before the block's first transients are gone by then
           // (OLMo 2's norm on the MLP's output, stacks/pytorch.hpp): from the held set, or from

@@ -162,6 +162,10 @@ struct mlp_bytes {
   bytes grad_temporary{};  ///< pytorch: the transients while a weight gradient is new (0: backward_temporary)
   bytes forward_temporary{};  ///< pytorch: beside the whole block's saved tensors, late in its forward
   bytes comm{};
+  /// pytorch, routed experts: the saved bytes freed before the experts' weight gradients (the
+  /// other MLPs free all theirs before their first projections' backward).
+  bool routed = false;
+  bytes routed_released{};
 };
 
 

@@ -336,7 +336,31 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
     const std::uint64_t Fs = checked_mul(T, s.shared_ffn);
     e += checked_mul(Fs, 4 * em);
     r.saved.input_grad = a.split(bytes{e});
-    r.backward_temporary = a.split(max_b(bytes{checked_mul(checked_mul(R, f), (s.clamped_swiglu ? 4 : 3) * ee)}, bytes{checked_mul(Fs, 3 * em)}));
+    // Backward (grouped_mm_experts_forward, integrations/moe.py, in reverse). First, before any
+    // of the routed experts' gradients: the sum over the top-k expands the output's gradient and
+    // the view's backward copies it (R·h); the restoring index's backward scatters it into zeros
+    // (R·h); the routing weights' product makes the gradients of both its inputs beside that one
+    // (two more R·h, the weights' then summed over h): 3·R·h (measured: qwen3moe-aux-gc, whose
+    // experts are h/4 wide). A shared expert's nodes, made after the routed experts', run before
+    // them: its three (gate, up and the product's input gradient). Then, with the experts'
+    // weight gradients: the down product's input gradient (R·f) beside its output's (R·h), the
+    // gated unit's (three R·f with SiLU, four with the clamped SwiGLU), and the gate-up product's
+    // input gradient (R·h) beside its output's (2·R·f). Of the saved tensors only the routed
+    // output copy, which the routing product kept, is gone by then (each is released after its
+    // own node).
+    const std::uint64_t late = std::max(h + 2 * f, checked_mul(f, s.clamped_swiglu ? 4 : 3));
+    r.grad_temporary = a.split(bytes{checked_mul(checked_mul(R, late), ee)});
+    r.backward_temporary = a.split(max_b(bytes{checked_mul(checked_mul(R, 3 * h), ee)}, bytes{checked_mul(Fs, 3 * em)}));
+    // Forward: at the restoring index, the routing weights' product (R·h) and its reordered copy
+    // (R·h) beside the saved tensors; with biased experts (gpt-oss) the down projection's
+    // gathered biases (`down_proj_bias[expert_ids_g]`, R·h) too, held until the function
+    // returns (measured: gptoss-aux-autocast, whose peak is that moment). Under autocast the
+    // norm's fp32 output, which the block holds while its MLP runs, is saved by no product there
+    // (the router keeps its bf16 cast, the experts' gather its indices): one stream more.
+    r.routed = true;
+    r.routed_released = a.split(bytes{checked_mul(checked_mul(R, h), ee)});
+    r.forward_temporary = a.split(bytes{checked_mul(checked_mul(R, h), (s.clamped_swiglu ? 3 : 2) * ee)}) +
+                          (t.autocast ? a.rep(bytes{checked_mul(checked_mul(T, h), t.en)}) : bytes{});
     return r;
   }
   const std::uint64_t F = checked_mul(T, f);
@@ -493,7 +517,9 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       r.tail_released = m.saved.total() + before_core + mlp_copies;
       // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
       // the norm's output, are the norm's), and a norm on its output, whose backward ran before.
-      r.mlp_released = m.saved.total() + after_norm;
+      // (Routed experts: most of their saved tensors stay until their own nodes run, beside the
+      // weight gradients; torch_mlp.)
+      r.mlp_released = (m.routed ? m.routed_released : m.saved.total()) + after_norm;
       // That norm's backward runs first of all the block's (its node was made last): its saved
       // tensors are freed before the MLP's backward makes its transients.
       r.backward_released = after_norm;
@@ -559,12 +585,31 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
   // each materialised (b, 1, s, s) in the stream's dtype; SDPA's local layers a boolean mask when
   // the window is no longer than the sequence (else none: is_causal).
   const torch_bytes t = torch_bytes_of(c);
-  bytes shared{}, masks{};
+  bytes shared{}, masks{}, router_logits{}, aux_step{};
   bool rotary = false, mask = false, local_mask = false;
   for (std::size_t i = 0; i < model.size; ++i) {
     const layer_desc& l = model.entries[i];
     if (l.kind != layer_kind::transformer_block || l.group == layer_group::teacher) continue;
     const act_terms a(c, l.shape);
+    if ((l.shape.flags & layer_flags::moe) != 0 && l.shape.router_aux_loss) {
+      // The auxiliary load-balancing loss (output_router_logits; load_balancing_loss_func in
+      // modeling_mixtral.py, modeling_qwen3_moe.py, modeling_gpt_oss.py). An OutputRecorder on
+      // the router keeps each sparse layer's logits (T·E, the product's dtype) from its forward
+      // to the end of the model's, where the loss reads them; the model's output, which holds
+      // them, is dropped before the backward (the Trainer's training_step keeps only the loss).
+      // The loss's nodes are the last made, so its backward runs first (torch/csrc/autograd/
+      // engine.cpp: the ready node of the highest sequence number) and each layer's logits'
+      // gradient, of the same size, waits in the router product's input buffer until that
+      // layer's backward: the same bytes, from the layer's forward to its backward, held with
+      // the token embedding's saved bytes. Under reentrant checkpointing the recorded logits
+      // carry no graph and no gradient comes: the bound keeps them through the backward.
+      const std::uint64_t TE = checked_mul(a.tokens, l.shape.experts);
+      router_logits += bytes{checked_mul(checked_mul(TE, t.em), l.count)};
+      // The loss's loop, per layer: the softmax's output (saved for its backward, below), top-k's
+      // values and int64 indices, and narrower probabilities' fp32 copy for the sum.
+      aux_step = max_b(aux_step, bytes{checked_mul(a.tokens, checked_mul(l.shape.top_k, t.em + 8)) +
+                                       (t.em < 4 ? checked_mul(TE, 4) : 0)});
+    }
     if ((l.shape.flags & layer_flags::rotary) != 0 && !rotary) {
       rotary = true;
       const std::uint64_t rd = l.shape.rotary_dim != 0 ? l.shape.rotary_dim : l.shape.head_dim;
@@ -598,12 +643,20 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
   // block's forward with both): transients of each block's forward.
   const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
   if (full) shared += masks;
+  shared += router_logits;
   for (std::size_t i = 0; i < model.size; ++i)
     if (model.entries[i].kind == layer_kind::embedding && table.entries[i].backward) {
       table.entries[i].saved += shared;
       table.entries[i].selective += shared;
       break;
     }
+  // The auxiliary loss runs after the language-model loss's forward: each layer's softmax
+  // output (the logits' size) saved for its backward, beside the last layer's transients. Its
+  // backward, before the language-model loss's, frees each as it makes that layer's gradient.
+  if (router_logits.value != 0)
+    for (std::size_t i = 0; i < model.size; ++i)
+      if (model.entries[i].kind == layer_kind::output && model.entries[i].group != layer_group::teacher)
+        table.entries[i].forward_temporary += router_logits + aux_step;
   if (!full)
     for (std::size_t i = 0; i < model.size; ++i)
       if (model.entries[i].kind == layer_kind::transformer_block && model.entries[i].group != layer_group::teacher)
@@ -727,10 +780,16 @@ constexpr std::uint64_t later_phase_params(const layer_desc& l, bool input_proje
 
 /// The parameters of a block's MLP whose gradients come last in its backward: the first
 /// projections' (GeLU's fc1, SwiGLU's gate and up), made after the elementwise nodes' backward;
-/// 0 for other entries and for experts.
+/// routed experts: theirs and the router's, all made after the routing product's backward
+/// (torch_mlp); 0 for other entries and for Llama 4's experts.
 constexpr std::uint64_t mlp_input_projection_params(const layer_desc& l) {
   const layer_shape& s = l.shape;
-  if (l.kind != layer_kind::transformer_block || (s.flags & layer_flags::moe) != 0) return 0;
+  if (l.kind != layer_kind::transformer_block) return 0;
+  if ((s.flags & layer_flags::moe) != 0) {
+    if (s.dense_experts) return 0;
+    const std::uint64_t late = l.expert_params + checked_mul(s.experts, s.hidden);  // (the router's bias is left counted)
+    return late < l.params ? late : 0;
+  }
   const bool gated = (s.flags & layer_flags::gated) != 0, bias = (s.flags & layer_flags::bias) != 0;
   const std::uint64_t per = checked_mul(s.hidden, s.ffn) + (bias ? s.ffn : 0);
   const std::uint64_t all = gated ? per * 2 : per;
