@@ -266,6 +266,11 @@ DEFAULTS = {"attention": "sdpa", "precision": "fp32", "optimizer": "adamw", "for
             "reentrant": False, "fused": False, "grad_accum": 1, "sites": None, "kv_heads": None,
             "head_dim": None, "parallel_residual": None, "experts": None, "top_k": None, "rotary_pct": None,
             "positions": None, "window": None, "layer_types": None, "router_logits": False,
+            # Fine-tuning (PEFT, bitsandbytes): LoRA of rank `lora` on `lora_targets` (PEFT's
+            # target_modules: "all-linear" or module names) with adapter dropout `lora_dropout`;
+            # `quant` stores the base in 4 bits ("nf4", "fp4"; "-dq": double quantization) or
+            # 8 (LLM.int8, "int8") and prepares it with prepare_model_for_kbit_training.
+            "lora": None, "lora_targets": "all-linear", "lora_dropout": 0.0, "quant": None,
             "group": "base", "generator": None}
 
 
@@ -441,9 +446,47 @@ def matrix():
                      ("llama4", "llama4", l4)):
         add(case(n + "-ddp", v, world=2, parallel="ddp", bucket_cap_mb=25, **kw))
         add(case(n + "-fsdp2", v, world=2, parallel="fsdp2", **kw))
+    m += finetune_cases()
     m += generated_cases()
     names = [c["name"] for c in m]
     assert len(names) == len(set(names)), "duplicate case names"
+    return m
+
+
+def finetune_cases():
+    """Fine-tuning with PEFT's LoRA and bitsandbytes' QLoRA (the `ft-*` cases): measured into
+    finetune.measured.json, the ground truth of the pytorch stack's fine-tuning rules (not yet
+    in measured.json: memalg does not plan LoRA from the command line yet)."""
+    m = []
+
+    def add(c):
+        c["group"] = "finetune"
+        m.append(c)
+    attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    big = dict(hidden=1024, heads=16, layers=4, vocab=32000, seq=512)
+    lg = ["sliding_attention", "full_attention"]
+    # LoRA on Llama: fp32, pure bf16 and autocast; all-linear and attention-only; ranks 8 to 64;
+    # adapter dropout on and off; checkpointing of both kinds.
+    add(case("ft-llama-lora8", "llama", lora=8, lora_dropout=0.05, **big))
+    add(case("ft-llama-lora64-attn", "llama", lora=64, lora_targets=attn, **big))
+    # (bf16 products run some hundred times slower on this CPU: the hand-picked cases' shape)
+    add(case("ft-llama-lora16-bf16", "llama", lora=16, lora_dropout=0.1, precision="bf16", micro_batch=4, seq=512))
+    add(case("ft-llama-lora16-autocast", "llama", lora=16, lora_dropout=0.1, precision="autocast-bf16"))
+    add(case("ft-llama-lora16-gc", "llama", lora=16, lora_dropout=0.05, gradient_checkpointing=True, micro_batch=4, **big))
+    add(case("ft-llama-lora16-gc-reentrant", "llama", lora=16, gradient_checkpointing=True, reentrant=True, micro_batch=4, **big))
+    # Qwen3 (QK-norm) and Gemma 3 (four norms, local layers).
+    add(case("ft-qwen3-lora16", "qwen3", lora=16, lora_dropout=0.05, **big))
+    add(case("ft-qwen3-lora32-qv", "qwen3", lora=32, lora_targets=["q_proj", "v_proj"], **big))
+    add(case("ft-qwen3-lora8-autocast-gc", "qwen3", lora=8, precision="autocast-bf16", gradient_checkpointing=True, micro_batch=4, vocab=32000))
+    add(case("ft-gemma3-lora16", "gemma3", lora=16, lora_dropout=0.05, layer_types=lg * 2, **big))
+    add(case("ft-gemma3-lora32-attn-eager", "gemma3", lora=32, lora_targets=attn, attention="eager", layer_types=lg * 2, **big))
+    # QLoRA: the base in NF4 (double quantization on and off) and FP4, computing in
+    # fp32 on the CPU; prepare_model_for_kbit_training with checkpointing on (its default) and off.
+    add(case("ft-llama-qlora-nf4-dq", "llama", lora=16, lora_dropout=0.05, quant="nf4-dq", **big))
+    add(case("ft-llama-qlora-nf4-dq-gc", "llama", lora=16, lora_dropout=0.05, quant="nf4-dq", gradient_checkpointing=True, micro_batch=4, **big))
+    add(case("ft-qwen3-qlora-nf4", "qwen3", lora=16, quant="nf4", **big))
+    add(case("ft-llama-qlora-fp4-attn", "llama", lora=64, lora_targets=attn, quant="fp4", **big))
+    add(case("ft-gemma3-qlora-nf4-dq", "gemma3", lora=8, quant="nf4-dq", layer_types=lg * 2, **big))
     return m
 
 
@@ -581,6 +624,50 @@ class CudaPhases:
 # Building a case and its training step.
 
 
+def quantized(model, c):
+    """The model saved and loaded again with its linear layers quantized by bitsandbytes (as a
+    user loads a released checkpoint with a `quantization_config`), then prepared for k-bit
+    training (peft.prepare_model_for_kbit_training: the other parameters cast to fp32, the
+    embedding's output made to require gradients, checkpointing on unless the case has none)."""
+    import tempfile
+    import peft
+    q = c["quant"]
+    compute = torch.bfloat16 if c["precision"] != "fp32" else torch.float32
+    if q == "int8":
+        qc = transformers.BitsAndBytesConfig(load_in_8bit=True)
+    else:
+        qc = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=q.split("-")[0],
+                                             bnb_4bit_use_double_quant=q.endswith("-dq"),
+                                             bnb_4bit_compute_dtype=compute)
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        del model
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            d, quantization_config=qc, device_map="cpu", attn_implementation=c["attention"],
+            dtype=compute)
+    return peft.prepare_model_for_kbit_training(
+        model, use_gradient_checkpointing=c["gradient_checkpointing"],
+        gradient_checkpointing_kwargs={"use_reentrant": c["reentrant"]})
+
+
+def quant_state_tensors(model):
+    """bitsandbytes' tensors beside the quantized weights (not parameters or buffers): a 4-bit
+    weight's QuantState (absmax, code; with double quantization its nested state and offset), an
+    8-bit weight's row scales (SCB)."""
+    out = []
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        while qs is not None:
+            out += [t for t in (getattr(qs, "absmax", None), getattr(qs, "code", None),
+                                getattr(qs, "offset", None)) if isinstance(t, torch.Tensor)]
+            qs = getattr(qs, "state2", None)
+        for name in ("SCB", "CB"):
+            t = getattr(p, name, None)
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+    return out
+
+
 def block_modules(model):
     names = set(getattr(model, "_no_split_modules", None) or [])
     return [m for m in model.modules() if type(m).__name__ in names]
@@ -598,11 +685,18 @@ class Setup:
         model = transformers.AutoModelForCausalLM.from_config(
             config, attn_implementation=c["attention"], dtype=torch.float32)
         self.parameters = sum(p.numel() for p in model.parameters())
-        if c["precision"] == "bf16":
-            model.to(torch.bfloat16)
-        model.to(self.device)
-        if c["gradient_checkpointing"]:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": c["reentrant"]})
+        if c.get("quant"):
+            model = quantized(model, c)
+        else:
+            if c["precision"] == "bf16":
+                model.to(torch.bfloat16)
+            model.to(self.device)
+            if c["gradient_checkpointing"]:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": c["reentrant"]})
+                if c.get("lora") and c["reentrant"]:
+                    # (the frozen embedding's output needs a gradient for the reentrant
+                    # checkpoints' backward to run, as the PEFT documentation asks)
+                    model.enable_input_require_grads()
         model.config.use_cache = False
         model.train()
         original_loss = model.loss_function
@@ -612,6 +706,12 @@ class Setup:
                 return original_loss(*args, **kwargs)
 
         model.loss_function = loss_function
+        if c.get("lora"):
+            import peft
+            targets = c["lora_targets"]
+            model = peft.get_peft_model(model, peft.LoraConfig(
+                r=c["lora"], lora_alpha=2 * c["lora"], lora_dropout=c["lora_dropout"], task_type="CAUSAL_LM",
+                target_modules=targets if isinstance(targets, str) else list(targets)))
         self.vocab = config.vocab_size
         self.block_bytes = max((sum(p.numel() * p.element_size() for p in b.parameters())
                                 for b in block_modules(model)), default=0)
@@ -626,7 +726,8 @@ class Setup:
                 fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
         self.model = model
-        params = [p for p in model.parameters()]
+        # (the trainable ones, as the Trainer's create_optimizer passes them)
+        params = [p for p in model.parameters() if p.requires_grad]
         if c["optimizer"] == "adamw" and c["fused"]:
             self.optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
         elif c["optimizer"] == "adamw":
@@ -674,7 +775,7 @@ class Setup:
 
     def resident(self):
         """The tensors that outlive a step: parameters, buffers, optimizer state."""
-        out = [p for p in self.model.parameters()] + [b for b in self.model.buffers()]
+        out = [p for p in self.model.parameters()] + [b for b in self.model.buffers()] + quant_state_tensors(self.model)
         for state in self.optimizer.state.values():
             out += [v for v in state.values() if isinstance(v, torch.Tensor)]
         return [local(t) for t in out]
@@ -692,6 +793,8 @@ class Setup:
             return n
         state = [v for st in self.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
         return {"parameter_bytes": nbytes(self.model.parameters()), "optimizer_state_bytes": nbytes(state),
+                "trainable_bytes": nbytes(p for p in self.model.parameters() if p.requires_grad),
+                "quant_state_bytes": nbytes(quant_state_tensors(self.model)),
                 "buffer_bytes": nbytes(self.model.buffers())}
 
 
@@ -907,11 +1010,15 @@ def describe(c, s):
     for k in ("attention", "precision", "optimizer", "foreach", "momentum", "gradient_checkpointing",
               "micro_batch", "seq", "layers", "world", "parallel", "dropout"):
         d[k] = c[k]
-    if c["group"] != "base":  # the generated matrix's own fields
+    if c["group"] not in ("base", "finetune"):  # the generated matrix's own fields
         for k in ("reentrant", "fused", "grad_accum", "sites"):
             d[k] = c[k]
         d["group"] = c["group"]
         d["generator"] = c["generator"]
+    if c["group"] == "finetune":  # the fine-tuning's own fields
+        for k in ("reentrant", "lora", "lora_targets", "lora_dropout", "quant"):
+            d[k] = c[k]
+        d["group"] = c["group"]
     if c["parallel"] == "ddp":
         d["bucket_cap_mb"] = c["bucket_cap_mb"]
     if s is not None:
@@ -925,26 +1032,32 @@ def checks(c, s, r):
     b = s.bytes_of()
     start = r["start_breakdown"]
     elem = 2 if c["precision"] == "bf16" else 4
-    if c["parallel"] == "none" and b["parameter_bytes"] != s.parameters * elem:
+    tuned = c.get("lora") or c.get("quant")
+    if c["parallel"] == "none" and not tuned and b["parameter_bytes"] != s.parameters * elem:
         bad.append("parameter bytes %d != %d parameters x %d" % (b["parameter_bytes"], s.parameters, elem))
     if c["optimizer"] == "adamw" and c["parallel"] != "fsdp2":
         # exp_avg and exp_avg_sq in the parameters' dtype, and one 4-byte step count per tensor.
         steps = 4 * len(s.optimizer.state)
-        if b["optimizer_state_bytes"] != 2 * b["parameter_bytes"] + steps:
+        if b["optimizer_state_bytes"] != 2 * b["trainable_bytes"] + steps:
             bad.append("AdamW state %d != 2 x parameter bytes + %d" % (b["optimizer_state_bytes"], steps))
-    if c["parallel"] != "fsdp2":  # FSDP2's sharded DTensors are not categorised (they count as unknown)
+    # (FSDP2's sharded DTensors are not categorised, they count as unknown; bitsandbytes' quantized
+    # weights enter its kernels as inputs, and the profiler counts them as INPUT)
+    if c["parallel"] != "fsdp2" and not c.get("quant"):
         for cat, key in (("PARAMETER", "parameter_bytes"), ("OPTIMIZER_STATE", "optimizer_state_bytes")):
             if start.get(cat, 0) != b[key]:
                 bad.append("%s at the start %d != %s %d" % (cat, start.get(cat, 0), key, b[key]))
     # At the start live: parameters, optimizer state, DDP's buckets (one gradient copy), and the
     # buffers the step touches.
-    resident = b["parameter_bytes"] + b["optimizer_state_bytes"]
+    resident = b["parameter_bytes"] + b["optimizer_state_bytes"] + b["quant_state_bytes"]
     if c["parallel"] == "ddp":
         resident += b["parameter_bytes"]
     # With two ranks a gloo work object may hold its buffer (a few hundred bytes with DDP, up to a
     # block's gathered parameters with FSDP2, once two) a little past the end of its step.
     slack = b["buffer_bytes"] + (0 if c["world"] == 1 else 2 * s.block_bytes + (1 << 16))
-    if not resident <= r["start_bytes"] <= resident + slack:
+    # (a quantized weight's QuantState may hold a tensor the CPU kernels never read, e.g. NF4's
+    # code table, which the profile then never sees)
+    floor = resident - b["quant_state_bytes"]
+    if not floor <= r["start_bytes"] <= resident + slack:
         bad.append("%d bytes at the start, not the resident %d (+ buffers %d)"
                    % (r["start_bytes"], resident, b["buffer_bytes"]))
     if r["steady_bytes"] != r["start_bytes"] and c["world"] == 1:
@@ -1718,6 +1831,8 @@ def main():
     elif out_path is None and args.group:
         if args.group == "base" and not shard:
             out_path = os.path.join(HERE, "measured.json")
+        elif args.group == "finetune" and not shard:
+            out_path = os.path.join(HERE, "finetune.measured.json")
         else:
             out_path = os.path.join(MEASURED, args.group + (".shard-%d-of-%d" % shard if shard else "") + ".json")
     elif out_path is None and args.all:
@@ -1746,6 +1861,9 @@ def main():
               "method": method_text(args.device), "cases": []}
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
+    if any(c.get("lora") or c.get("quant") for c in cases):
+        from importlib.metadata import version
+        result["peft"], result["bitsandbytes"] = version("peft"), version("bitsandbytes")
     if args.device == "cpu" and args.all:
         result["selftest"] = "passed" if selftest() else "failed"
     if args.all and args.device == "cpu" and not args.out:
@@ -1755,7 +1873,8 @@ def main():
         for c in cases:
             groups.setdefault(c["group"], []).append(c)
         for group, members in groups.items():
-            path = os.path.join(HERE, "measured.json") if group == "base" else os.path.join(MEASURED, group + ".json")
+            path = os.path.join(HERE, {"base": "measured.json", "finetune": "finetune.measured.json"}[group]) \
+                if group in ("base", "finetune") else os.path.join(MEASURED, group + ".json")
             run_cases(dict(result, group=group, cases=[]), members, args.device, path)
         return 0
     if args.group:
