@@ -453,6 +453,19 @@ def matrix():
     return m
 
 
+# The files of the groups that are not the generated matrix's (measured/<group>.json).
+OWN_FILES = {"base": "measured.json", "finetune": "finetune.measured.json"}
+
+
+def group_path(group, shard=None):
+    """Where a group's measurements go: measured.json for the hand-picked cases,
+    finetune.measured.json for the fine-tuning ones, measured/<group>[.shard-K-of-N].json for a
+    generated group."""
+    if group in OWN_FILES and not shard:
+        return os.path.join(HERE, OWN_FILES[group])
+    return os.path.join(MEASURED, group + (".shard-%d-of-%d" % shard if shard else "") + ".json")
+
+
 def finetune_cases():
     """Fine-tuning with PEFT's LoRA and bitsandbytes' QLoRA (the `ft-*` cases): measured into
     finetune.measured.json, the ground truth of the pytorch stack's fine-tuning rules (not yet
@@ -1054,8 +1067,8 @@ def checks(c, s, r):
     # With two ranks a gloo work object may hold its buffer (a few hundred bytes with DDP, up to a
     # block's gathered parameters with FSDP2, once two) a little past the end of its step.
     slack = b["buffer_bytes"] + (0 if c["world"] == 1 else 2 * s.block_bytes + (1 << 16))
-    # (a quantized weight's QuantState may hold a tensor the CPU kernels never read, e.g. NF4's
-    # code table, which the profile then never sees)
+    # (a quantized weight's QuantState may hold small tensors the step never reads, which the
+    # profile then never sees)
     floor = resident - b["quant_state_bytes"]
     if not floor <= r["start_bytes"] <= resident + slack:
         bad.append("%d bytes at the start, not the resident %d (+ buffers %d)"
@@ -1829,12 +1842,7 @@ def main():
     if out_path is None and args.device == "cuda":
         out_path = os.path.join(HERE, "measured_cuda.json")
     elif out_path is None and args.group:
-        if args.group == "base" and not shard:
-            out_path = os.path.join(HERE, "measured.json")
-        elif args.group == "finetune" and not shard:
-            out_path = os.path.join(HERE, "finetune.measured.json")
-        else:
-            out_path = os.path.join(MEASURED, args.group + (".shard-%d-of-%d" % shard if shard else "") + ".json")
+        out_path = group_path(args.group, shard)
     elif out_path is None and args.all:
         out_path = os.path.join(HERE, "measured.json")
 
@@ -1873,9 +1881,7 @@ def main():
         for c in cases:
             groups.setdefault(c["group"], []).append(c)
         for group, members in groups.items():
-            path = os.path.join(HERE, {"base": "measured.json", "finetune": "finetune.measured.json"}[group]) \
-                if group in ("base", "finetune") else os.path.join(MEASURED, group + ".json")
-            run_cases(dict(result, group=group, cases=[]), members, args.device, path)
+            run_cases(dict(result, group=group, cases=[]), members, args.device, group_path(group))
         return 0
     if args.group:
         result["group"] = args.group
