@@ -188,6 +188,14 @@ void plan_flags::add_to(CLI::App& app) {
                  "memalg (memalg's runtime, exact) | paper (Korthikanti et al. 2022's accounting)");
   app.add_option("--optimizer-impl", optimizer_impl,
                  "foreach (torch's CUDA default) | for-loop (its CPU default) | fused (default foreach)");
+  app.add_option("--lora", lora, "LoRA adapters of rank R on a frozen base (PEFT's LoraConfig r)");
+  app.add_option("--lora-targets", lora_targets,
+                 "projections with adapters: all-linear (default) or a list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  app.add_option("--lora-dropout", lora_dropout, "the adapters' dropout probability in [0, 1) (PEFT's lora_dropout; default 0)");
+  app.add_option("--base-storage", base_storage,
+                 "QLoRA: the frozen base's matrices stored as nf4|nf4-dq|fp4|fp4-dq|int8 (bitsandbytes; needs --lora; "
+                 "default: a config.json's quantization_config)");
+  app.add_option("--freeze", freeze, "frozen parts without --lora: embedding,output,layers:K (the first K blocks)");
 }
 
 namespace {
@@ -401,8 +409,144 @@ model_desc layer_model(const plan_flags& f) {
 }
 }  // namespace
 
+namespace {
+
+/// --lora-targets → lora_target bits.
+std::uint64_t parse_lora_targets(const std::string& text) {
+  if (text == "all-linear") return lora_target::all_linear;
+  static constexpr std::pair<std::string_view, std::uint64_t> names[] = {
+      {"q_proj", lora_target::q},       {"k_proj", lora_target::k},   {"v_proj", lora_target::v},
+      {"o_proj", lora_target::o},       {"gate_proj", lora_target::gate}, {"up_proj", lora_target::up},
+      {"down_proj", lora_target::down}};
+  std::uint64_t bits = 0;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    bool known = false;
+    for (const auto& [name, bit] : names)
+      if (item == name) {
+        bits |= bit;
+        known = true;
+      }
+    if (!known)
+      throw usage_error("unknown --lora-targets module '" + item +
+                        "' (all-linear, or a list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return bits;
+}
+
+/// --base-storage → the dtype bitsandbytes stores the base's matrices in.
+dtype parse_base_storage(const std::string& name) {
+  if (name == "nf4") return dtypes::nf4;
+  if (name == "nf4-dq") return dtypes::nf4_double_quant;
+  if (name == "fp4") return dtypes::fp4;
+  if (name == "fp4-dq") return dtypes::fp4_double_quant;
+  if (name == "int8") return dtypes::llm_int8;
+  throw usage_error("unknown --base-storage '" + name + "' (nf4|nf4-dq|fp4|fp4-dq|int8)");
+}
+
+/// --freeze: the token and position embeddings, the output layer, the first K blocks.
+model_desc freeze_parts(const model_desc& model, const std::string& text) {
+  bool embedding = false, output = false;
+  std::uint64_t layers = 0;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item == "embedding") embedding = true;
+    else if (item == "output") output = true;
+    else if (item.rfind("layers:", 0) == 0) layers = suffix_count(item, "layers:", "--freeze layers:K");
+    else throw usage_error("unknown --freeze part '" + item + "' (embedding, output, layers:K)");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::uint64_t blocks = 0;
+  for (const layer_desc& l : model)
+    if (l.kind == layer_kind::transformer_block) blocks += l.count;
+  if (layers > blocks)
+    throw usage_error("--freeze layers:" + std::to_string(layers) + " freezes more blocks than the model's " +
+                      std::to_string(blocks));
+  model_desc m{};
+  m.name = model.name;
+  std::uint64_t left = layers;
+  for (const layer_desc& l : model) {
+    layer_desc e = l;
+    if ((embedding && (l.kind == layer_kind::embedding || l.kind == layer_kind::position_embedding)) ||
+        (output && l.kind == layer_kind::output))
+      e.trainable = false;
+    if (l.kind == layer_kind::transformer_block && left > 0) {
+      // The first K blocks frozen: this entry's first instances, the rest a trainable entry of its own.
+      const std::uint64_t n = std::min(left, l.count);
+      left -= n;
+      e.trainable = false;
+      e.count = n;
+      if (n < l.count) {
+        if (m.size + 1 >= max_model_entries) throw usage_error("--freeze layers:K splits more entries than a model holds");
+        m.push(e);
+        e = l;
+        e.count = l.count - n;
+      }
+    }
+    m.push(e);
+  }
+  return m;
+}
+
+/// --lora, --lora-targets, --lora-dropout, --base-storage (or the config's quantization_config)
+/// and --freeze applied to the model (model/compose.hpp's lora, qlora and frozen parts).
+void apply_finetuning(plan_inputs& in, const plan_flags& f, const std::string& config_storage) {
+  const bool lora = !f.lora.empty();
+  if (!lora) {
+    if (!f.base_storage.empty()) throw usage_error("--base-storage is QLoRA's frozen base: it needs --lora R");
+    if (f.lora_dropout.size() != 0 || f.lora_targets != "all-linear")
+      throw usage_error("--lora-targets and --lora-dropout describe LoRA's adapters: they need --lora R");
+    if (!f.freeze.empty()) in.model = freeze_parts(in.model, f.freeze);
+    return;
+  }
+  if (!f.freeze.empty())
+    throw usage_error("--freeze names the frozen parts of a full fine-tune; with --lora the whole base is frozen");
+  bool blocks = false;
+  for (const layer_desc& l : in.model) {
+    if (l.kind == layer_kind::transformer_block) {
+      blocks = true;
+      if (l.shape.kv_lora_rank != 0)
+        throw usage_error("--lora on multi-head latent attention (DeepSeek-V3's q_a_proj, kv_a_proj, ...) is not modelled");
+    }
+  }
+  // (a multimodal release's vision tower, a weights-only entry, stays frozen without adapters)
+  if (!blocks)
+    throw usage_error(in.model.size == 1 && in.model.entries[0].kind == layer_kind::parameters
+                          ? "--lora adapts a model's projections: give the model by --config, --preset or its shape, not --params"
+                          : "--lora adapts transformer blocks, and this model has none");
+  const std::uint64_t rank = parse_positive(f.lora, "--lora");
+  if (rank > (1ULL << 20)) throw usage_error("--lora " + f.lora + " is a larger rank than any projection");
+  const std::uint64_t targets = parse_lora_targets(f.lora_targets);
+  std::uint64_t dropout = 0;
+  if (!f.lora_dropout.empty() && f.lora_dropout != "0") {
+    const double p = parse_fraction(f.lora_dropout, "--lora-dropout");
+    if (p >= 1) throw usage_error("--lora-dropout must be below 1");
+    dropout = static_cast<std::uint64_t>(std::llround(p * 1000));
+    if (dropout == 0 || static_cast<double>(dropout) != p * 1000)
+      throw usage_error("--lora-dropout takes a probability in steps of 0.001, not " + f.lora_dropout);
+  }
+  const std::string storage = !f.base_storage.empty() ? f.base_storage : config_storage;
+  if (storage.empty()) {
+    in.model = memalg::lora(in.model, rank, targets, dropout);
+  } else {
+    // peft's prepare_model_for_kbit_training (peft/utils/other.py) casts every parameter that is
+    // not quantized to fp32 before the adapters are added.
+    in.model = memalg::qlora(in.model, rank, parse_base_storage(storage), targets, dropout, dtypes::fp32);
+  }
+}
+
+}  // namespace
+
 plan_inputs make_inputs(const plan_flags& f) {
   plan_inputs in{};
+  std::string config_storage;
   if (!f.config.empty()) {
     if (!f.preset.empty() || layer_shape_given(f) || !f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
       throw usage_error("--config describes the model: use it without --params, --preset or layer-shape flags");
@@ -411,6 +555,7 @@ plan_inputs make_inputs(const plan_flags& f) {
     const hf_model hf = load_hf_config(f.config, options);
     in.model = hf.model;
     in.family = std::string(hf.family);
+    config_storage = hf.base_storage;
   } else if (!f.preset.empty() || layer_shape_given(f) || !f.attention.empty()) {
     if (!f.params.empty() || f.expert_params != "0" || f.largest_layer != "0")
       throw usage_error("--params describes a model by its parameter count alone; use it without --preset and layer-shape flags");
@@ -432,12 +577,16 @@ plan_inputs make_inputs(const plan_flags& f) {
   t.grad_accum = parse_positive(f.grad_accum, "--grad-accum");
   if (t.micro_batch > (1ULL << 32) || t.sequence > (1ULL << 32) || t.grad_accum > (1ULL << 32))
     throw usage_error("a batch dimension is larger than any run");
-  if (f.recompute == "none") t.recompute = recompute_kind::none;
-  else if (f.recompute == "selective") t.recompute = recompute_kind::selective;
-  else if (f.recompute == "full") t.recompute = recompute_kind::full;
-  else if (f.recompute.rfind("every:", 0) == 0) {
+  // (prepare_model_for_kbit_training turns gradient checkpointing on unless told not to:
+  // `use_gradient_checkpointing=True`, peft/utils/other.py; --recompute none turns it off)
+  const bool kbit = !f.lora.empty() && (!f.base_storage.empty() || !config_storage.empty());
+  const std::string recompute = !f.recompute.empty() ? f.recompute : kbit ? "full" : "none";
+  if (recompute == "none") t.recompute = recompute_kind::none;
+  else if (recompute == "selective") t.recompute = recompute_kind::selective;
+  else if (recompute == "full") t.recompute = recompute_kind::full;
+  else if (recompute.rfind("every:", 0) == 0) {
     t.recompute = recompute_kind::every_k;
-    t.recompute_every = suffix_count(f.recompute, "every:", "--recompute every:K");
+    t.recompute_every = suffix_count(recompute, "every:", "--recompute every:K");
   } else {
     throw usage_error("unknown --recompute '" + f.recompute + "' (none|selective|full|every:K)");
   }
@@ -449,6 +598,7 @@ plan_inputs make_inputs(const plan_flags& f) {
       throw usage_error("unknown --checkpointing '" + f.checkpointing + "' (non-reentrant|reentrant)");
   }
 
+  apply_finetuning(in, f, config_storage);
   t.stack = parse_stack(f.stack);
   if (t.stack == stack_kind::memalg) t.fused_optimizer = true;  // as train::stacks::memalg
   if (f.optimizer_impl == "foreach") t.optimizer_kind = optimizer_impl::foreach;
@@ -603,6 +753,7 @@ envelope_report envelope_report_of(const plan_inputs& in) {
     }
   envelope_check c = check_envelope(in.training, in.mesh, in.family, hidden, layers);
   check_attention(c, in.training.stack, attention);
+  check_fine_tuning(c, in.training.stack, fine_tuning_name(in.model));
   envelope_report r{};
   r.validated = c.validated;
   for (std::size_t i = 0; i < c.size && i < envelope_check::max_outside; ++i) {

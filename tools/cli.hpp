@@ -74,13 +74,20 @@ struct plan_flags {
   std::string micro_batch = "1";
   std::string seq;
   std::string grad_accum = "1";
-  std::string recompute = "none";  ///< none|selective|full|every:K
+  std::string recompute;           ///< none|selective|full|every:K (empty: none, full with --base-storage)
   std::string checkpointing;       ///< non-reentrant|reentrant (with full / every:K)
   bool sp = false;
   std::string pp_schedule = "1f1b";  ///< 1f1b|interleaved:V|gpipe
   std::string stack = "pytorch";     ///< pytorch|megatron|memalg|paper
   std::string optimizer_impl = "foreach";  ///< foreach|for-loop|fused
   std::string stage;  ///< plan: report this pipeline stage instead of the most loaded one
+  // Fine-tuning (model/compose.hpp): LoRA adapters of this rank on a frozen base, the projections
+  // they target, their dropout, the base's storage (QLoRA), and frozen parts of the model.
+  std::string lora;
+  std::string lora_targets = "all-linear";
+  std::string lora_dropout;
+  std::string base_storage;
+  std::string freeze;
 
   void add_to(CLI::App& app);
 };

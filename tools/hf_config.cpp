@@ -161,8 +161,29 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
     std::string method = "unnamed";
     if (q->is_object())
       if (const auto k = q->find("quant_method"); k != q->end() && k->is_string()) method = shown(k->get<std::string>());
-    m.notes.push_back("the checkpoint is quantized (quantization_config, quant_method '" + method +
-                      "'): training is planned in the formats --precision names, not in the stored one");
+    // bitsandbytes (transformers' BitsAndBytesConfig: load_in_4bit with bnb_4bit_quant_type,
+    // "fp4" by default, and bnb_4bit_use_double_quant; load_in_8bit): the base storage of a
+    // QLoRA plan (--lora), which then reads it as --base-storage.
+    const auto flag = [&](const char* key) {
+      const auto k = q->find(key);
+      return k != q->end() && k->is_boolean() && k->get<bool>();
+    };
+    if (method == "bitsandbytes" && q->is_object()) {
+      if (flag("load_in_4bit")) {
+        std::string type = "fp4";
+        if (const auto k = q->find("bnb_4bit_quant_type"); k != q->end() && k->is_string()) type = k->get<std::string>();
+        if (type != "nf4" && type != "fp4")
+          throw usage_error(std::string(source) + ": quantization_config's bnb_4bit_quant_type '" + shown(type) +
+                            "' is neither nf4 nor fp4");
+        m.base_storage = type + (flag("bnb_4bit_use_double_quant") ? "-dq" : "");
+      } else if (flag("load_in_8bit")) {
+        m.base_storage = "int8";
+      }
+    }
+    m.notes.push_back("the checkpoint is quantized (quantization_config, quant_method '" + method + "'): " +
+                      (m.base_storage.empty() ? std::string("training is planned in the formats --precision names, not in the stored one")
+                                              : "with --lora its base is planned stored in " + m.base_storage +
+                                                    " (QLoRA); full training in the formats --precision names"));
   }
 
   if (current_family(family)) {

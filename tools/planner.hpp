@@ -257,6 +257,9 @@ struct hf_model {
   std::uint64_t active = 0, active_with_embedding = 0;
   model_desc model{};              ///< model.parameters() == parameters
   std::vector<std::string> notes;  ///< what the memory model approximates for this family
+  /// bitsandbytes' quantization_config as the storage --base-storage names (nf4, nf4-dq, fp4,
+  /// fp4-dq, int8), "" for none or another method
+  std::string base_storage;
 };
 /// Largest config.json read (bigger is not a model configuration).
 inline constexpr std::size_t max_config_bytes = 4 << 20;

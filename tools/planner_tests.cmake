@@ -154,7 +154,9 @@ set(_emit_cases
   "oom_mixtral|--config ${_hf}/mixtral-8x7b-v0.1.json --seq 4096 --dp 8 --zero 1 --device h100-80gb|oom"
   "stack_paper|--config ${_hf}/llama-2-7b.json --seq 4096 --micro-batch 1 --recompute selective --dp 4 --zero 1 --stack paper|fits"
   "stack_memalg|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 4 --stack memalg|fits"
-  "torch_cpu_for_loop|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 2 --precision fp32 --device cpu --optimizer-impl for-loop|fits")
+  "torch_cpu_for_loop|--config ${_hf}/gpt2.json --seq 1024 --micro-batch 2 --precision fp32 --device cpu --optimizer-impl for-loop|fits"
+  "qlora_24gb|--config ${_hf}/llama-3-8b.json --seq 2048 --micro-batch 4 --precision bf16 --lora 16 --lora-dropout 0.05 --base-storage nf4-dq --device-memory 24GiB|fits"
+  "lora_oom|--config ${_hf}/llama-3-8b.json --seq 2048 --precision bf16 --lora 16 --lora-targets q_proj,v_proj --device-memory 24GiB|oom")
 foreach(case IN LISTS _emit_cases)
   string(REPLACE "|" ";" _parts "${case}")
   list(GET _parts 0 _name)

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,12 @@ std::uint64_t weight_bytes(const std::string& precision) { return precision == "
 /// The hand-picked cases (bench/torch/measured.json).
 const json& measured() {
   static const json j = read_json("bench/torch/measured.json");
+  return j;
+}
+
+/// The fine-tuning cases: PEFT's LoRA and bitsandbytes' QLoRA (bench/torch/finetune.measured.json).
+const json& finetune() {
+  static const json j = read_json("bench/torch/finetune.measured.json");
   return j;
 }
 
@@ -80,6 +87,7 @@ bool matrix_complete() {
 const std::vector<json>& all_cases() {
   static const std::vector<json> v = [] {
     std::vector<json> out(measured()["cases"].begin(), measured()["cases"].end());
+    for (const json& c : finetune()["cases"]) out.push_back(c);
     for (const json& g : generated())
       for (const json& c : g["cases"]) out.push_back(c);
     return out;
@@ -143,6 +151,31 @@ TEST_CASE("measured.json and measured/*.json: the pinned versions, the commands 
     CAPTURE(g["group"].get<std::string>());
     check_file(g, names, n);
   }
+  // The fine-tuning cases: at least 12 over 3 families; LoRA under fp32, bf16 and autocast, on
+  // the attention only and on every linear layer, of ranks 8 to 64, with checkpointing on and off;
+  // QLoRA with NF4.
+  std::size_t tuned = 0;
+  check_file(finetune(), names, tuned);
+  CHECK(tuned >= 12);
+  CHECK(finetune()["peft"].get<std::string>() == "0.21.2");
+  CHECK(finetune()["bitsandbytes"].get<std::string>() == "0.50.2");
+  std::map<std::string, std::set<std::string>> ft;
+  for (const json& c : finetune()["cases"]) {
+    ft["family"].insert(c["family"].get<std::string>());
+    ft["precision"].insert(c["precision"].get<std::string>());
+    ft["targets"].insert(c["lora_targets"].dump());
+    ft["rank"].insert(std::to_string(c["lora"].get<std::uint64_t>()));
+    ft["checkpointing"].insert(c["gradient_checkpointing"].dump());
+    if (!c["quant"].is_null()) ft["quant"].insert(c["quant"].get<std::string>());
+  }
+  CHECK(ft["family"].size() >= 3);
+  CHECK(ft["precision"] == std::set<std::string>{"autocast-bf16", "bf16", "fp32"});
+  CHECK(ft["targets"].count("\"all-linear\"") == 1);
+  CHECK(ft["targets"].count(R"(["q_proj","k_proj","v_proj","o_proj"])") == 1);
+  CHECK(ft["rank"].count("8") == 1);
+  CHECK(ft["rank"].count("64") == 1);
+  CHECK(ft["checkpointing"].size() == 2);
+  CHECK((ft["quant"].count("nf4") + ft["quant"].count("nf4-dq")) >= 1);
 }
 
 TEST_CASE("the generated matrix: every valid pair of axis values is measured, every group as drawn") {
@@ -245,10 +278,13 @@ TEST_CASE("measured data: memalg's import counts the parameters PyTorch allocate
     CHECK(model.family == imported_family(c));
     CHECK(model.parameters == c["parameters"].get<std::uint64_t>());
     CHECK(model.config.layers == c["layers"].get<std::uint64_t>());
-    // Unsharded runs hold every parameter at the weights' width (the harness's own check).
-    if (c["parallel"].get<std::string>() != "fsdp2")
+    // Unsharded runs hold every parameter at the weights' width (the harness's own check), LoRA's
+    // adapters beside them (fp32: trainable_bytes). A quantized base is counted by the next test.
+    const bool quantized = c.contains("quant") && !c["quant"].is_null();
+    const std::uint64_t adapters = c.contains("lora") && !c["lora"].is_null() ? c["trainable_bytes"].get<std::uint64_t>() : 0;
+    if (c["parallel"].get<std::string>() != "fsdp2" && !quantized)
       CHECK(c["parameter_bytes"].get<std::uint64_t>() ==
-            c["parameters"].get<std::uint64_t>() * weight_bytes(c["precision"].get<std::string>()));
+            c["parameters"].get<std::uint64_t>() * weight_bytes(c["precision"].get<std::string>()) + adapters);
   }
 }
 
@@ -275,6 +311,25 @@ plan_flags flags_of(const json& c) {
   const std::string parallel = c["parallel"].get<std::string>();
   if (parallel != "none") f.dp = std::to_string(c["world"].get<std::uint64_t>());
   if (parallel == "fsdp2") f.zero = "3";
+  if (c.contains("lora") && !c["lora"].is_null()) {  // PEFT's LoraConfig; bitsandbytes' base
+    f.lora = std::to_string(c["lora"].get<std::uint64_t>());
+    const json& targets = c["lora_targets"];
+    if (targets.is_string()) {
+      f.lora_targets = targets.get<std::string>();
+    } else {
+      f.lora_targets.clear();
+      for (const json& t : targets) f.lora_targets += (f.lora_targets.empty() ? "" : ",") + t.get<std::string>();
+    }
+    if (c["lora_dropout"].get<double>() > 0) {
+      std::ostringstream p;
+      p << c["lora_dropout"].get<double>();
+      f.lora_dropout = p.str();
+    }
+    if (!c["quant"].is_null()) {
+      f.base_storage = c["quant"].get<std::string>();
+      if (!c["gradient_checkpointing"].get<bool>()) f.recompute = "none";
+    }
+  }
   return f;
 }
 
@@ -292,6 +347,12 @@ std::uint64_t measured_model_states(const json& c) {
   if (c["parallel"].get<std::string>() == "fsdp2")
     return c["parameter_bytes"].get<std::uint64_t>() + c["optimizer_state_bytes"].get<std::uint64_t>() +
            c["buffer_bytes"].get<std::uint64_t>();
+  // bitsandbytes' packed 4-bit weights are filed as INPUT by the profiler, and their quantization
+  // states (absmax, code, nested scales) are no parameters at all: the model states are the
+  // weights and states as measure.py counts them, and the quantization states beside them.
+  if (c.contains("quant") && !c["quant"].is_null())
+    return c["parameter_bytes"].get<std::uint64_t>() + c["optimizer_state_bytes"].get<std::uint64_t>() +
+           c["quant_state_bytes"].get<std::uint64_t>();
   return get("PARAMETER") + get("OPTIMIZER_STATE");
 }
 
@@ -534,7 +595,7 @@ namespace {
 
 /// The values a stack's data covers, gathered case by case.
 struct observed_envelope {
-  std::set<std::string> families, precisions, attentions, recomputations, optimizers;
+  std::set<std::string> families, precisions, attentions, recomputations, optimizers, fine_tunings;
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> ranges;
   std::set<int> zero_stages;
   std::map<std::string, std::uint64_t> family_ranks;  ///< the most ranks a family was measured on
@@ -566,6 +627,7 @@ void check_table(stack_kind s, const observed_envelope& o) {
   CHECK(listed(e.attentions) == o.attentions);
   CHECK(listed(e.recomputations) == o.recomputations);
   CHECK(listed(e.optimizers) == o.optimizers);
+  CHECK(listed(e.fine_tunings) == o.fine_tunings);
   const auto range = [&](const char* axis, measured_range r) {
     CAPTURE(axis);
     REQUIRE(o.ranges.count(axis) == 1);
@@ -604,8 +666,12 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
   for (const json& g : generated())
     for (const json& c : g["cases"])
       if (!measured_case(c)) skipped.insert(c["name"].get<std::string>());
-  for (const json& c : measured()["cases"]) {
+  std::vector<json> picked(measured()["cases"].begin(), measured()["cases"].end());
+  for (const json& c : finetune()["cases"]) picked.push_back(c);
+  for (const json& c : picked) {
     if (!measured_case(c)) continue;
+    const bool lora = c.contains("lora") && !c["lora"].is_null();
+    p.fine_tunings.insert(!lora ? "full" : c["quant"].is_null() ? "lora" : "qlora-" + c["quant"].get<std::string>());
     p.families.insert(imported_family(c));
     p.precisions.insert(c["precision"].get<std::string>());
     p.attentions.insert(c["attention"].get<std::string>() == "eager" ? "naive" : "flash");
@@ -633,6 +699,7 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
       const json& a = c["axes"];
       const json& n = c["numbers"];
       p.families.insert(a["family"].get<std::string>());
+      p.fine_tunings.insert("full");
       p.precisions.insert(a["precision"].get<std::string>());
       p.attentions.insert(a["attention"].get<std::string>() == "eager" ? "naive" : "flash");
       const std::string k = a["checkpointing"].get<std::string>();
@@ -686,6 +753,7 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
     m.attentions.insert("flash");
     m.recomputations.insert(d["recompute"].is_object() ? "every" : "none");
     m.optimizers.insert("adam");
+    m.fine_tunings.insert("full");
     m.number("hidden", d["hidden"].get<std::uint64_t>());
     m.number("layers", d["num_layers"].get<std::uint64_t>());
     m.number("sequence", d["seq_length"].get<std::uint64_t>());

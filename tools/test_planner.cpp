@@ -1129,3 +1129,114 @@ TEST_CASE("sweep: schedules, ranges, one GPU, and why nothing is valid") {
   CHECK(r.invalid_reason.find("--global-batch 2 is not a multiple of dp x micro-batch") != std::string::npos);
   CHECK(sweep_json(setup, r, false)["invalid_reason"] == r.invalid_reason);
 }
+
+TEST_CASE("fine-tuning flags: LoRA, QLoRA and frozen parts, and what they refuse") {
+  plan_flags f;
+  f.config = data("llama-2-7b.json");
+  f.seq = "1024";
+  f.precision = "bf16";
+  const plan_inputs full = make_inputs(f);
+  // Llama 2 7B: q, k, v, o are 4096 → 4096, gate and up 4096 → 11008, down 11008 → 4096; A and B
+  // of rank r on each: r·(in + out) per projection, 32 blocks.
+  f.lora = "16";
+  const plan_inputs lora = make_inputs(f);
+  CHECK(lora.model.trainable_parameters() == 32ULL * 16 * (4 * 8192 + 3 * 15104));
+  CHECK(lora.model.parameters() == full.model.parameters() + lora.model.trainable_parameters());
+  CHECK(fine_tuning_name(lora.model) == "lora");
+  const plan_result lr = evaluate(lora.model, lora.training, lora.mesh, lora.device);
+  // fp32 adapters (PEFT's autocast_adapter_dtype) on a bf16 base: AdamW's two states in fp32.
+  CHECK(lr.per_rank.optimizer_states.value == 8 * lora.model.trainable_parameters());
+  CHECK(lr.per_rank.total() < evaluate(full.model, full.training, full.mesh, full.device).per_rank.total());
+  f.lora_targets = "q_proj,v_proj";
+  CHECK(make_inputs(f).model.trainable_parameters() == 32ULL * 16 * 2 * 8192);
+  // Dropout on the adapters keeps each one's own output and noise: more activations.
+  f.lora_targets = "all-linear";
+  f.lora_dropout = "0.05";
+  const plan_inputs dropped = make_inputs(f);
+  CHECK(evaluate(dropped.model, dropped.training, dropped.mesh, dropped.device).per_rank.activations >
+        lr.per_rank.activations);
+  // QLoRA: NF4 matrices, fp32 for the rest, checkpointing on unless turned off.
+  f.lora_dropout.clear();
+  f.base_storage = "nf4";
+  const plan_inputs q = make_inputs(f);
+  CHECK(q.training.recompute == recompute_kind::full);
+  CHECK(fine_tuning_name(q.model) == "qlora-nf4");
+  CHECK(evaluate(q.model, q.training, q.mesh, q.device).per_rank.weights < lr.per_rank.weights);
+  f.recompute = "none";
+  CHECK(make_inputs(f).training.recompute == recompute_kind::none);
+  f.recompute.clear();
+  f.base_storage = "int8";
+  CHECK(envelope_report_of(make_inputs(f)).outside.back() == "fine-tuning: qlora-int8");
+  // A config.json's bitsandbytes quantization_config is the base storage of a LoRA plan.
+  const std::string tiny = R"("model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8)";
+  CHECK(parse_hf_config("{" + tiny + R"(, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}})")
+            .base_storage == "nf4-dq");
+  CHECK(parse_hf_config("{" + tiny + R"(, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true}})")
+            .base_storage == "fp4");
+  CHECK(parse_hf_config("{" + tiny + R"(, "quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": true}})")
+            .base_storage == "int8");
+  CHECK(parse_hf_config("{" + tiny + R"(, "quantization_config": {"quant_method": "fp8"}})").base_storage.empty());
+  CHECK(message("{" + tiny + R"(, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "int4"}})")
+            .find("bnb_4bit_quant_type 'int4'") != std::string::npos);
+  {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "memalg_test_qlora_config";
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json")
+        << "{" + tiny + R"(, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}})";
+    plan_flags c;
+    c.config = (dir / "config.json").string();
+    c.seq = "64";
+    CHECK(fine_tuning_name(make_inputs(c).model) == "full");  // full training in --precision's formats
+    c.lora = "4";
+    CHECK(fine_tuning_name(make_inputs(c).model) == "qlora-nf4");
+    std::filesystem::remove_all(dir);
+  }
+  // Frozen parts without adapters: the first K blocks, the embedding, the output layer.
+  plan_flags z;
+  z.config = data("llama-2-7b.json");
+  z.seq = "1024";
+  z.freeze = "embedding,layers:10";
+  const plan_inputs frozen = make_inputs(z);
+  const std::uint64_t block = 4ULL * 4096 * 4096 + 3ULL * 4096 * 11008 + 2 * 4096;  // q, k, v, o; gate, up, down; two norms
+  CHECK(frozen.model.trainable_parameters() == full.model.parameters() - 10 * block - 32000ULL * 4096);
+  CHECK(fine_tuning_name(frozen.model) == "frozen parts");
+  // Refusals, one sentence each.
+  const auto refused = [](plan_flags g) {
+    try {
+      (void)make_inputs(g);
+    } catch (const usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  plan_flags g = z;
+  g.freeze = "layers:33";
+  CHECK(refused(g).find("more blocks than the model's 32") != std::string::npos);
+  g.freeze = "head";
+  CHECK(refused(g).find("unknown --freeze part 'head'") != std::string::npos);
+  g.freeze.clear();
+  g.base_storage = "nf4";
+  CHECK(refused(g).find("needs --lora") != std::string::npos);
+  g.base_storage.clear();
+  g.lora = "8";
+  g.freeze = "embedding";
+  CHECK(refused(g).find("whole base is frozen") != std::string::npos);
+  g.freeze.clear();
+  g.lora_targets = "q_proj,lm_head";
+  CHECK(refused(g).find("unknown --lora-targets module 'lm_head'") != std::string::npos);
+  g.lora_targets = "all-linear";
+  g.lora_dropout = "1";
+  CHECK(refused(g).find("--lora-dropout") != std::string::npos);
+  g.lora_dropout.clear();
+  g.base_storage = "nf3";
+  CHECK(refused(g).find("unknown --base-storage 'nf3'") != std::string::npos);
+  plan_flags p;
+  p.params = "7B";
+  p.lora = "8";
+  CHECK(refused(p).find("not --params") != std::string::npos);
+  plan_flags d;
+  d.config = data("deepseek-v3.json");
+  d.seq = "1024";
+  d.lora = "8";
+  CHECK(refused(d).find("latent attention") != std::string::npos);
+}

@@ -103,6 +103,16 @@ def memalg_args(case, with_dropout=True, stack="pytorch"):
         raise ValueError(f"{case['name']}: unknown parallel mode {case['parallel']!r}")
     if with_dropout and case.get("dropout", 0.0) > 0:
         args += ["--dropout", repr(case["dropout"])]
+    if case.get("lora"):
+        targets = case.get("lora_targets", "all-linear")
+        args += ["--lora", str(case["lora"]),
+                 "--lora-targets", targets if isinstance(targets, str) else ",".join(targets)]
+        if case.get("lora_dropout", 0.0) > 0:
+            args += ["--lora-dropout", repr(case["lora_dropout"])]
+        if case.get("quant"):
+            args += ["--base-storage", case["quant"]]
+            if not case["gradient_checkpointing"]:
+                args += ["--recompute", "none"]
     return args + ["--json"]
 
 
@@ -131,6 +141,11 @@ def measured_split(case):
         # (the model's own shards and buffers, counted by measure.py: the profiler does not
         # categorise FSDP2's DTensors; memalg counts buffers with the weights)
         states = case["parameter_bytes"] + case["optimizer_state_bytes"] + case.get("buffer_bytes", 0)
+        rest = case["peak_bytes"] - states - grads
+    elif case.get("quant"):
+        # (bitsandbytes' packed weights are filed as INPUT and their quantization states under no
+        # category: the resident bytes as measure.py counts them, as planner.measured does)
+        states = case["parameter_bytes"] + case["optimizer_state_bytes"] + case["quant_state_bytes"]
         rest = case["peak_bytes"] - states - grads
     else:
         states = get("PARAMETER") + get("OPTIMIZER_STATE")

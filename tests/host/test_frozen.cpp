@@ -64,7 +64,7 @@ TEST_CASE("frozen layers keep activations only where backward must pass through 
         2 * one.value + 4 * (one.value - weight_inputs));
 }
 
-TEST_CASE("QLoRA: NF4 base with double quantization, bf16 rank-r adapters, gradients for adapters only") {
+TEST_CASE("QLoRA: NF4 base with double quantization, fp32 rank-r adapters, gradients for adapters only") {
   constexpr std::uint64_t r = 64;
   using q = model::qlora<r, presets::llama2_7b>;
   const model_desc m = q::value;
@@ -78,11 +78,13 @@ TEST_CASE("QLoRA: NF4 base with double quantization, bf16 rank-r adapters, gradi
   const std::uint64_t matrices = llama_block.matrix_params;
   const bytes nf4 = storage_bytes(dtypes::nf4_double_quant, matrices);
   CHECK(nf4.value == matrices / 2 + matrices / 64 + matrices / 64 / 256 * 4);
-  // Weights: NF4 matrices + bf16 norms per block, bf16 adapters, bf16 embedding / final norm / output.
-  const std::uint64_t expected_weights = 32 * (nf4.value + 2 * 2 * 4096 + 2 * adapters) + 2 * (2 * 32000 * 4096 + 4096);
+  // Weights: NF4 matrices + bf16 norms per block, fp32 adapters (PEFT's autocast_adapter_dtype,
+  // their own master copy), bf16 embedding / final norm / output.
+  const std::uint64_t expected_weights = 32 * (nf4.value + 2 * 2 * 4096 + 4 * adapters) + 2 * (2 * 32000 * 4096 + 4096);
   CHECK(res.per_rank.weights.value == expected_weights);
   CHECK(res.per_rank.gradients.value == 4 * 32 * adapters);          // fp32 gradients of the adapters
   CHECK(res.per_rank.optimizer_states.value == 8 * 32 * adapters);   // AdamW: two fp32 states
+  CHECK(res.per_rank.master_weights.value == 0);
   // Activations: every block keeps its inputs (the adapters need them), plus x·A per matrix; the
   // frozen final norm keeps its input (the gradient passes through it), the frozen output layer
   // nothing (its input serves only a weight gradient).

@@ -67,7 +67,13 @@ static_assert(every_layer::value.entries[8].expert_params == 8ULL * 3 * 256 * 51
 static_assert(every_layer::value.entries[11].params == 0);  // tied
 using tiny = m::repeat<4, m::transformer_block<256, 8, 1024, o::dropout<100>>>;
 static_assert(m::frozen<tiny>::value.trainable_parameters() == 0);
-static_assert(m::qlora<8, tiny>::value.size == 3);  // NF4 base, norms and biases, adapters
+// NF4 base, norms and biases, adapters: the first adapted instance on its own, then the other three
+static_assert(m::qlora<8, tiny>::value.size == 6);
+static_assert(m::qlora<8, tiny>::value.entries[0].count == 1 && m::qlora<8, tiny>::value.entries[3].count == 3);
+// LoRA on the query and value projections: r·(h + h) each, the base frozen whole
+using qv = m::lora<8, tiny, lora_target::q | lora_target::v, 50>;
+static_assert(qv::value.trainable_parameters() == 4 * 8 * 2 * (256 + 256));
+static_assert(qv::value.entries[0].shape.lora_dropout_permille == 50 && !qv::value.entries[0].trainable);
 static_assert(m::sparse_2_4<tiny>::value.entries[0].params == 12 * 256 * 256 / 2);
 static_assert(m::pruned<tiny, 4, 512>::value.entries[0].shape.heads == 4);
 static_assert(m::distill<tiny, m::repeat<2, m::transformer_block<256, 8, 1024>>>::value.trainable_parameters() ==

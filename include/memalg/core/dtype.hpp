@@ -57,6 +57,13 @@ inline constexpr dtype int4{"int4", 4, dtype_kind::integer};
 inline constexpr dtype nf4{"nf4", 4, dtype_kind::normal_float, true, 64, 32};
 /// nf4 with double quantization: 8-bit scales, one fp32 per 256 scales (QLoRA §2).
 inline constexpr dtype nf4_double_quant{"nf4_dq", 4, dtype_kind::normal_float, true, 64, 8, 256, 32};
+/// bitsandbytes' 4-bit float (`bnb_4bit_quant_type="fp4"`): the same blocks and scales as nf4.
+inline constexpr dtype fp4{"fp4", 4, dtype_kind::floating, true, 64, 32};
+inline constexpr dtype fp4_double_quant{"fp4_dq", 4, dtype_kind::floating, true, 64, 8, 256, 32};
+/// bitsandbytes' LLM.int8 weights (Int8Params: int8 values and one fp32 scale per output row,
+/// Dettmers et al. 2022, arXiv 2208.07339), bounded as one fp32 scale per 64 values: a row is at
+/// least 64 values wide in every model memalg reads.
+inline constexpr dtype llm_int8{"llm_int8", 8, dtype_kind::integer, true, 64, 32};
 }  // namespace dtypes
 
 /// A block-quantized variant of an integer/float format: one `scale` per `block` elements.
@@ -90,7 +97,8 @@ constexpr double effective_bits(const dtype& d) {
 /// Runtime lookup by name ("fp32", "bf16", ...); returns dtypes::none when unknown.
 constexpr dtype dtype_from_name(std::string_view name) {
   for (const dtype& d : {dtypes::fp64, dtypes::fp32, dtypes::tf32, dtypes::bf16, dtypes::fp16, dtypes::fp8_e4m3,
-                         dtypes::fp8_e5m2, dtypes::int8, dtypes::int4, dtypes::nf4, dtypes::nf4_double_quant})
+                         dtypes::fp8_e5m2, dtypes::int8, dtypes::int4, dtypes::nf4, dtypes::nf4_double_quant,
+                         dtypes::fp4, dtypes::fp4_double_quant, dtypes::llm_int8})
     if (d.name == name) return d;
   return dtypes::none;
 }

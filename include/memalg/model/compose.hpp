@@ -10,9 +10,12 @@
 //   encoder_decoder<Enc, Dec>    the encoder, its output (kept for every cross-attention), the decoder
 //   frozen<Part>                 no gradients or optimizer states; activations only where backward
 //                                has to pass through (plan/activations.hpp)
-//   qlora<R, Part, Quant>        frozen base quantized to Quant (NF4 with double quantization by
-//                                default) + trainable rank-R adapters on every matrix (Dettmers et
-//                                al. 2023, arXiv 2305.14314)
+//   lora<R, Part, Targets, Drop> frozen base + trainable rank-R adapters on the targeted
+//                                projections, with adapter dropout (Hu et al. 2021, arXiv
+//                                2106.09685; PEFT's LoraConfig)
+//   qlora<R, Part, Quant, ...>   the same on a base whose matrices are stored in Quant (NF4 with
+//                                double quantization by default; Dettmers et al. 2023, arXiv
+//                                2305.14314; bitsandbytes' Linear4bit)
 //   sparse_2_4<Part, Bits>       2:4 semi-structured sparsity: half the matrix values, each with a
 //                                2-bit index (Mishra et al. 2021, arXiv 2104.08378)
 //   pruned<Part, Heads, Ffn>     structured pruning: blocks with fewer heads and a narrower MLP
@@ -34,6 +37,7 @@
 #include <concepts>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "memalg/model/layer.hpp"
 #include "memalg/model/layers.hpp"
@@ -145,18 +149,140 @@ constexpr model_desc frozen(const model_desc& part) {
   return m;
 }
 
-/// QLoRA: each entry with linear matrices becomes (1) its matrices, frozen and stored in `quant`,
-/// flagged `adapted` (the adapters need the same inputs, so they stay saved), (2) its norms and
-/// biases, frozen in the policy's weight dtype, and (3) trainable adapters A (in×r) and B (r×out)
-/// per matrix: r·Σ(in + out) parameters, saving r values per token and matrix (x·A, the input of
-/// B). Adapter dropout is taken as 0. Other entries (embedding, output layer) are frozen as they are.
-constexpr model_desc qlora(const model_desc& part, std::uint64_t rank, dtype quant) {
+namespace detail {
+/// Σ(in + out) and the count of the projections of a transformer block that `targets`
+/// (lora_target bits) selects: q_proj h→a·d, k_proj and v_proj h→kv·d (a fused query-key-value
+/// projection h→(a + 2kv)·d is `q`), o_proj a·d→h, gate_proj and up_proj h→f, down_proj f→h (a
+/// GeLU MLP: up h→f, down f→h). Mixtures of experts: the attention's only (transformers' grouped
+/// experts are parameters, not the linear layers PEFT's target_modules adapt).
+struct lora_projections {
+  std::uint64_t rows_plus_cols = 0;
+  std::uint64_t count = 0;
+  constexpr void add(std::uint64_t in, std::uint64_t out) {
+    rows_plus_cols += in + out;
+    ++count;
+  }
+};
+constexpr lora_projections block_lora_projections(const layer_shape& s, std::uint64_t targets) {
+  lora_projections p{};
+  const std::uint64_t h = s.hidden, q = checked_mul(s.heads, s.head_dim), kv = checked_mul(s.kv_heads, s.head_dim);
+  const bool fused = (s.flags & layer_flags::fused_qkv) != 0, gated = (s.flags & layer_flags::gated) != 0;
+  const std::uint64_t blocks = (s.flags & layer_flags::cross_attention) != 0 ? 2 : 1;
+  for (std::uint64_t i = 0; i < blocks; ++i) {
+    if (fused) {
+      if ((targets & lora_target::q) != 0) p.add(h, q + 2 * kv);
+    } else {
+      if ((targets & lora_target::q) != 0) p.add(h, q);
+      if ((targets & lora_target::k) != 0) p.add(h, kv);
+      if ((targets & lora_target::v) != 0) p.add(h, kv);
+    }
+    if ((targets & lora_target::o) != 0) p.add(q, h);
+  }
+  if ((s.flags & layer_flags::moe) != 0) return p;
+  if (gated && (targets & lora_target::gate) != 0) p.add(h, s.ffn);
+  if ((targets & lora_target::up) != 0) p.add(h, s.ffn);
+  if ((targets & lora_target::down) != 0) p.add(s.ffn, h);
+  return p;
+}
+/// The trainable adapters of one entry: A (in×r) and B (r×out) per adapted projection,
+/// r·Σ(in + out) parameters in `adapter`'s dtype. Under the paper accounting they save x·A,
+/// r values per token and projection (the input of B); the pytorch stack counts what they save
+/// with the block they adapt (stacks/pytorch.hpp).
+constexpr layer_desc lora_adapters(const layer_desc& base, const lora_projections& p, std::uint64_t rank,
+                                   std::uint64_t targets, std::uint64_t dropout_permille, dtype adapter) {
+  layer_desc a = custom_layer("lora_adapters", checked_mul(rank, p.rows_plus_cols), checked_mul(rank, p.count));
+  a.matrix_params = a.params;
+  a.matrix_rows_plus_cols = p.rows_plus_cols + 2 * rank * p.count;
+  a.count = base.count;
+  a.place = base.place;
+  a.weight_storage = adapter;
+  a.shape.sequence = base.shape.sequence;
+  a.shape.rank = rank;
+  a.shape.lora_rank = rank;
+  a.shape.lora_targets = targets;
+  a.shape.lora_dropout_permille = dropout_permille;
+  a.shape.lora_adapter_bits = adapter.bits;
+  return a;
+}
+/// The adapted projections of one entry: a block's targets, every matrix of another kind with
+/// matrices (attention, MLP, linear, experts) when any target is given.
+constexpr lora_projections entry_lora_projections(const layer_desc& l, std::uint64_t targets) {
+  if (l.kind == layer_kind::transformer_block) return block_lora_projections(l.shape, targets);
+  lora_projections p{};
+  if (targets != 0 && has_linear_matrices(l.kind) && l.matrix_params != 0) {
+    p.rows_plus_cols = l.matrix_rows_plus_cols;
+    p.count = matrix_count(l);
+  }
+  return p;
+}
+/// Adapter settings on a frozen base entry (read by stacks/pytorch.hpp).
+constexpr void mark_adapted(layer_desc& l, std::uint64_t rank, std::uint64_t targets, std::uint64_t dropout_permille,
+                            dtype adapter) {
+  l.shape.flags |= layer_flags::adapted;
+  l.shape.lora_rank = rank;
+  l.shape.lora_targets = targets;
+  l.shape.lora_dropout_permille = dropout_permille;
+  l.shape.lora_adapter_bits = adapter.bits;
+}
+}  // namespace detail
+
+/// LoRA (Hu et al. 2021; PEFT's get_peft_model with a LoraConfig): every entry is frozen, and each
+/// entry with targeted projections (lora_target bits; `lora_target::all_linear` is PEFT's
+/// "all-linear") is flagged `adapted` and followed by its trainable adapters, r·Σ(in + out)
+/// parameters in `adapter`'s dtype (fp32: PEFT's autocast_adapter_dtype) with their gradients
+/// and optimizer states. `dropout_permille`: PEFT's lora_dropout × 1000.
+constexpr model_desc lora(const model_desc& part, std::uint64_t rank, std::uint64_t targets = lora_target::all_linear,
+                          std::uint64_t dropout_permille = 0, dtype adapter = dtypes::fp32) {
   model_desc m{};
   m.name = part.name;
+  bool first = true;
   for (const layer_desc& l : part) {
-    if (l.group == layer_group::teacher || !detail::has_linear_matrices(l.kind) || l.matrix_params == 0) {
+    layer_desc f = l;
+    f.trainable = false;
+    const detail::lora_projections p =
+        l.group == layer_group::teacher ? detail::lora_projections{} : detail::entry_lora_projections(l, targets);
+    if (p.count == 0) {
+      m.push(f);
+      continue;
+    }
+    detail::mark_adapted(f, rank, targets, dropout_permille, adapter);
+    layer_desc a = detail::lora_adapters(l, p, rank, targets, dropout_permille, adapter);
+    // The first adapted instance is an entry of its own: its input, from the frozen entries
+    // before it, requires no gradient, so it keeps less than the instances after it
+    // (plan/activations.hpp, `input_requires_grad`).
+    if (first && f.count > 1) {
+      layer_desc one = f, one_adapters = a;
+      one.count = one_adapters.count = 1;
+      f.count = a.count = l.count - 1;
+      m.push(one);
+      m.push(one_adapters);
+    }
+    first = false;
+    m.push(f);
+    m.push(a);
+  }
+  return m;
+}
+
+/// QLoRA (Dettmers et al. 2023; bitsandbytes' Linear4bit under PEFT): LoRA as above on a base
+/// whose matrices are stored in `quant` (bitsandbytes quantizes every linear layer but the output
+/// layer, targeted or not). Each entry with linear matrices becomes (1) its matrices, frozen in
+/// `quant`, flagged `adapted` when targeted, (2) its norms and biases, frozen, and (3) its
+/// adapters. Entries without matrices, and the non-quantized parts, are stored in `rest` (none:
+/// the policy's weight dtype; fp32: peft's prepare_model_for_kbit_training, which casts every
+/// non-quantized parameter to fp32).
+constexpr model_desc qlora(const model_desc& part, std::uint64_t rank, dtype quant,
+                           std::uint64_t targets = lora_target::all_linear, std::uint64_t dropout_permille = 0,
+                           dtype rest = dtypes::none, dtype adapter = dtypes::fp32) {
+  model_desc m{};
+  m.name = part.name;
+  bool first = true;
+  for (const layer_desc& l : part) {
+    const bool matrices = l.group != layer_group::teacher && detail::has_linear_matrices(l.kind) && l.matrix_params != 0;
+    if (!matrices) {
       layer_desc f = l;
       f.trainable = false;
+      if (!rest.is_none() && f.weight_storage.is_none()) f.weight_storage = rest;
       m.push(f);
       continue;
     }
@@ -167,22 +293,23 @@ constexpr model_desc qlora(const model_desc& part, std::uint64_t rank, dtype qua
     base.tp_replicated_params = l.tp_replicated_params == l.params ? l.matrix_params : 0;
     base.trainable = false;
     base.weight_storage = quant;
-    base.shape.flags |= layer_flags::adapted;
-    m.push(base);
-    if (l.params > l.matrix_params) {
-      layer_desc rest = detail::remainder_entry(l, expert_matrices);
-      rest.trainable = false;
-      m.push(rest);
+    const detail::lora_projections p = detail::entry_lora_projections(l, targets);
+    if (p.count != 0) detail::mark_adapted(base, rank, targets, dropout_permille, adapter);
+    layer_desc r = detail::remainder_entry(l, expert_matrices);
+    r.trainable = false;
+    r.weight_storage = rest;
+    const layer_desc a = detail::lora_adapters(l, p, rank, targets, dropout_permille, adapter);
+    // (the first adapted instance on its own, as in lora())
+    const bool split = first && p.count != 0 && l.count > 1;
+    if (p.count != 0) first = false;
+    for (int part = split ? 0 : 1; part < 2; ++part) {
+      const std::uint64_t n = !split ? l.count : part == 0 ? 1 : l.count - 1;
+      layer_desc b = base, e = r, ad = a;
+      b.count = e.count = ad.count = n;
+      m.push(b);
+      if (l.params > l.matrix_params) m.push(e);
+      if (p.count != 0) m.push(ad);
     }
-    layer_desc adapters = custom_layer("lora_adapters", detail::checked_mul(rank, l.matrix_rows_plus_cols),
-                                       rank * detail::matrix_count(l));
-    adapters.matrix_params = adapters.params;
-    adapters.matrix_rows_plus_cols = l.matrix_rows_plus_cols + 2 * rank * detail::matrix_count(l);
-    adapters.count = l.count;
-    adapters.place = l.place;
-    adapters.shape.sequence = l.shape.sequence;
-    adapters.shape.rank = rank;
-    m.push(adapters);
   }
   return m;
 }
@@ -369,10 +496,31 @@ struct frozen {
   static constexpr model_desc value = memalg::frozen(flatten<Part>());
 };
 
-template <std::uint64_t Rank, part_type Part, class Quant = dt::nf4_double_quant>
+/// LoRA of rank `Rank` on `Targets` (lora_target bits), adapter dropout `DropoutPermille` / 1000.
+template <std::uint64_t Rank, part_type Part, std::uint64_t Targets = lora_target::all_linear,
+          std::uint64_t DropoutPermille = 0>
+struct lora {
+  static_assert(Rank > 0, "model::lora<Rank, Part>: adapters need a rank of at least 1");
+  static_assert(Targets != 0 && (Targets & ~lora_target::all_linear) == 0,
+                "model::lora<Rank, Part, Targets>: Targets is a non-empty set of lora_target bits");
+  static_assert(DropoutPermille < 1000, "model::lora<..., DropoutPermille>: a dropout probability below 1000 per mille");
+  static constexpr model_desc value = memalg::lora(flatten<Part>(), Rank, Targets, DropoutPermille);
+};
+
+/// QLoRA: LoRA on a base whose matrices are stored in `Quant` (a dt:: storage type); `Rest`: the
+/// non-quantized parameters' storage (dt::fp32: prepare_model_for_kbit_training; void: the policy's).
+template <std::uint64_t Rank, part_type Part, class Quant = dt::nf4_double_quant,
+          std::uint64_t Targets = lora_target::all_linear, std::uint64_t DropoutPermille = 0, class Rest = void>
 struct qlora {
   static_assert(Rank > 0, "model::qlora<Rank, Part>: adapters need a rank of at least 1");
-  static constexpr model_desc value = memalg::qlora(flatten<Part>(), Rank, Quant::value);
+  static_assert(Targets != 0 && (Targets & ~lora_target::all_linear) == 0,
+                "model::qlora<Rank, Part, Quant, Targets>: Targets is a non-empty set of lora_target bits");
+  static_assert(DropoutPermille < 1000, "model::qlora<..., DropoutPermille>: a dropout probability below 1000 per mille");
+  static constexpr dtype rest = [] {
+    if constexpr (std::is_void_v<Rest>) return dtypes::none;
+    else return Rest::value;
+  }();
+  static constexpr model_desc value = memalg::qlora(flatten<Part>(), Rank, Quant::value, Targets, DropoutPermille, rest);
 };
 
 template <part_type Part, std::uint32_t ValueBits = 16>

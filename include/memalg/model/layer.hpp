@@ -123,6 +123,17 @@ struct layer_shape {
   /// load-balancing loss (`output_router_logits`; `load_balancing_loss_func` in
   /// modeling_mixtral.py, modeling_qwen3_moe.py and modeling_gpt_oss.py).
   bool router_aux_loss = false;
+  /// Low-rank adapters (Hu et al. 2021, arXiv 2106.09685; PEFT's LoraLayer). On a block (whose
+  /// own weights are frozen, layer_flags::adapted): the rank of its adapters, the projections
+  /// that carry one (lora_target bits) and the adapters' dropout × 1000 (PEFT's `lora_dropout`,
+  /// one dropout per adapted projection); on the trainable entry that holds the adapters' A and
+  /// B matrices (a custom entry, compose.hpp): the same three. `lora_adapter_bits`: the adapters'
+  /// dtype, 0 for fp32 (PEFT's `autocast_adapter_dtype`, on by default, keeps them fp32 under a
+  /// bf16 or fp16 base).
+  std::uint64_t lora_rank = 0;
+  std::uint64_t lora_targets = 0;
+  std::uint64_t lora_dropout_permille = 0;
+  std::uint64_t lora_adapter_bits = 0;
   /// Blocks without `bias`: the norms keep their shift all the same (Megatron's
   /// `--disable-bias-linear` removes the linear layers' biases only; Transformer Engine's
   /// LayerNorm always has one).
@@ -139,6 +150,24 @@ constexpr double default_norm_eps(bool rms) { return rms ? 1e-6 : 1e-5; }
 
 /// The ε a norm of this shape uses: its own, or its kind's default.
 constexpr double norm_eps_of(const layer_shape& s, bool rms) { return s.norm_eps > 0 ? s.norm_eps : default_norm_eps(rms); }
+
+/// The projections of a transformer block that low-rank adapters can target
+/// (layer_shape::lora_targets), by Hugging Face's module names: the attention's q_proj, k_proj,
+/// v_proj and o_proj (a fused query-key-value projection is `q`), the MLP's gate_proj, up_proj
+/// and down_proj (a GeLU MLP's first projection is `up`, its second `down`).
+namespace lora_target {
+inline constexpr std::uint64_t q = 1u << 0;
+inline constexpr std::uint64_t k = 1u << 1;
+inline constexpr std::uint64_t v = 1u << 2;
+inline constexpr std::uint64_t o = 1u << 3;
+inline constexpr std::uint64_t gate = 1u << 4;
+inline constexpr std::uint64_t up = 1u << 5;
+inline constexpr std::uint64_t down = 1u << 6;
+inline constexpr std::uint64_t attention = q | k | v | o;
+inline constexpr std::uint64_t mlp = gate | up | down;
+/// PEFT's `target_modules="all-linear"`: every linear layer but the output layer.
+inline constexpr std::uint64_t all_linear = attention | mlp;
+}  // namespace lora_target
 
 /// Bits of `layer_shape::flags`. Which ones a kind reads is documented with its builder
 /// (model/layers.hpp, model/transformer.hpp).

@@ -308,6 +308,9 @@ struct int8 { static constexpr dtype value = dtypes::int8; };
 struct int4 { static constexpr dtype value = dtypes::int4; };
 struct nf4 { static constexpr dtype value = dtypes::nf4; };
 struct nf4_double_quant { static constexpr dtype value = dtypes::nf4_double_quant; };
+struct fp4 { static constexpr dtype value = dtypes::fp4; };
+struct fp4_double_quant { static constexpr dtype value = dtypes::fp4_double_quant; };
+struct llm_int8 { static constexpr dtype value = dtypes::llm_int8; };
 }  // namespace dt
 
 /// Layer options. Each applies itself to `layer_options`; a layer reads the fields it knows.

@@ -82,7 +82,9 @@ constexpr block_parts sublayer_activations(const layer_desc& l, const activation
 /// entry before it (in forward order) is trainable, so backward must pass through it.
 constexpr layer_activations layer_activation_bytes(const layer_desc& l, const activation_context& c,
                                                    bool gradient_flows_in) {
-  const detail::raw_activations r = detail::raw_layer_activations(l, c);
+  activation_context own = c;
+  own.input_requires_grad = gradient_flows_in || c.reentrant;
+  const detail::raw_activations r = detail::raw_layer_activations(l, own);
   layer_activations a{};
   a.forward_temporary = r.forward_temporary;
   a.comm = r.comm;
@@ -112,7 +114,7 @@ constexpr layer_activations layer_activation_bytes(const layer_desc& l, const ac
   a.last_released = trains ? r.last_released : bytes{};
   a.grad_temporary = r.grad_temporary;
   a.mlp_released = trains ? r.mlp_released : bytes{};
-  if (c.pytorch() && a.backward_tail > bytes{}) {
+  if (c.pytorch() && a.backward_tail > bytes{} && l.trainable) {
     a.late_attention_params = detail::later_phase_params(l, false);
     a.late_input_params = detail::later_phase_params(l, true);
     a.late_mlp_params = detail::mlp_input_projection_params(l);
@@ -355,8 +357,8 @@ constexpr stage_activations activations_on_stage(const model_desc& model, const 
     const std::uint64_t group = m.dp * m.cp;
     const std::uint64_t shard =
         m.zero_stage >= 2 ? detail::ceil_div(e.dense, group) + detail::ceil_div(e.expert, group / m.ep) : e.total();
-    g.shard = storage_bytes(t.precision.gradients, shard) * held[i];
-    g.full = storage_bytes(t.precision.gradients, e.total());
+    g.shard = storage_bytes(entry_gradient_dtype(l, t), shard) * held[i];
+    g.full = storage_bytes(entry_gradient_dtype(l, t), e.total());
     return g;
   };
   bytes all_grads{}, tied_weight_grad{}, tied_grads{};

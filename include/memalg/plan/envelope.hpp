@@ -44,6 +44,7 @@ struct stack_envelope {
   std::array<std::string_view, 2> attentions{};    ///< "naive", "flash"
   std::array<std::string_view, 8> recomputations{};  ///< none, selective, full, full-reentrant, every
   std::array<std::string_view, 8> optimizers{};    ///< optimizer name / implementation
+  std::array<std::string_view, 8> fine_tunings{};  ///< fine_tuning_name: full, lora, qlora-nf4, ...
   measured_range sequence, micro_batch, hidden, layers, grad_accum;
   measured_range dp, tp, pp, cp, ep;
   std::array<int, 4> zero_stages{-1, -1, -1, -1};  ///< measured ZeRO / FSDP stages (-1: none)
@@ -115,6 +116,8 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "full", "full-reentrant"};
       e.optimizers = {"adamw/foreach", "adamw/for-loop", "adamw/fused", "sgd", "momentum"};
+      // (PEFT's LoRA and bitsandbytes' QLoRA: bench/torch/finetune.measured.json)
+      e.fine_tunings = {"full", "lora", "qlora-nf4", "qlora-nf4-dq", "qlora-fp4"};
       e.sequence = {64, 2048};
       e.micro_batch = {1, 8};
       e.hidden = {256, 1024};
@@ -136,6 +139,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.attentions = {"flash"};
       e.recomputations = {"none", "every"};
       e.optimizers = {"adam"};
+      e.fine_tunings = {"full"};
       e.sequence = {1024, 8192};
       e.micro_batch = {1, 4};
       e.hidden = {512, 4096};
@@ -154,6 +158,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "selective", "full"};
       e.optimizers = {"adamw", "momentum", "sgd"};
+      e.fine_tunings = {"full"};
       e.sequence = {16, 64};
       e.micro_batch = {1, 8};
       e.hidden = {32, 128};
@@ -238,6 +243,38 @@ constexpr envelope_check check_envelope(const training_desc& t, const mesh_desc&
 /// The attention of a model's blocks as the envelope names it ("" when it has none).
 constexpr std::string_view attention_name(const layer_desc& block) {
   return (block.shape.flags & layer_flags::flash) != 0 ? "flash" : "naive";
+}
+
+/// What of the model trains, as the envelope names it: "full" (every entry), "lora" (adapters on
+/// a frozen base, model/compose.hpp), "qlora-<storage>" (on a base stored in nf4, nf4-dq, fp4,
+/// fp4-dq or int8), "frozen parts" (some entries frozen, no adapters).
+constexpr std::string_view fine_tuning_name(const model_desc& model) {
+  bool adapters = false, frozen = false;
+  std::string_view storage{};
+  for (const layer_desc& l : model) {
+    if (l.group == layer_group::teacher) continue;
+    if (l.kind == layer_kind::custom && l.shape.lora_rank != 0) adapters = true;
+    if (!l.trainable) frozen = true;
+    if ((l.shape.flags & layer_flags::adapted) != 0 && !l.weight_storage.is_none()) storage = l.weight_storage.name;
+  }
+  if (!adapters) return frozen ? "frozen parts" : "full";
+  if (storage.empty()) return "lora";
+  if (storage == "nf4") return "qlora-nf4";
+  if (storage == "nf4_dq") return "qlora-nf4-dq";
+  if (storage == "fp4") return "qlora-fp4";
+  if (storage == "fp4_dq") return "qlora-fp4-dq";
+  if (storage == "llm_int8") return "qlora-int8";
+  return "qlora";
+}
+
+/// Adds the fine-tuning (fine_tuning_name) when the stack's measurements lack it.
+constexpr void check_fine_tuning(envelope_check& c, stack_kind s, std::string_view fine_tuning) {
+  const stack_envelope e = envelope_of(s);
+  if (!e.validated) return;
+  if (!detail::listed(e.fine_tunings, fine_tuning)) {
+    c.add("fine-tuning", fine_tuning);
+    c.validated = false;
+  }
 }
 
 /// Adds the attention of `attention` ("naive" / "flash" / "") when the stack's measurements lack it.

@@ -86,6 +86,17 @@ constexpr dtype gradient_dtype(const training_desc& t) {
   return t.precision.gradients;
 }
 
+/// LoRA's adapters in a dtype of their own (compose.hpp; PEFT keeps them fp32 under a bf16 or fp16
+/// base, `autocast_adapter_dtype`): their gradients are in that dtype (AccumulateGrad makes a
+/// parameter's .grad like the parameter), and so are torch.optim's states, which are made
+/// `zeros_like` the parameter; an fp32 adapter is its own master copy.
+constexpr bool own_dtype_adapters(const layer_desc& l) {
+  return l.kind == layer_kind::custom && l.shape.lora_rank != 0 && !l.weight_storage.is_none();
+}
+constexpr dtype entry_gradient_dtype(const layer_desc& l, const training_desc& t) {
+  return own_dtype_adapters(l) ? l.weight_storage : gradient_dtype(t);
+}
+
 /// Model states and ZeRO-3 transients of one rank of `stage`.
 struct stage_model_states {
   breakdown device{};
@@ -137,12 +148,15 @@ constexpr stage_model_states model_states(const model_desc& model, const trainin
     }
 
     if (!l.trainable) continue;
-    states.gradients += storage_bytes(gradient_dtype(t), shard(e.dense, e.expert, z >= 2)) * n;
+    states.gradients += storage_bytes(entry_gradient_dtype(l, t), shard(e.dense, e.expert, z >= 2)) * n;
     const std::uint64_t opt_elems = shard(e.dense, e.expert, z >= 1);
-    states.master_weights += storage_bytes(p.master_weights, opt_elems) * n;
+    const bool own = own_dtype_adapters(l);
+    const dtype master = own && wdt.bits >= p.master_weights.bits ? dtypes::none : p.master_weights;
+    const dtype entry_state = own && state.block == 0 && state.bits < wdt.bits ? wdt : state;
+    states.master_weights += storage_bytes(master, opt_elems) * n;
     const param_shape shape{opt_elems, z >= 1 ? ceil_div(e.matrix, dense_group) : e.matrix,
                             z >= 1 ? ceil_div(e.rows_plus_cols, dense_group) : e.rows_plus_cols};
-    states.optimizer_states += optimizer_state_bytes(t.optimizer, state, shape) * n;
+    states.optimizer_states += optimizer_state_bytes(t.optimizer, entry_state, shape) * n;
   }
 
   // A dynamic loss scaler's state: one fp32 scale and one int32 growth tracker on every rank

@@ -45,6 +45,12 @@ struct activation_context {
   recompute_kind recompute = recompute_kind::none;
   dtype weights = dtypes::bf16;  ///< the policy's weight dtype (pytorch: autocast when wider than `act`)
   bool cpu = false;              ///< the device is the host CPU (pytorch: its kernels' choices)
+  /// pytorch: checkpoints are reentrant, and Hugging Face then makes a frozen embedding's output
+  /// require a gradient (enable_input_require_grads, as PEFT's prepare_model_for_kbit_training does)
+  bool reentrant = false;
+  /// pytorch, set per entry: its input requires a gradient (some entry before it trains, or
+  /// `reentrant`); a frozen block's first tensors keep nothing for their gradients otherwise
+  bool input_requires_grad = true;
   constexpr bool reference() const { return stack == stack_kind::memalg; }
   constexpr bool pytorch() const { return stack == stack_kind::pytorch; }
   /// torch.autocast: weights wider than the activations (fp32 weights, bf16/fp16 matrix products).
@@ -63,6 +69,8 @@ constexpr activation_context activation_context_of(const training_desc& t, const
   c.stack = t.stack;
   c.recompute = t.recompute;
   c.weights = t.precision.weights;
+  c.reentrant = t.checkpoint == checkpoint_kind::reentrant &&
+                (t.recompute == recompute_kind::full || t.recompute == recompute_kind::every_k);
   return c;
 }
 constexpr activation_context activation_context_of(const training_desc& t, const mesh_desc& m, const device_desc& d) {
@@ -151,6 +159,9 @@ struct act_terms {
 
 struct attention_bytes {
   saved_bytes saved{};
+  /// pytorch: the core keeps its own output (SDPA's fused kernels), the out-projection's input,
+  /// which a frozen out-projection therefore does not free
+  bool core_keeps_output = false;
   bytes forward_temporary{};
   bytes backward_temporary{};
   bytes comm{};

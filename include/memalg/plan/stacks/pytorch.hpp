@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "memalg/model/compose.hpp"
 #include "memalg/model/layers.hpp"
 #include "memalg/plan/model_states.hpp"
 #include "memalg/plan/stacks/common.hpp"
@@ -67,7 +68,7 @@ constexpr std::uint64_t torch_residual_bytes(const torch_bytes& t, bool rms) { r
 
 /// Attention of a block under the pytorch stack: saved bytes, forward and backward transients.
 constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes& t, const layer_shape& s,
-                                          std::uint64_t kv_seq) {
+                                          std::uint64_t kv_seq, bool frozen = false) {
   attention_bytes r{};
   const std::uint64_t b = a.c.micro_batch, T = a.tokens, em = t.em;
   const std::uint64_t q = checked_mul(s.heads, s.head_dim), kv = checked_mul(s.kv_heads, s.head_dim);
@@ -189,6 +190,7 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
     if (mla) elems = Q + K + checked_mul(T, checked_mul(s.heads, s.head_dim - s.rotary_dim + dv));
     r.saved.input_grad = a.split(bytes{checked_mul(elems, em)});
     r.saved.weight_grad = a.split(bytes{checked_mul(V, em)});                          // output
+    r.core_keeps_output = true;
     r.saved.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});             // log-sum-exp
     if (masked) r.saved.core += bytes{checked_mul(checked_mul(b, ceil_div(a.seq, a.c.cp)), checked_mul(kv_seq, em))};
     r.backward_temporary = a.split(bytes{checked_mul(mla ? Q + K + V : Q + 2 * kept_kv, em)});  // dQ, dK, dV
@@ -203,11 +205,13 @@ constexpr attention_bytes torch_attention(const act_terms& a, const torch_bytes&
   {
     const std::uint64_t n = checked_mul(T, q) + checked_mul(T, kv);
     // Gemma 3's QK-norm (rms_weight_fp32: Gemma3RMSNorm) keeps the normalised input fp32.
-    const std::uint64_t normed = (s.flags & layer_flags::rms_weight_fp32) != 0 ? 4 : em;
+    // (A frozen norm's weight needs no gradient: the product keeps the weight, not the
+    // normalised input.)
+    const std::uint64_t normed = frozen ? 0 : (s.flags & layer_flags::rms_weight_fp32) != 0 ? 4 : em;
     if ((s.flags & layer_flags::qk_norm_per_head) != 0)
       r.saved.input_grad += a.split(bytes{checked_mul(n, 4 + normed) + checked_mul(checked_mul(T, s.heads + s.kv_heads), 4)});
     else if ((s.flags & layer_flags::qk_norm_whole) != 0)
-      r.saved.input_grad += a.split(bytes{checked_mul(n, 8) + checked_mul(T, 2 * 4)});
+      r.saved.input_grad += a.split(bytes{checked_mul(n, frozen ? 4 : 8) + checked_mul(T, 2 * 4)});
     // Llama 4's L2 norm (Llama4TextL2Norm: `x * rsqrt(x.float().pow(2).mean(-1) + eps)`, then
     // `.type_as(x)`, no weight) on the rotated query and key keeps its fp32 input and its rsqrt
     // per head and token: in fp32 the complex rotary product itself, of which the input is a
@@ -380,6 +384,102 @@ constexpr mlp_bytes torch_mlp(const act_terms& a, const torch_bytes& t, const la
   return r;
 }
 
+/// A frozen norm (its weight without a gradient, as PEFT leaves the base model): the product by
+/// the weight keeps the weight, not the normalised input (derivatives.yaml, mul: `other` is saved
+/// only for `self`'s gradient), so it keeps its statistics per token (RMSNorm's rsqrt, fp32;
+/// LayerNorm's mean and rstd) beside its input (counted with the residual stream), and its output
+/// only where an adapter reads that very tensor (`output_kept`; the frozen projections keep no
+/// input, below).
+constexpr bytes torch_frozen_norm(const act_terms& a, const torch_bytes& t, bool rms, std::uint64_t hidden,
+                                  bool output_kept) {
+  bytes r{checked_mul(a.tokens, rms ? 4 : 2 * (t.autocast ? 4 : t.em))};
+  if (output_kept) r += bytes{checked_mul(checked_mul(a.tokens, hidden), t.em)};
+  return a.rep(r);
+}
+
+/// A frozen norm on a sub-layer's output (OLMo 2's, Gemma's sandwich): its fp32 input and rsqrt
+/// per token (torch_norm_after without the fp32 normalised input the weight's product kept).
+constexpr bytes torch_frozen_norm_after(const act_terms& a, std::uint64_t hidden) {
+  return a.rep(bytes{checked_mul(checked_mul(a.tokens, hidden), 4) + checked_mul(a.tokens, 4)});
+}
+
+/// PEFT's LoRA on a frozen block (peft/tuners/lora/layer.py, Linear.forward: `x =
+/// self._cast_input_dtype(x, lora_A.weight.dtype)`, then `result + lora_B(lora_A(dropout(x))) *
+/// scaling`, one dropout per adapted projection). A frozen projection keeps no input (mm saves its
+/// input only for the weight's gradient, derivatives.yaml); its adapter keeps what lora_A reads
+/// and x·A, which lora_B reads. `shared`: lora_A reads the base projection's own input tensor (no
+/// dropout, adapters in the activations' dtype, no autocast cast), which is then kept once for
+/// all the projections that read it.
+struct torch_lora {
+  bool on = false;
+  std::uint64_t targets = 0, rank = 0;
+  std::uint64_t ea = 4;     ///< bytes of an adapter element (PEFT keeps adapters fp32 by default)
+  std::uint64_t mask = 1;   ///< the adapter dropout's noise, per element (CPU: the input's dtype)
+  bool dropout = false;
+  bool shared = false;
+  constexpr bool has(std::uint64_t bits) const { return on && (targets & bits) != 0; }
+};
+constexpr torch_lora torch_lora_of(const layer_desc& l, const torch_bytes& t, const activation_context& c) {
+  torch_lora L{};
+  const layer_shape& s = l.shape;
+  L.on = (s.flags & layer_flags::adapted) != 0 && s.lora_rank != 0;
+  if (!L.on) return L;
+  L.targets = s.lora_targets;
+  L.rank = s.lora_rank;
+  L.ea = s.lora_adapter_bits == 0 ? 4 : ceil_div(s.lora_adapter_bits, 8);
+  L.dropout = s.lora_dropout_permille != 0;
+  // (the dropout runs on lora_A's input: the stream's dtype under autocast, else the adapters')
+  L.mask = c.cpu ? (t.autocast ? t.en : L.ea) : 1;
+  L.shared = !t.autocast && !L.dropout && L.ea == t.em;
+  return L;
+}
+/// Saved by one adapted projection reading `in` values per token: lora_A's input when it is a
+/// tensor of its own (the cast copy; the dropout's output and its noise; under autocast lora_A's
+/// bf16 cast of it, the fp32 dropout output going once cast), and x·A (r per token, in the
+/// product's dtype).
+constexpr bytes torch_lora_saved(const act_terms& a, const torch_bytes& t, const torch_lora& L, std::uint64_t in) {
+  const std::uint64_t X = checked_mul(a.tokens, in);
+  std::uint64_t b = 0;
+  if (!L.shared) {
+    b += checked_mul(X, t.autocast ? t.em : L.ea);
+    if (L.dropout) b += checked_mul(X, L.mask);
+  }
+  b += checked_mul(a.tokens, checked_mul(L.rank, t.autocast ? t.em : L.ea));
+  return a.split(bytes{b});
+}
+/// Transients of one adapted projection `in` → `out`. Forward: lora_B's output and its product
+/// by the scaling beside the base's output (with fp32 adapters on a narrower base the sum is made
+/// in fp32, then cast back), and the cast copy of the input before its dropout. Backward: the
+/// branch's output gradient, then the dropout output's and the input's gradients (and the cast's
+/// back), beside the base projection's input gradient.
+constexpr bytes torch_lora_forward(const act_terms& a, const torch_bytes& t, const torch_lora& L, std::uint64_t in,
+                                   std::uint64_t out) {
+  const std::uint64_t ew = t.autocast ? t.em : L.ea;
+  std::uint64_t b = checked_mul(a.tokens, checked_mul(out, 2 * ew));
+  if (!t.autocast && L.ea != t.em) b += checked_mul(a.tokens, checked_mul(out, 4));
+  if (!t.autocast && L.ea != t.em && L.dropout) b += checked_mul(a.tokens, checked_mul(in, L.ea));
+  return a.split(bytes{b});
+}
+constexpr bytes torch_lora_backward(const act_terms& a, const torch_bytes& t, const torch_lora& L, std::uint64_t in,
+                                    std::uint64_t out) {
+  const std::uint64_t ew = t.autocast ? t.em : L.ea;
+  std::uint64_t b = checked_mul(a.tokens, checked_mul(out, ew)) + checked_mul(a.tokens, checked_mul(in, 2 * ew));
+  if (ew != t.em) b += checked_mul(a.tokens, checked_mul(in, t.em));
+  return a.split(bytes{b});
+}
+
+/// bitsandbytes' 4-bit matrix product (bitsandbytes/autograd/_functions.py, MatMul4Bit; the
+/// default kernel, backends/default/ops.py `_gemm_4bit_default_impl`): the forward dequantizes
+/// the weight into the input's dtype for the product (with double quantization the scales first,
+/// fp32, one per 64 values); the backward dequantizes it again, in the stored state's dtype, cast
+/// to the gradient's (`F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)`). It keeps only the
+/// packed weight, a parameter. `largest`: the block's largest matrix.
+constexpr bytes torch_dequantized(const torch_bytes& t, std::uint64_t largest, bool backward) {
+  const std::uint64_t scales = checked_mul(ceil_div(largest, 64), 4);
+  if (!backward) return bytes{checked_mul(largest, t.em) + scales};
+  return bytes{checked_mul(largest, t.en) + (t.en != t.em ? checked_mul(largest, t.em) : 0) + scales};
+}
+
 constexpr raw_activations pytorch_activations(const layer_desc& l, const activation_context& c) {
   raw_activations r{};
   const layer_shape& s = l.shape;
@@ -403,10 +503,11 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
     case layer_kind::layernorm:
     case layer_kind::rmsnorm: {
       const bool rms = l.kind == layer_kind::rmsnorm;
-      r.saved.input_grad = a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) + torch_norm(a, t, rms, s.hidden, 1);
+      r.saved.input_grad = a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) +
+                           (l.trainable ? torch_norm(a, t, rms, s.hidden, 1) : torch_frozen_norm(a, t, rms, s.hidden, false));
       // Olmo2RMSNorm (rms_weight_fp32): the normalised input its weight's product keeps is fp32,
       // not cast to the activation dtype first (modeling_olmo2.py).
-      if (rms && (s.flags & layer_flags::rms_weight_fp32) != 0 && !t.autocast && t.em < 4)
+      if (rms && l.trainable && (s.flags & layer_flags::rms_weight_fp32) != 0 && !t.autocast && t.em < 4)
         r.saved.input_grad += a.rep(bytes{checked_mul(H, 4 - t.em)});
       r.input = stream;
       r.input_in_saved = !rms || t.en == 4;
@@ -419,6 +520,18 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       const bool shared = (s.flags & layer_flags::shared_norm) != 0;
       const bool cross = (s.flags & layer_flags::cross_attention) != 0;
       const bool fused = (s.flags & layer_flags::fused_qkv) != 0;
+      // A frozen block (PEFT's base model, memalg's frozen<>): no weight gradients, so its
+      // norms and projections keep only what the input's gradient needs (torch_frozen_norm),
+      // and its adapters, if any, what theirs need (torch_lora).
+      const bool frozen = !l.trainable;
+      const torch_lora L = torch_lora_of(l, t, c);
+      const std::uint64_t q_width = checked_mul(s.heads, s.head_dim), kv_width = checked_mul(s.kv_heads, s.head_dim);
+      const bool attention_adapted = L.has(lora_target::q | lora_target::k | lora_target::v);
+      const bool mlp_adapted = L.has(lora_target::gate | lora_target::up);
+      const auto pre_norm = [&](std::uint64_t consumers, bool adapter_reads) {
+        return frozen ? torch_frozen_norm(a, t, rms, s.hidden, adapter_reads && L.shared)
+                      : torch_norm(a, t, rms, s.hidden, consumers, (s.flags & layer_flags::rms_weight_fp32) != 0);
+      };
       // The residual-stream tensors the block's norms read: its input, and the sum after attention
       // unless attention and MLP read the same input.
       const std::uint64_t residuals = (parallel ? 1 : 2) + (cross ? 1 : 0);
@@ -438,22 +551,63 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // and fp32 normalised input too, modeling_gemma2.py, Gemma2DecoderLayer). With
       // rms_weight_fp32 the pre-norms' normalised inputs stay fp32 (torch_norm).
       const bool sandwich = (s.flags & layer_flags::norms_sandwich) != 0 && !after && !parallel && !shared && !cross;
-      const bool fp32_product = (s.flags & layer_flags::rms_weight_fp32) != 0;
       const auto stream_kept = [&](std::uint64_t consumers) {
         return a.rep(bytes{t.autocast ? checked_mul(checked_mul(H, consumers), t.em) : checked_mul(H, t.en)});
       };
       const bytes after_mlp_input = after ? stream_kept(into_mlp) : bytes{};
-      const bytes after_norm = after || sandwich ? torch_norm_after(a, s.hidden) : bytes{};
+      const bytes after_norm = !(after || sandwich) ? bytes{}
+                               : frozen             ? torch_frozen_norm_after(a, s.hidden)
+                                                    : torch_norm_after(a, s.hidden);
       if (after) {
         r.parts.norms.input_grad = stream_kept(into_attention) + after_mlp_input + after_norm * 2;
       } else if (shared) {
         r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention + into_mlp);
       } else {
-        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_attention, fp32_product);
-        r.parts.norms.input_grad += torch_norm(a, t, rms, s.hidden, into_mlp, fp32_product);
+        r.parts.norms.input_grad += pre_norm(into_attention, attention_adapted);
+        r.parts.norms.input_grad += pre_norm(into_mlp, mlp_adapted);
         if (sandwich) r.parts.norms.input_grad += after_norm * 2;
       }
-      const attention_bytes self = torch_attention(a, t, s, a.seq);
+      attention_bytes self = torch_attention(a, t, s, a.seq, frozen);
+      if (frozen) {
+        // The out-projection's input: kept by SDPA's fused kernels as their output, else only
+        // where its adapter reads it.
+        const bytes out_input = self.saved.weight_grad;
+        self.saved.weight_grad = bytes{};
+        if (self.core_keeps_output) self.saved.input_grad += out_input;
+        else if (L.shared && L.has(lora_target::o)) self.saved.weight_grad = out_input;
+      }
+      bytes lora_fwd{}, lora_bwd{}, lora_tail{};
+      if (L.on) {  // the attention's adapters: q, k, v (or the fused projection) and o
+        const auto adapt = [&](std::uint64_t bit, std::uint64_t in, std::uint64_t out, bytes& kept) {
+          if (!L.has(bit)) return;
+          kept += torch_lora_saved(a, t, L, in);
+          lora_fwd = max_b(lora_fwd, torch_lora_forward(a, t, L, in, out));
+          lora_tail = max_b(lora_tail, torch_lora_backward(a, t, L, in, out));
+        };
+        if (fused) {
+          adapt(lora_target::q, s.hidden, q_width + 2 * kv_width, self.saved.input_grad);
+        } else {
+          adapt(lora_target::q, s.hidden, q_width, self.saved.input_grad);
+          adapt(lora_target::k, s.hidden, kv_width, self.saved.input_grad);
+          adapt(lora_target::v, s.hidden, kv_width, self.saved.input_grad);
+        }
+        adapt(lora_target::o, q_width, s.hidden, self.saved.weight_grad);
+      }
+      // A frozen block whose input requires no gradient (the first after a frozen embedding):
+      // its first norm keeps nothing, nor do the adapters' dropouts on that norm's output (the
+      // noise serves only the input's gradient); the input itself is no saved tensor.
+      const bool no_grad_in = frozen && !c.input_requires_grad && !parallel && !shared && !after && !cross;
+      if (no_grad_in) {
+        r.parts.norms.input_grad = saturating_sub(r.parts.norms.input_grad,
+                                                  a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) +
+                                                      torch_frozen_norm(a, t, rms, s.hidden, false));
+        if (L.dropout) {
+          const std::uint64_t n = fused ? (L.has(lora_target::q) ? 1 : 0)
+                                        : (L.has(lora_target::q) ? 1 : 0) + (L.has(lora_target::k) ? 1 : 0) +
+                                              (L.has(lora_target::v) ? 1 : 0);
+          self.saved.input_grad = saturating_sub(self.saved.input_grad, a.split(bytes{checked_mul(checked_mul(H, n), L.mask)}));
+        }
+      }
       r.parts.attention = self.saved;
       bytes fwd = self.forward_temporary, bwd = self.backward_temporary, comm = self.comm;
       if (cross) {
@@ -464,7 +618,35 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         bwd = max_b(bwd, x.backward_temporary);
         comm = max_b(comm, x.comm);
       }
-      const mlp_bytes m = torch_mlp(a, t, s);
+      mlp_bytes m = torch_mlp(a, t, s);
+      const bool moe = (s.flags & layer_flags::moe) != 0;
+      if (frozen && !moe) {
+        // The down projection's input: only where its adapter reads it.
+        const bytes down_input = m.saved.weight_grad;
+        m.saved.weight_grad = L.shared && L.has(lora_target::down) ? down_input : bytes{};
+        m.grad_temporary = bytes{};  // no weight gradient is ever new
+        const auto adapt = [&](std::uint64_t bit, std::uint64_t in, std::uint64_t out) {
+          if (!L.has(bit)) return;
+          m.saved.input_grad += torch_lora_saved(a, t, L, in);
+          lora_fwd = max_b(lora_fwd, torch_lora_forward(a, t, L, in, out));
+          lora_bwd = max_b(lora_bwd, torch_lora_backward(a, t, L, in, out));
+        };
+        if (gated) adapt(lora_target::gate, s.hidden, s.ffn);
+        adapt(lora_target::up, s.hidden, s.ffn);
+        adapt(lora_target::down, s.ffn, s.hidden);
+      }
+      // bitsandbytes' quantized base: a dequantized weight beside each product, forward and
+      // backward (torch_dequantized).
+      const bool quantized = frozen && !l.weight_storage.is_none() && l.weight_storage.bits <= 8;
+      if (quantized) {
+        const std::uint64_t largest = std::max({checked_mul(s.hidden, fused ? q_width + 2 * kv_width : q_width),
+                                                moe ? 0 : checked_mul(s.hidden, s.ffn)});
+        lora_fwd += torch_dequantized(t, largest, false);
+        lora_bwd += torch_dequantized(t, largest, true);
+        lora_tail += torch_dequantized(t, largest, true);
+      }
+      m.backward_temporary += lora_bwd;
+      m.forward_temporary = max_b(m.forward_temporary, lora_fwd);
       r.parts.mlp = m.saved;
       bytes output_masks{};
       {  // the attention and MLP output dropouts' masks (one dropout on their sum in Falcon's parallel block)
@@ -480,16 +662,21 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       if (t.autocast) {
         // (not the grouped experts' weights, torch_mlp; Llama 4's batched products over every
         // expert are autocast's bmm, which casts them)
-        const std::uint64_t cast = s.dense_experts ? l.params : l.params - l.expert_params;
+        // (and the adapters' cached copies, L.on: theirs are leaves that require a gradient)
+        std::uint64_t cast = s.dense_experts ? l.params : l.params - l.expert_params;
+        if (L.on) cast += checked_mul(L.rank, detail::block_lora_projections(s, L.targets).rows_plus_cols);
         const bytes copies{checked_mul(ceil_div(cast - l.tp_replicated_params, c.tp) + l.tp_replicated_params, t.em)};
         const std::uint64_t attention = attention_params(s).params * (cross ? 2 : 1);
         const bytes attention_copies{checked_mul(ceil_div(attention, c.tp), t.em)};
-        r.parts.mlp.weight_grad += copies;
+        // (a frozen block's products keep their copies for the input's gradient: kept even
+        // where no weight gradient is, autocast_mode.cpp's cached_cast making them afresh)
+        if (frozen) r.parts.mlp.input_grad += copies;
+        else r.parts.mlp.weight_grad += copies;
         mlp_copies = saturating_sub(copies, attention_copies);
       }
       r.saved = r.parts.total();
       r.input = stream;
-      r.input_in_saved = after ? !t.autocast : torch_residual_bytes(t, rms) == t.en;
+      r.input_in_saved = !no_grad_in && (after ? !t.autocast : torch_residual_bytes(t, rms) == t.en);
       // The attention's forward transients come before the MLP's saved tensors exist (the sweep
       // counts the whole block's saved tensors at its forward moment): measured in gptoss*,
       // whose eager attention with sinks makes three scores-sized transients.
@@ -500,7 +687,7 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       // in decreasing sequence number; each SavedVariable is released after its node runs).
       r.backward_temporary = m.backward_temporary + stream * 2;
       r.grad_temporary = m.grad_temporary + stream * 2;
-      r.backward_tail = bwd + stream * 2;
+      r.backward_tail = bwd + lora_tail + stream * 2;
       // Before the attention's core the output projection's backward has run too, and in a
       // sequential block the MLP's norm's (its input, the sum after attention, its statistics and
       // output). A parallel block's MLP norm may run before the attention (Falcon's ln_mlp) and
@@ -512,7 +699,7 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       if (after)
         before_core += after_norm * 2 + after_mlp_input;
       else if (!shared && !parallel)
-        before_core += torch_norm(a, t, rms, s.hidden, into_mlp, fp32_product) +
+        before_core += pre_norm(into_mlp, mlp_adapted) +
                        a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) + after_norm * 2;
       r.tail_released = m.saved.total() + before_core + mlp_copies;
       // By its first projections' backward the MLP's own saved tensors are freed (their inputs,
@@ -540,6 +727,13 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       const bytes log_softmax{checked_mul(TV, 4)};
       if (t.autocast) {  // the input's cast and the weight's cached copy, saved by the product
         r.saved.weight_grad = a.rep(bytes{checked_mul(H, t.em)}) + bytes{checked_mul(checked_mul(vocab, s.hidden), t.em)};
+        // A frozen output layer's weight is cast afresh (autocast caches only casts of leaves
+        // that require a gradient, aten/src/ATen/autocast_mode.cpp `cached_cast`), and the
+        // product keeps that copy for the input's gradient, not the input's cast.
+        if (!l.trainable) {
+          r.saved.input_grad = bytes{checked_mul(checked_mul(vocab, s.hidden), t.em)};
+          r.saved.weight_grad = bytes{};
+        }
       }
       r.input = stream;
       r.input_serves_weight_grad = true;
@@ -569,6 +763,12 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
       if (c.sp) r.comm = a.values_per_token(s.hidden);
       break;
     }
+    case layer_kind::custom:
+      // LoRA's adapters (compose.hpp, lora_adapters): what they keep is counted with the frozen
+      // block they adapt (torch_lora); their own entry holds only their parameters.
+      if (s.lora_rank != 0) break;
+      r.handled = false;
+      break;
     default:
       r.handled = false;
       break;
@@ -644,12 +844,16 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
   const bool full = c.recompute == recompute_kind::full || c.recompute == recompute_kind::every_k;
   if (full) shared += masks;
   shared += router_logits;
-  for (std::size_t i = 0; i < model.size; ++i)
-    if (model.entries[i].kind == layer_kind::embedding && table.entries[i].backward) {
-      table.entries[i].saved += shared;
-      table.entries[i].selective += shared;
-      break;
-    }
+  // (With a frozen embedding, as under LoRA, they go with the first entry backward runs through.)
+  std::size_t holder = model.size;
+  for (std::size_t i = 0; i < model.size && holder == model.size; ++i)
+    if (model.entries[i].kind == layer_kind::embedding && table.entries[i].backward) holder = i;
+  for (std::size_t i = 0; i < model.size && holder == model.size; ++i)
+    if (table.entries[i].backward && model.entries[i].group != layer_group::teacher) holder = i;
+  if (holder != model.size) {
+    table.entries[holder].saved += shared;
+    table.entries[holder].selective += shared;
+  }
   // The auxiliary loss runs after the language-model loss's forward: each layer's softmax
   // output (the logits' size) saved for its backward, beside the last layer's transients. Its
   // backward, before the language-model loss's, frees each as it makes that layer's gradient.
