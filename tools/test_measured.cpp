@@ -161,6 +161,10 @@ TEST_CASE("measured.json and measured/*.json: the pinned versions, the commands 
   CHECK(finetune()["bitsandbytes"].get<std::string>() == "0.50.2");
   std::map<std::string, std::set<std::string>> ft;
   for (const json& c : finetune()["cases"]) {
+    if (c["lora"].is_null()) {  // frozen parts without adapters
+      ft["frozen"].insert(c["freeze"].dump());
+      continue;
+    }
     ft["family"].insert(c["family"].get<std::string>());
     ft["precision"].insert(c["precision"].get<std::string>());
     ft["targets"].insert(c["lora_targets"].dump());
@@ -176,6 +180,7 @@ TEST_CASE("measured.json and measured/*.json: the pinned versions, the commands 
   CHECK(ft["rank"].count("64") == 1);
   CHECK(ft["checkpointing"].size() == 2);
   CHECK((ft["quant"].count("nf4") + ft["quant"].count("nf4-dq")) >= 1);
+  CHECK(ft["frozen"].size() >= 2);
 }
 
 TEST_CASE("the generated matrix: every valid pair of axis values is measured, every group as drawn") {
@@ -311,6 +316,8 @@ plan_flags flags_of(const json& c) {
   const std::string parallel = c["parallel"].get<std::string>();
   if (parallel != "none") f.dp = std::to_string(c["world"].get<std::uint64_t>());
   if (parallel == "fsdp2") f.zero = "3";
+  if (c.contains("freeze") && !c["freeze"].is_null())  // frozen parts without adapters
+    for (const json& part : c["freeze"]) f.freeze += (f.freeze.empty() ? "" : ",") + part.get<std::string>();
   if (c.contains("lora") && !c["lora"].is_null()) {  // PEFT's LoraConfig; bitsandbytes' base
     f.lora = std::to_string(c["lora"].get<std::uint64_t>());
     const json& targets = c["lora_targets"];
@@ -671,7 +678,10 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
   for (const json& c : picked) {
     if (!measured_case(c)) continue;
     const bool lora = c.contains("lora") && !c["lora"].is_null();
-    p.fine_tunings.insert(!lora ? "full" : c["quant"].is_null() ? "lora" : "qlora-" + c["quant"].get<std::string>());
+    const bool frozen = c.contains("freeze") && !c["freeze"].is_null();
+    p.fine_tunings.insert(lora     ? (c["quant"].is_null() ? "lora" : "qlora-" + c["quant"].get<std::string>())
+                          : frozen ? "frozen parts"
+                                   : "full");
     p.families.insert(imported_family(c));
     p.precisions.insert(c["precision"].get<std::string>());
     p.attentions.insert(c["attention"].get<std::string>() == "eager" ? "naive" : "flash");

@@ -103,6 +103,8 @@ def memalg_args(case, with_dropout=True, stack="pytorch"):
         raise ValueError(f"{case['name']}: unknown parallel mode {case['parallel']!r}")
     if with_dropout and case.get("dropout", 0.0) > 0:
         args += ["--dropout", repr(case["dropout"])]
+    if case.get("freeze"):
+        args += ["--freeze", ",".join(case["freeze"])]
     if case.get("lora"):
         targets = case.get("lora_targets", "all-linear")
         args += ["--lora", str(case["lora"]),

@@ -271,6 +271,9 @@ DEFAULTS = {"attention": "sdpa", "precision": "fp32", "optimizer": "adamw", "for
             # `quant` stores the base in 4 bits ("nf4", "fp4"; "-dq": double quantization) or
             # 8 (LLM.int8, "int8") and prepares it with prepare_model_for_kbit_training.
             "lora": None, "lora_targets": "all-linear", "lora_dropout": 0.0, "quant": None,
+            # Frozen parts without adapters (memalg's --freeze): "embedding", "output", "layers:K"
+            # (the first K blocks), their parameters with requires_grad off.
+            "freeze": None,
             "group": "base", "generator": None}
 
 
@@ -467,9 +470,9 @@ def group_path(group, shard=None):
 
 
 def finetune_cases():
-    """Fine-tuning with PEFT's LoRA and bitsandbytes' QLoRA (the `ft-*` cases): measured into
-    finetune.measured.json, the ground truth of the pytorch stack's fine-tuning rules (not yet
-    in measured.json: memalg does not plan LoRA from the command line yet)."""
+    """Fine-tuning with PEFT's LoRA and bitsandbytes' QLoRA, and frozen parts without adapters
+    (the `ft-*` cases): measured into finetune.measured.json, the ground truth of the pytorch
+    stack's fine-tuning rules (planner.measured compares them)."""
     m = []
 
     def add(c):
@@ -500,6 +503,13 @@ def finetune_cases():
     add(case("ft-qwen3-qlora-nf4", "qwen3", lora=16, quant="nf4", **big))
     add(case("ft-llama-qlora-fp4-attn", "llama", lora=64, lora_targets=attn, quant="fp4", **big))
     add(case("ft-gemma3-qlora-nf4-dq", "gemma3", lora=8, quant="nf4-dq", layer_types=lg * 2, **big))
+    # Frozen parts without adapters (memalg's --freeze): a frozen trunk no gradient reaches, and
+    # frozen blocks a gradient passes through to a trainable embedding (Qwen3's QK-norm; Gemma 3's
+    # sandwich norms, its output tied to the trainable embedding), with checkpointing.
+    add(case("ft-llama-freeze-emb-2", "llama", freeze=["embedding", "layers:2"], **big))
+    add(case("ft-qwen3-freeze-output-1-gc", "qwen3", freeze=["output", "layers:1"], gradient_checkpointing=True,
+             micro_batch=4, **big))
+    add(case("ft-gemma3-freeze-3", "gemma3", freeze=["layers:3"], layer_types=lg * 2, **big))
     return m
 
 
@@ -719,6 +729,16 @@ class Setup:
                 return original_loss(*args, **kwargs)
 
         model.loss_function = loss_function
+        for part in c.get("freeze") or ():
+            if part == "embedding":
+                model.get_input_embeddings().requires_grad_(False)
+            elif part == "output":
+                model.get_output_embeddings().requires_grad_(False)
+            elif part.startswith("layers:"):
+                for block in block_modules(model)[:int(part[len("layers:"):])]:
+                    block.requires_grad_(False)
+            else:
+                raise ValueError("%s: unknown frozen part %r" % (c["name"], part))
         if c.get("lora"):
             import peft
             targets = c["lora_targets"]
@@ -1029,7 +1049,7 @@ def describe(c, s):
         d["group"] = c["group"]
         d["generator"] = c["generator"]
     if c["group"] == "finetune":  # the fine-tuning's own fields
-        for k in ("reentrant", "lora", "lora_targets", "lora_dropout", "quant"):
+        for k in ("reentrant", "lora", "lora_targets", "lora_dropout", "quant", "freeze"):
             d[k] = c[k]
         d["group"] = c["group"]
     if c["parallel"] == "ddp":
@@ -1769,8 +1789,9 @@ def main():
                          "other end; --merge keeps each case once)")
     ap.add_argument("--merge", metavar="GROUP", help="join the shard files of GROUP into measured/GROUP.json")
     ap.add_argument("--add", metavar="FILE",
-                    help="add the hand-picked cases measured into FILE (--cases ... --out FILE) to measured.json, "
-                         "or replace them there, without measuring the others again")
+                    help="add the hand-picked cases measured into FILE (--cases ... --out FILE) to their own file "
+                         "(measured.json, or finetune.measured.json for the ft-* cases), or replace them there, "
+                         "without measuring the others again")
     ap.add_argument("--selftest", action="store_true", help="run the hand-checked tiny model and exit")
     ap.add_argument("--explain", metavar="CASES",
                     help="run these cases (names or shell patterns, comma-separated; single-process) as the "
@@ -1869,7 +1890,7 @@ def main():
               "method": method_text(args.device), "cases": []}
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
-    if any(c.get("lora") or c.get("quant") for c in cases):
+    if any(c.get("lora") or c.get("quant") or c["group"] == "finetune" for c in cases):
         from importlib.metadata import version
         result["peft"], result["bitsandbytes"] = version("peft"), version("bitsandbytes")
     if args.device == "cpu" and args.all:
@@ -1985,20 +2006,29 @@ def merge_shards(group, cases):
 
 
 def add_to_base(path, cases):
-    """measured.json with the hand-picked cases of `path` (a `--cases ... --out` run) added or
-    replaced, in the matrix's order; the run's command is recorded under "added". Refuses a file of
-    other versions, device or thread count, a case with failed checks or skipped, and a case not in
-    the hand-picked matrix."""
-    base_path = os.path.join(HERE, "measured.json")
-    with open(base_path) as f:
-        base = json.load(f)
+    """The hand-picked cases of `path` (a `--cases ... --out` run) added to their own file, or
+    replaced there (measured.json; finetune.measured.json for the fine-tuning cases), in the
+    matrix's order; the run's command is recorded under "added". Refuses a file of other versions,
+    device or thread count, a case with failed checks or skipped, and a case not in the
+    hand-picked matrix."""
     with open(path) as f:
         new = json.load(f)
-    for k in ("torch", "transformers", "python", "device", "threads"):
+    groups = {c["group"] for c in cases if c["name"] in {r["name"] for r in new["cases"]}}
+    if len(groups) != 1 or not groups <= set(OWN_FILES):
+        print("error: %s holds cases of %s: one hand-picked file at a time" % (path, sorted(groups) or "no group"),
+              file=sys.stderr)
+        return 2
+    group = groups.pop()
+    base_path = os.path.join(HERE, OWN_FILES[group])
+    with open(base_path) as f:
+        base = json.load(f)
+    keys = ("torch", "transformers", "python", "device", "threads") + (("peft", "bitsandbytes") if group == "finetune" else ())
+    for k in keys:
         if new.get(k) != base.get(k):
-            print("error: %s is %r in %s, %r in measured.json" % (k, new.get(k), path, base.get(k)), file=sys.stderr)
+            print("error: %s is %r in %s, %r in %s" % (k, new.get(k), path, base.get(k), OWN_FILES[group]),
+                  file=sys.stderr)
             return 2
-    order = [c["name"] for c in cases if c["group"] == "base"]
+    order = [c["name"] for c in cases if c["group"] == group]
     got = {r["name"]: r for r in new["cases"]}
     bad = [n for n, r in got.items() if n not in order or r.get("checks_failed") or "skipped" in r]
     if bad:

@@ -117,7 +117,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.recomputations = {"none", "full", "full-reentrant"};
       e.optimizers = {"adamw/foreach", "adamw/for-loop", "adamw/fused", "sgd", "momentum"};
       // (PEFT's LoRA and bitsandbytes' QLoRA: bench/torch/finetune.measured.json)
-      e.fine_tunings = {"full", "lora", "qlora-nf4", "qlora-nf4-dq", "qlora-fp4"};
+      e.fine_tunings = {"full", "lora", "qlora-nf4", "qlora-nf4-dq", "qlora-fp4", "frozen parts"};
       e.sequence = {64, 2048};
       e.micro_batch = {1, 8};
       e.hidden = {256, 1024};
