@@ -411,6 +411,16 @@ model_desc layer_model(const plan_flags& f) {
 
 namespace {
 
+/// The items of a comma-separated list, empty ones included (the caller names what is wrong).
+std::vector<std::string> comma_items(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (char c : text) {
+    if (c == ',') items.emplace_back();
+    else items.back() += c;
+  }
+  return items;
+}
+
 /// --lora-targets → lora_target bits.
 std::uint64_t parse_lora_targets(const std::string& text) {
   if (text == "all-linear") return lora_target::all_linear;
@@ -419,10 +429,7 @@ std::uint64_t parse_lora_targets(const std::string& text) {
       {"o_proj", lora_target::o},       {"gate_proj", lora_target::gate}, {"up_proj", lora_target::up},
       {"down_proj", lora_target::down}};
   std::uint64_t bits = 0;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& item : comma_items(text)) {
     bool known = false;
     for (const auto& [name, bit] : names)
       if (item == name) {
@@ -432,8 +439,6 @@ std::uint64_t parse_lora_targets(const std::string& text) {
     if (!known)
       throw usage_error("unknown --lora-targets module '" + item +
                         "' (all-linear, or a list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)");
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return bits;
 }
@@ -452,16 +457,11 @@ dtype parse_base_storage(const std::string& name) {
 model_desc freeze_parts(const model_desc& model, const std::string& text) {
   bool embedding = false, output = false;
   std::uint64_t layers = 0;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& item : comma_items(text)) {
     if (item == "embedding") embedding = true;
     else if (item == "output") output = true;
     else if (item.rfind("layers:", 0) == 0) layers = suffix_count(item, "layers:", "--freeze layers:K");
     else throw usage_error("unknown --freeze part '" + item + "' (embedding, output, layers:K)");
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   std::uint64_t blocks = 0;
   for (const layer_desc& l : model)
@@ -491,6 +491,21 @@ model_desc freeze_parts(const model_desc& model, const std::string& text) {
       }
     }
     m.push(e);
+  }
+  // The first trainable block after frozen entries only: an entry of its own, since its input
+  // requires no gradient and it keeps less than the instances after it (stacks/pytorch.hpp).
+  for (std::size_t i = 0; i < m.size; ++i) {
+    layer_desc& l = m.entries[i];
+    if (!l.trainable || l.params == 0) continue;
+    if (l.kind == layer_kind::transformer_block && l.count > 1 && i > 0) {
+      if (m.size + 1 > max_model_entries) throw usage_error("--freeze splits more entries than a model holds");
+      for (std::size_t j = m.size; j > i + 1; --j) m.entries[j] = m.entries[j - 1];
+      ++m.size;
+      m.entries[i + 1] = l;
+      m.entries[i + 1].count = l.count - 1;
+      l.count = 1;
+    }
+    break;
   }
   return m;
 }

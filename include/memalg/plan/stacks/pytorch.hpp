@@ -593,10 +593,14 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         }
         adapt(lora_target::o, q_width, s.hidden, self.saved.weight_grad);
       }
-      // A frozen block whose input requires no gradient (the first after a frozen embedding):
-      // its first norm keeps nothing, nor do the adapters' dropouts on that norm's output (the
-      // noise serves only the input's gradient); the input itself is no saved tensor.
-      const bool no_grad_in = frozen && !c.input_requires_grad && !parallel && !shared && !after && !cross;
+      // A block whose input requires no gradient (the first after a frozen embedding): its first
+      // norm keeps neither that input nor its statistics (pow and the product by rstd keep them
+      // only for the input's gradient; a trainable weight's product keeps x·rstd, counted still),
+      // nor do the adapters' dropouts on that norm's output keep their noise (it serves only the
+      // input's gradient); the input itself is no saved tensor. Only an entry of one instance:
+      // the instances after the first receive a gradient (model::lora and --freeze make the first
+      // an entry of its own).
+      const bool no_grad_in = !c.input_requires_grad && l.count == 1 && !parallel && !shared && !after && !cross;
       if (no_grad_in) {
         r.parts.norms.input_grad = saturating_sub(r.parts.norms.input_grad,
                                                   a.rep(bytes{checked_mul(H, torch_residual_bytes(t, rms))}) +
@@ -865,6 +869,21 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
     for (std::size_t i = 0; i < model.size; ++i)
       if (model.entries[i].kind == layer_kind::transformer_block && model.entries[i].group != layer_group::teacher)
         table.entries[i].forward_temporary += masks;
+  // A trainable final norm read only by a frozen output layer (`--freeze output`) keeps no
+  // output: the product keeps its input only for the weight's gradient (derivatives.yaml, mm).
+  // (Under autocast the norm's rule counts the product's cast copy instead, kept the same way.)
+  for (std::size_t i = 0; i + 1 < model.size; ++i) {
+    const layer_desc& n = model.entries[i];
+    const layer_desc& o = model.entries[i + 1];
+    if ((n.kind != layer_kind::rmsnorm && n.kind != layer_kind::layernorm) || !n.trainable ||
+        !table.entries[i].backward || o.kind != layer_kind::output || o.trainable || o.params == 0 ||
+        n.group == layer_group::teacher)
+      continue;
+    const act_terms a(c, n.shape);
+    const bytes output = a.rep(bytes{checked_mul(checked_mul(a.tokens, n.shape.hidden), t.em)});
+    table.entries[i].saved = saturating_sub(table.entries[i].saved, output);
+    table.entries[i].selective = saturating_sub(table.entries[i].selective, output);
+  }
 }
 
 /// FSDP2 (fully_shard on every repeated entry and on the root): the root's parameters (every
