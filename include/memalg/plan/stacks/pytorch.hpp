@@ -869,16 +869,18 @@ constexpr void pytorch_table(const model_desc& model, const activation_context& 
     for (std::size_t i = 0; i < model.size; ++i)
       if (model.entries[i].kind == layer_kind::transformer_block && model.entries[i].group != layer_group::teacher)
         table.entries[i].forward_temporary += masks;
-  // A trainable final norm read only by a frozen output layer (`--freeze output`) keeps no
-  // output: the product keeps its input only for the weight's gradient (derivatives.yaml, mm).
-  // (Under autocast the norm's rule counts the product's cast copy instead, kept the same way.)
+  // The final norm before the output layer. Its rule counts the tensor the output layer's product
+  // keeps of its input for the weight's gradient (derivatives.yaml, mm): the norm's output, or
+  // under autocast the product's bf16 cast of it. Under autocast the output layer's own rule
+  // counts that cast too (measured: every autocast case, which this makes tighter, none below),
+  // and a frozen output layer (`--freeze output`) keeps neither.
   for (std::size_t i = 0; i + 1 < model.size; ++i) {
     const layer_desc& n = model.entries[i];
     const layer_desc& o = model.entries[i + 1];
     if ((n.kind != layer_kind::rmsnorm && n.kind != layer_kind::layernorm) || !n.trainable ||
-        !table.entries[i].backward || o.kind != layer_kind::output || o.trainable || o.params == 0 ||
-        n.group == layer_group::teacher)
+        !table.entries[i].backward || o.kind != layer_kind::output || n.group == layer_group::teacher)
       continue;
+    if (!t.autocast && (o.trainable || o.params == 0)) continue;
     const act_terms a(c, n.shape);
     const bytes output = a.rep(bytes{checked_mul(checked_mul(a.tokens, n.shape.hidden), t.em)});
     table.entries[i].saved = saturating_sub(table.entries[i].saved, output);
