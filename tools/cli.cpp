@@ -471,6 +471,23 @@ model_desc freeze_parts(const model_desc& model, const std::string& text) {
                       std::to_string(blocks));
   model_desc m{};
   m.name = model.name;
+  bool trains_before = false;  // an entry pushed so far has trainable parameters
+  const auto push = [&](layer_desc e) {
+    // The first trainable block after frozen entries: its first instance an entry of its own,
+    // since its input requires no gradient and it keeps less than the instances after it
+    // (stacks/pytorch.hpp).
+    const bool trains = e.trainable && e.params != 0;
+    if (trains && !trains_before && m.size > 0 && e.kind == layer_kind::transformer_block && e.count > 1) {
+      layer_desc one = e;
+      one.count = 1;
+      e.count -= 1;
+      if (m.size + 1 >= max_model_entries) throw usage_error("--freeze splits more entries than a model holds");
+      m.push(one);
+    }
+    trains_before = trains_before || trains;
+    if (m.size >= max_model_entries) throw usage_error("--freeze splits more entries than a model holds");
+    m.push(e);
+  };
   std::uint64_t left = layers;
   for (const layer_desc& l : model) {
     layer_desc e = l;
@@ -484,28 +501,12 @@ model_desc freeze_parts(const model_desc& model, const std::string& text) {
       e.trainable = false;
       e.count = n;
       if (n < l.count) {
-        if (m.size + 1 >= max_model_entries) throw usage_error("--freeze layers:K splits more entries than a model holds");
-        m.push(e);
+        push(e);
         e = l;
         e.count = l.count - n;
       }
     }
-    m.push(e);
-  }
-  // The first trainable block after frozen entries only: an entry of its own, since its input
-  // requires no gradient and it keeps less than the instances after it (stacks/pytorch.hpp).
-  for (std::size_t i = 0; i < m.size; ++i) {
-    layer_desc& l = m.entries[i];
-    if (!l.trainable || l.params == 0) continue;
-    if (l.kind == layer_kind::transformer_block && l.count > 1 && i > 0) {
-      if (m.size + 1 > max_model_entries) throw usage_error("--freeze splits more entries than a model holds");
-      for (std::size_t j = m.size; j > i + 1; --j) m.entries[j] = m.entries[j - 1];
-      ++m.size;
-      m.entries[i + 1] = l;
-      m.entries[i + 1].count = l.count - 1;
-      l.count = 1;
-    }
-    break;
+    push(e);
   }
   return m;
 }
@@ -516,7 +517,7 @@ void apply_finetuning(plan_inputs& in, const plan_flags& f, const std::string& c
   const bool lora = !f.lora.empty();
   if (!lora) {
     if (!f.base_storage.empty()) throw usage_error("--base-storage is QLoRA's frozen base: it needs --lora R");
-    if (f.lora_dropout.size() != 0 || f.lora_targets != "all-linear")
+    if (!f.lora_dropout.empty() || f.lora_targets != "all-linear")
       throw usage_error("--lora-targets and --lora-dropout describe LoRA's adapters: they need --lora R");
     if (!f.freeze.empty()) in.model = freeze_parts(in.model, f.freeze);
     return;

@@ -215,6 +215,23 @@ constexpr lora_projections entry_lora_projections(const layer_desc& l, std::uint
   }
   return p;
 }
+/// The entries one entry of the part becomes (its base, norms and adapters), pushed with `count`
+/// instances each; with `first_apart`, first with one instance each, then with the others: the
+/// first adapted instance's input, from the frozen entries before it, requires no gradient, so
+/// it keeps less than the instances after it (plan/activations.hpp, `input_requires_grad`).
+struct entry_group {
+  layer_desc entries[3]{};
+  std::size_t size = 0;
+  constexpr void add(const layer_desc& l) { entries[size++] = l; }
+};
+constexpr void push_group(model_desc& m, const entry_group& g, std::uint64_t count, bool first_apart) {
+  for (int part = first_apart ? 0 : 1; part < 2; ++part)
+    for (std::size_t i = 0; i < g.size; ++i) {
+      layer_desc l = g.entries[i];
+      l.count = !first_apart ? count : part == 0 ? 1 : count - 1;
+      m.push(l);
+    }
+}
 /// Adapter settings on a frozen base entry (read by stacks/pytorch.hpp).
 constexpr void mark_adapted(layer_desc& l, std::uint64_t rank, std::uint64_t targets, std::uint64_t dropout_permille,
                             dtype adapter) {
@@ -246,20 +263,11 @@ constexpr model_desc lora(const model_desc& part, std::uint64_t rank, std::uint6
       continue;
     }
     detail::mark_adapted(f, rank, targets, dropout_permille, adapter);
-    layer_desc a = detail::lora_adapters(l, p, rank, targets, dropout_permille, adapter);
-    // The first adapted instance is an entry of its own: its input, from the frozen entries
-    // before it, requires no gradient, so it keeps less than the instances after it
-    // (plan/activations.hpp, `input_requires_grad`).
-    if (first && f.count > 1) {
-      layer_desc one = f, one_adapters = a;
-      one.count = one_adapters.count = 1;
-      f.count = a.count = l.count - 1;
-      m.push(one);
-      m.push(one_adapters);
-    }
+    detail::entry_group g{};
+    g.add(f);
+    g.add(detail::lora_adapters(l, p, rank, targets, dropout_permille, adapter));
+    detail::push_group(m, g, l.count, first && l.count > 1);
     first = false;
-    m.push(f);
-    m.push(a);
   }
   return m;
 }
@@ -295,21 +303,17 @@ constexpr model_desc qlora(const model_desc& part, std::uint64_t rank, dtype qua
     base.weight_storage = quant;
     const detail::lora_projections p = detail::entry_lora_projections(l, targets);
     if (p.count != 0) detail::mark_adapted(base, rank, targets, dropout_permille, adapter);
-    layer_desc r = detail::remainder_entry(l, expert_matrices);
-    r.trainable = false;
-    r.weight_storage = rest;
-    const layer_desc a = detail::lora_adapters(l, p, rank, targets, dropout_permille, adapter);
-    // (the first adapted instance on its own, as in lora())
-    const bool split = first && p.count != 0 && l.count > 1;
-    if (p.count != 0) first = false;
-    for (int part = split ? 0 : 1; part < 2; ++part) {
-      const std::uint64_t n = !split ? l.count : part == 0 ? 1 : l.count - 1;
-      layer_desc b = base, e = r, ad = a;
-      b.count = e.count = ad.count = n;
-      m.push(b);
-      if (l.params > l.matrix_params) m.push(e);
-      if (p.count != 0) m.push(ad);
+    detail::entry_group g{};
+    g.add(base);
+    if (l.params > l.matrix_params) {
+      layer_desc r = detail::remainder_entry(l, expert_matrices);
+      r.trainable = false;
+      r.weight_storage = rest;
+      g.add(r);
     }
+    if (p.count != 0) g.add(detail::lora_adapters(l, p, rank, targets, dropout_permille, adapter));
+    detail::push_group(m, g, l.count, first && p.count != 0 && l.count > 1);
+    if (p.count != 0) first = false;
   }
   return m;
 }

@@ -267,24 +267,27 @@ constexpr std::string_view fine_tuning_name(const model_desc& model) {
   return "qlora";
 }
 
+namespace detail {
+/// Adds `axis: value` to `c` when the measured `names` lack `value`.
+template <std::size_t N>
+constexpr void check_listed(envelope_check& c, const std::array<std::string_view, N>& names, std::string_view axis,
+                            std::string_view value) {
+  if (listed(names, value)) return;
+  c.add(axis, value);
+  c.validated = false;
+}
+}  // namespace detail
+
 /// Adds the fine-tuning (fine_tuning_name) when the stack's measurements lack it.
 constexpr void check_fine_tuning(envelope_check& c, stack_kind s, std::string_view fine_tuning) {
   const stack_envelope e = envelope_of(s);
-  if (!e.validated) return;
-  if (!detail::listed(e.fine_tunings, fine_tuning)) {
-    c.add("fine-tuning", fine_tuning);
-    c.validated = false;
-  }
+  if (e.validated) detail::check_listed(c, e.fine_tunings, "fine-tuning", fine_tuning);
 }
 
 /// Adds the attention of `attention` ("naive" / "flash" / "") when the stack's measurements lack it.
 constexpr void check_attention(envelope_check& c, stack_kind s, std::string_view attention) {
   const stack_envelope e = envelope_of(s);
-  if (!e.validated || attention.empty()) return;
-  if (!detail::listed(e.attentions, attention)) {
-    c.add("attention", attention);
-    c.validated = false;
-  }
+  if (e.validated && !attention.empty()) detail::check_listed(c, e.attentions, "attention", attention);
 }
 
 }  // namespace memalg

@@ -576,23 +576,24 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         if (self.core_keeps_output) self.saved.input_grad += out_input;
         else if (L.shared && L.has(lora_target::o)) self.saved.weight_grad = out_input;
       }
+      // One adapted projection `in` → `out`: what it keeps (into `kept`), its forward transients
+      // and its backward's (into `backward`: the MLP's phase or the attention's).
       bytes lora_fwd{}, lora_bwd{}, lora_tail{};
-      if (L.on) {  // the attention's adapters: q, k, v (or the fused projection) and o
-        const auto adapt = [&](std::uint64_t bit, std::uint64_t in, std::uint64_t out, bytes& kept) {
-          if (!L.has(bit)) return;
-          kept += torch_lora_saved(a, t, L, in);
-          lora_fwd = max_b(lora_fwd, torch_lora_forward(a, t, L, in, out));
-          lora_tail = max_b(lora_tail, torch_lora_backward(a, t, L, in, out));
-        };
-        if (fused) {
-          adapt(lora_target::q, s.hidden, q_width + 2 * kv_width, self.saved.input_grad);
-        } else {
-          adapt(lora_target::q, s.hidden, q_width, self.saved.input_grad);
-          adapt(lora_target::k, s.hidden, kv_width, self.saved.input_grad);
-          adapt(lora_target::v, s.hidden, kv_width, self.saved.input_grad);
-        }
-        adapt(lora_target::o, q_width, s.hidden, self.saved.weight_grad);
+      const auto adapt = [&](std::uint64_t bit, std::uint64_t in, std::uint64_t out, bytes& kept, bytes& backward) {
+        if (!L.has(bit)) return;
+        kept += torch_lora_saved(a, t, L, in);
+        lora_fwd = max_b(lora_fwd, torch_lora_forward(a, t, L, in, out));
+        backward = max_b(backward, torch_lora_backward(a, t, L, in, out));
+      };
+      // the attention's adapters: q, k, v (or the fused projection) and o
+      if (fused) {
+        adapt(lora_target::q, s.hidden, q_width + 2 * kv_width, self.saved.input_grad, lora_tail);
+      } else {
+        adapt(lora_target::q, s.hidden, q_width, self.saved.input_grad, lora_tail);
+        adapt(lora_target::k, s.hidden, kv_width, self.saved.input_grad, lora_tail);
+        adapt(lora_target::v, s.hidden, kv_width, self.saved.input_grad, lora_tail);
       }
+      adapt(lora_target::o, q_width, s.hidden, self.saved.weight_grad, lora_tail);
       // A block whose input requires no gradient (the first after a frozen embedding): its first
       // norm keeps neither that input nor its statistics (pow and the product by rstd keep them
       // only for the input's gradient; a trainable weight's product keeps x·rstd, counted still),
@@ -629,15 +630,9 @@ constexpr raw_activations pytorch_activations(const layer_desc& l, const activat
         const bytes down_input = m.saved.weight_grad;
         m.saved.weight_grad = L.shared && L.has(lora_target::down) ? down_input : bytes{};
         m.grad_temporary = bytes{};  // no weight gradient is ever new
-        const auto adapt = [&](std::uint64_t bit, std::uint64_t in, std::uint64_t out) {
-          if (!L.has(bit)) return;
-          m.saved.input_grad += torch_lora_saved(a, t, L, in);
-          lora_fwd = max_b(lora_fwd, torch_lora_forward(a, t, L, in, out));
-          lora_bwd = max_b(lora_bwd, torch_lora_backward(a, t, L, in, out));
-        };
-        if (gated) adapt(lora_target::gate, s.hidden, s.ffn);
-        adapt(lora_target::up, s.hidden, s.ffn);
-        adapt(lora_target::down, s.ffn, s.hidden);
+        if (gated) adapt(lora_target::gate, s.hidden, s.ffn, m.saved.input_grad, lora_bwd);
+        adapt(lora_target::up, s.hidden, s.ffn, m.saved.input_grad, lora_bwd);
+        adapt(lora_target::down, s.ffn, s.hidden, m.saved.input_grad, lora_bwd);
       }
       // bitsandbytes' quantized base: a dequantized weight beside each product, forward and
       // backward (torch_dequantized).
