@@ -840,7 +840,7 @@ def local(t):
 # Reading the profile: the live bytes per category at every allocation event.
 
 
-def analyse(prof, device_type="cpu", mp=None):
+def analyse(prof, device_type="cpu", mp=None, phases=PHASES):
     from torch._C._profiler import _EventType
     from torch.profiler._memory_profiler import Action, TensorKey
 
@@ -914,7 +914,7 @@ def analyse(prof, device_type="cpu", mp=None):
             raw_peak = max(raw_peak, running)
     return {"peak_bytes": peak, "peak_phase": peak_phase,
             "peak_breakdown": {k: v for k, v in peak_live.items() if v},
-            "phase_peak_bytes": {k: phase_peak[k] for k in PHASES + ("other",) if k in phase_peak},
+            "phase_peak_bytes": {k: phase_peak[k] for k in tuple(phases) + ("other",) if k in phase_peak},
             "start_bytes": start_bytes, "start_breakdown": {k: v for k, v in start_live.items() if v},
             "steady_bytes": total, "steady_breakdown": {k: v for k, v in live.items() if v},
             "allocator_peak_bytes": raw_peak, "allocator_end_bytes": running,
