@@ -180,6 +180,28 @@ hf_model parse_hf_config(std::string_view text, std::string_view source, const i
         m.base_storage = "int8";
       }
     }
+    m.weight_format = m.base_storage;
+    if (q->is_object()) {
+      // What `memalg serve` stores: GPTQ's and AWQ's packed int4 with a group's scale and zero
+      // (bits, group_size), fp8 checkpoints (per tensor, or weight_block_size blocks with an fp32
+      // scale each), gpt-oss's MXFP4 experts.
+      const auto number = [&](const char* key, std::int64_t fallback) {
+        const auto k = q->find(key);
+        return k != q->end() && k->is_number_integer() ? k->get<std::int64_t>() : fallback;
+      };
+      if (method == "gptq" || method == "awq") {
+        const std::int64_t bits = number("bits", 4), group = number(method == "awq" && q->contains("q_group_size") ? "q_group_size" : "group_size", 128);
+        if (bits != 4) throw usage_error(std::string(source) + ": quantization_config's bits " + std::to_string(bits) + " is not 4, the width memalg plans");
+        m.weight_format = method + "-int4:" + std::to_string(group > 0 ? group : 0);
+      } else if (method == "fp8" || method == "fbgemm_fp8") {
+        m.weight_format = "fp8";
+        if (const auto b = q->find("weight_block_size"); b != q->end() && b->is_array() && b->size() == 2 &&
+                                                         (*b)[0].is_number_integer() && (*b)[1].is_number_integer())
+          m.weight_format = "fp8-block:" + std::to_string((*b)[0].get<std::int64_t>() * (*b)[1].get<std::int64_t>());
+      } else if (method == "mxfp4") {
+        m.weight_format = "mxfp4";
+      }
+    }
     m.notes.push_back("the checkpoint is quantized (quantization_config, quant_method '" + method + "'): " +
                       (m.base_storage.empty() ? std::string("training is planned in the formats --precision names, not in the stored one")
                                               : "with --lora its base is planned stored in " + m.base_storage +

@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
   import_cmd->add_option("config", import_path, "path of config.json")->required();
   import_cmd->add_flag("--json", import_json, "print one JSON object");
 
+  serve_flags serve;
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve", "memory of generating text: weights, the key/value cache, the prefill and decode peaks, the largest batch");
+  serve.add_to(*serve_cmd);
+
   CLI::App* devices = app.add_subcommand("devices", "list the device catalog");
 
   try {
@@ -71,7 +76,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
     if (!known)
       throw usage_error("'" + std::string(argv[1]) +
-                        "' is not a sub-command: plan, fit, sweep, emit, import or devices (see memalg --help)");
+                        "' is not a sub-command: plan, fit, sweep, emit, serve, import or devices (see memalg --help)");
     app.parse(argc, argv);
     if (*plan) {
       if (plan->count("--svg") != 0) write_plan_svg(flags, plan_svg);  // before any output: an error leaves none
@@ -93,6 +98,13 @@ int main(int argc, char** argv) {
       return run_emit(emit_model, emit, command);
     }
     if (*import_cmd) return run_import(import_path, import_json);
+    if (*serve_cmd) {
+      if (serve_cmd->count("--svg") != 0 && serve.svg.empty()) throw usage_error("--svg needs a file name, not an empty one");
+      if (serve_cmd->count("--emit") != 0 && serve.emit.empty()) throw usage_error("--emit needs a file name, not an empty one");
+      std::string command = "memalg";
+      for (int i = 1; i < argc; ++i) (command += ' ') += argv[i];
+      return run_serve(serve, command);
+    }
     if (*devices) {
       for (const memalg::device_desc& d : memalg::device::catalog)
         std::cout << d.name << "\tcapacity " << d.capacity.value << " B (" << memalg::to_string(d.capacity)

@@ -185,6 +185,9 @@ struct chart {
   bytes capacity{};
   bytes limit{};
   std::string device;
+  /// Each category's name in the chart (empty: breakdown's own; an empty name leaves the
+  /// category out of the legend): a serving plan draws its own terms in the same slots.
+  std::vector<std::string> names;
 };
 /// "6.74B", "124.44M", "1.2T": a parameter count for titles.
 std::string parameter_count_text(std::uint64_t n);
@@ -260,7 +263,49 @@ struct hf_model {
   /// bitsandbytes' quantization_config as the storage --base-storage names (nf4, nf4-dq, fp4,
   /// fp4-dq, int8), "" for none or another method
   std::string base_storage;
+  /// The stored format of the checkpoint's quantized weights as `memalg serve --weights` names
+  /// it (gptq-int4:G, awq-int4:G, fp8, fp8-block:B, mxfp4, and the bitsandbytes ones), "" for none
+  std::string weight_format;
 };
+// ---- serve ---------------------------------------------------------------------------------------
+
+/// Flags of `memalg serve`: the model and device flags it shares with `plan`, and the request's.
+struct serve_flags {
+  plan_flags model;
+  std::string batch = "1", prompt, new_tokens = "0";
+  std::string dtype_name = "bf16";
+  std::string weights, kv;
+  std::string cache = "dynamic";
+  std::string max_cache_len, prefill_chunk, block_size, utilization, batched_tokens, max_seqs;
+  std::string attention = "sdpa";
+  std::string stack = "pytorch", kv_buffer;
+  std::string tp = "1", pp = "1";
+  bool json = false;
+  std::string svg;
+  std::string emit, name_space = "memalg_serve";
+  void add_to(CLI::App& app);
+};
+struct serve_inputs {
+  plan_inputs base{};  ///< the model and the device
+  serving_desc serving{};
+  std::string family;  ///< the Hugging Face model_type of --config ("" otherwise)
+};
+/// Where the measured generations end (bench/torch/serve.measured.json): the values outside them.
+struct serve_envelope {
+  bool validated = false;
+  std::vector<std::string> outside;
+};
+serve_envelope serve_envelope_of(const serve_inputs& in);
+/// --weights' name → the stored dtype of the quantized matrices and the parameters it covers.
+std::pair<dtype, quant_scope> serve_weight_format(const std::string& name, dtype compute);
+serve_inputs make_serve_inputs(const serve_flags& f);
+nlohmann::json serve_json(const serve_inputs& in, const serve_result& r, const serve_search& s);
+void write_serve_svg(const serve_inputs& in, const serve_result& r, const std::string& path);
+/// `memalg serve --emit FILE`: a header whose serving_plan static_asserts the plan (cmd_emit.cpp).
+std::string emit_serving_header(const serve_inputs& in, const serve_result& r, std::string_view name_space,
+                                std::string_view command);
+int run_serve(const serve_flags& f, std::string_view command = "memalg serve");
+
 /// Largest config.json read (bigger is not a model configuration).
 inline constexpr std::size_t max_config_bytes = 4 << 20;
 /// What a config.json does not say but the plan needs. The attention implementation is chosen at

@@ -169,6 +169,23 @@ foreach(case IN LISTS _emit_cases)
   set_tests_properties(planner.emit_${_name} PROPERTIES LABELS "host;cli")
 endforeach()
 
+# Emitted serving headers (memalg serve --emit) likewise.
+set(_emit_serve_cases
+  "llama3_h100|--config ${_hf}/llama-3-8b.json --prompt 2048 --new-tokens 512 --batch 64 --device h100-80gb|fits"
+  "llama3_int4_paged|--config ${_hf}/llama-3-8b.json --prompt 2048 --new-tokens 512 --weights awq-int4 --cache paged --kv-dtype fp8 --device h100-80gb|fits"
+  "llama3_24gb_oom|--config ${_hf}/llama-3-8b.json --prompt 4096 --batch 16 --device rtx3090|oom")
+foreach(case IN LISTS _emit_serve_cases)
+  string(REPLACE "|" ";" _parts "${case}")
+  list(GET _parts 0 _name)
+  list(GET _parts 1 _args)
+  list(GET _parts 2 _expect)
+  add_test(NAME planner.emit_serve_${_name}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${_args}" -DEXPECT=${_expect}
+            -DCOMPILER=${CMAKE_CXX_COMPILER} -DINCLUDE=${PROJECT_SOURCE_DIR}/include -DWORKDIR=${_out}/emit_serve_${_name}
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/check_emit_serve.cmake)
+  set_tests_properties(planner.emit_serve_${_name} PROPERTIES LABELS "host;cli")
+endforeach()
+
 # The committed PyTorch ground truth (bench/torch/measured.json) read without torch.
 add_executable(test_measured test_measured.cpp)
 target_link_libraries(test_measured PRIVATE memalg_cli memalg_doctest_main doctest::doctest)
@@ -176,3 +193,10 @@ target_compile_definitions(test_measured PRIVATE MEMALG_SOURCE_DIR="${PROJECT_SO
 add_test(NAME planner.measured COMMAND test_measured)
 memalg_cli_test_flags(test_measured planner.measured)
 set_tests_properties(planner.measured PROPERTIES LABELS "host;cli;accuracy")
+
+add_executable(test_serve test_serve.cpp)
+target_link_libraries(test_serve PRIVATE memalg_cli memalg_doctest_main doctest::doctest)
+target_compile_definitions(test_serve PRIVATE MEMALG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_test(NAME planner.serve COMMAND test_serve)
+memalg_cli_test_flags(test_serve planner.serve)
+set_tests_properties(planner.serve PROPERTIES LABELS "host;cli;accuracy")

@@ -122,6 +122,9 @@ std::string render_svg(const chart& c) {
     << "<line x1=\"" << num(left) << "\" y1=\"" << num(plot_top + plot_h) << "\" x2=\"" << num(left + plot_w)
     << "\" y2=\"" << num(plot_top + plot_h) << "\" stroke=\"#333333\"/>\n";
 
+  const auto name_of = [&](std::size_t k) {
+    return c.names.size() == category_count ? c.names[k] : std::string(category_name(category(k)));
+  };
   // Bars, stacked bottom-up in category order.
   for (std::size_t i = 0; i < c.bars.size(); ++i) {
     const chart_bar& b = c.bars[i];
@@ -134,7 +137,7 @@ std::string render_svg(const chart& c) {
       if (g <= 0) continue;
       s << "<rect x=\"" << num(x) << "\" y=\"" << num(y_of(base + g)) << "\" width=\"" << num(bar_w) << "\" height=\""
         << num(y_of(base) - y_of(base + g)) << "\" fill=\"" << category_colors[k] << "\"><title>"
-        << category_name(category(k)) << ": " << escape(to_string(b.bytes[category(k)], byte_unit::GiB))
+        << escape(name_of(k)) << ": " << escape(to_string(b.bytes[category(k)], byte_unit::GiB))
         << "</title></rect>\n";
       base += g;
     }
@@ -164,10 +167,11 @@ std::string render_svg(const chart& c) {
 
   // Legend.
   const double lx = left + plot_w + 20;
-  for (std::size_t k = 0; k < category_count; ++k) {
-    const double y = plot_top + 20 * static_cast<double>(category_count - 1 - k);
+  for (std::size_t k = 0, shown = 0; k < category_count; ++k) {
+    if (name_of(k).empty()) continue;
+    const double y = plot_top + 20 * static_cast<double>(category_count - 1 - shown++);
     s << "<rect x=\"" << num(lx) << "\" y=\"" << num(y) << "\" width=\"12\" height=\"12\" fill=\"" << category_colors[k]
-      << "\"/>\n<text x=\"" << num(lx + 18) << "\" y=\"" << num(y + 10) << "\">" << category_name(category(k))
+      << "\"/>\n<text x=\"" << num(lx + 18) << "\" y=\"" << num(y + 10) << "\">" << escape(name_of(k))
       << "</text>\n";
   }
   s << "</svg>\n";

@@ -28,6 +28,7 @@
 #include "memalg/plan/plan.hpp"
 #include "memalg/plan/report.hpp"
 #include "memalg/plan/search.hpp"
+#include "memalg/plan/serve.hpp"
 #include "memalg/plan/timeline.hpp"
 #include "memalg/train/optimizer.hpp"
 #include "memalg/train/precision.hpp"

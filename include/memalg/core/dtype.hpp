@@ -64,6 +64,16 @@ inline constexpr dtype fp4_double_quant{"fp4_dq", 4, dtype_kind::floating, true,
 /// Dettmers et al. 2022, arXiv 2208.07339), bounded as one fp32 scale per 64 values: a row is at
 /// least 64 values wide in every model memalg reads.
 inline constexpr dtype llm_int8{"llm_int8", 8, dtype_kind::integer, true, 64, 32};
+/// GPTQ's and AWQ's int4 checkpoints (AutoGPTQ / AutoAWQ layouts, group_size 128): int4 values
+/// packed in int32 words, per group of 128 input rows and output column an fp16 scale and a
+/// 4-bit zero point (qzeros, packed). GPTQ's g_idx (one int32 per input row) is not counted.
+inline constexpr dtype int4_g128{"int4_g128", 4, dtype_kind::integer, true, 128, 16 + 4};
+/// OCP Microscaling MXFP4 (MX spec v1.0; gpt-oss's released experts): FP4 (E2M1) values in
+/// blocks of 32 with one 8-bit E8M0 scale.
+inline constexpr dtype mxfp4{"mxfp4", 4, dtype_kind::floating, true, 32, 8};
+/// fp8 (E4M3) weights with one fp32 scale per 128×128 block (DeepSeek-V3's released weights,
+/// quantization_config weight_block_size [128, 128]).
+inline constexpr dtype fp8_block128{"fp8_block128", 8, dtype_kind::floating, true, 128 * 128, 32};
 }  // namespace dtypes
 
 /// A block-quantized variant of an integer/float format: one `scale` per `block` elements.
@@ -98,7 +108,8 @@ constexpr double effective_bits(const dtype& d) {
 constexpr dtype dtype_from_name(std::string_view name) {
   for (const dtype& d : {dtypes::fp64, dtypes::fp32, dtypes::tf32, dtypes::bf16, dtypes::fp16, dtypes::fp8_e4m3,
                          dtypes::fp8_e5m2, dtypes::int8, dtypes::int4, dtypes::nf4, dtypes::nf4_double_quant,
-                         dtypes::fp4, dtypes::fp4_double_quant, dtypes::llm_int8})
+                         dtypes::fp4, dtypes::fp4_double_quant, dtypes::llm_int8, dtypes::int4_g128, dtypes::mxfp4,
+                         dtypes::fp8_block128})
     if (d.name == name) return d;
   return dtypes::none;
 }

@@ -311,6 +311,9 @@ struct nf4_double_quant { static constexpr dtype value = dtypes::nf4_double_quan
 struct fp4 { static constexpr dtype value = dtypes::fp4; };
 struct fp4_double_quant { static constexpr dtype value = dtypes::fp4_double_quant; };
 struct llm_int8 { static constexpr dtype value = dtypes::llm_int8; };
+struct int4_g128 { static constexpr dtype value = dtypes::int4_g128; };
+struct mxfp4 { static constexpr dtype value = dtypes::mxfp4; };
+struct fp8_block128 { static constexpr dtype value = dtypes::fp8_block128; };
 }  // namespace dt
 
 /// Layer options. Each applies itself to `layer_options`; a layer reads the fields it knows.
