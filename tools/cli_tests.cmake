@@ -135,12 +135,24 @@ memalg_cli_refused(megatron_moe_ep "plan --layers 4 --hidden 512 --heads 8 --voc
 memalg_cli_refused(pytorch_sinkhorn "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024"
   "^memalg: error: a Sinkhorn router is Megatron's")
 
+# memalg serve's refusals (docs/serving.md).
+memalg_cli_refused(serve_no_prompt "serve --preset llama3-8b" "^memalg: error: memalg serve needs --prompt N")
+memalg_cli_refused(serve_bad_cache "serve --preset llama3-8b --prompt 8 --cache ring" "^memalg: error: unknown --cache 'ring'")
+memalg_cli_refused(serve_bad_weights "serve --preset llama3-8b --prompt 8 --weights int3" "^memalg: error: unknown --weights 'int3'")
+memalg_cli_refused(serve_block_size "serve --preset llama3-8b --prompt 8 --block-size 32" "it needs --cache paged or --stack megatron")
+memalg_cli_refused(serve_megatron_buffer "serve --preset llama3-8b --prompt 8 --stack megatron" "needs --kv-buffer SIZE")
+memalg_cli_refused(serve_short_static "serve --preset llama3-8b --prompt 64 --cache static --max-cache-len 32" "max_cache_len is shorter")
+
 # What the single-GPU user sees.
 function(memalg_cli_ok name args match)
   add_test(NAME cli.${name} COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:memalg_tool> "-DARGS=${args}"
            -DEXPECT=ok "-DMATCH=${match}" ${ARGN} -P ${CMAKE_CURRENT_SOURCE_DIR}/check_cli.cmake)
   set_tests_properties(cli.${name} PROPERTIES LABELS "host;cli")
 endfunction()
+memalg_cli_ok(serve_table "serve --preset llama3-8b --prompt 2048 --new-tokens 512 --batch 32 --device h100-80gb"
+  "peak: .* in prefill .*kv cache: +128.00 KiB per token and sequence.*largest batch at 2048 [+] 512 tokens: [0-9]+")
+memalg_cli_ok(serve_paged "serve --preset llama3-8b --prompt 2048 --new-tokens 512 --cache paged --device h100-80gb"
+  "blocks: +[0-9]+ blocks of 2.00 MiB: [0-9]+ sequences of 2560 tokens at once.*validated: +no")
 memalg_cli_ok(states_only "plan --preset gpt2-124m --device rtx4090 --states-only"
   "fits: yes.*note: model states only [(]--states-only[)]")
 memalg_cli_ok(states_alone_do_not_fit "plan --preset llama2-70b --device l4"

@@ -94,9 +94,11 @@ set_tests_properties(planner.output_refused PROPERTIES LABELS "host;cli")
 
 # Charts: written whole and well-formed (xmllint when installed; the unit test checks without it).
 find_program(MEMALG_XMLLINT xmllint)
-foreach(kind plan sweep)
+foreach(kind plan sweep serve)
   if(kind STREQUAL "plan")
     set(_args "plan --config ${_hf}/llama-2-7b.json --seq 4096 --dp 8 --zero 1 --svg ${_out}/plan.svg")
+  elseif(kind STREQUAL "serve")
+    set(_args "serve --config ${_hf}/llama-3-8b.json --prompt 2048 --new-tokens 512 --batch 32 --device h100-80gb --svg ${_out}/serve.svg")
   else()
     set(_args "sweep --config ${_hf}/llama-2-7b.json --seq 4096 --world 8 --micro-batch 1,2,4 --top 12 --svg ${_out}/sweep.svg")
   endif()

@@ -255,3 +255,31 @@ TEST_CASE("memalg serve --stack megatron reproduces Megatron-LM's inference gold
     CHECK(std::abs(e) <= 0.03);
   }
 }
+
+TEST_CASE("memalg serve reads a checkpoint's quantization_config as the weights' stored format") {
+  const auto weights_of = [](const std::string& config, const std::string& weights) {
+    serve_flags f;
+    f.model.config = std::string(MEMALG_SOURCE_DIR) + "/tests/data/hf/" + config;
+    f.prompt = "16";
+    f.weights = weights;
+    const serve_inputs in = make_serve_inputs(f);
+    return std::pair{in, evaluate_serving(in.base.model, in.serving, in.base.device).at_peak.weights.value};
+  };
+  // gpt-oss-20b: quant_method mxfp4 on the routed experts only (modules_to_not_convert: attention,
+  // router, embedding, output): 4 bits a value and one 8-bit scale per 32
+  const auto [oss, mx] = weights_of("gpt-oss-20b.json", "");
+  CHECK(std::string(oss.serving.weights.name) == "mxfp4");
+  CHECK(oss.serving.scope == quant_scope::experts);
+  const auto [oss16, bf] = weights_of("gpt-oss-20b.json", "bf16");
+  std::uint64_t experts = 0;
+  for (const layer_desc& l : oss.base.model) experts += std::min(l.expert_params, l.matrix_params) * l.count;
+  REQUIRE(experts > 0);
+  CHECK(bf - mx == experts * 2 - (experts / 2 + experts / 32));
+  // DeepSeek-V3: fp8 with 128×128 blocks on every matrix of its blocks
+  const auto [ds, fp8] = weights_of("deepseek-v3.json", "");
+  CHECK(std::string(ds.serving.weights.name) == "fp8_block128");
+  CHECK(ds.serving.scope == quant_scope::linear);
+  const auto [ds16, ds_bf] = weights_of("deepseek-v3.json", "bf16");
+  CHECK(fp8 * 2 > ds_bf);   // about half: the embedding, output and norms stay bf16
+  CHECK(fp8 * 19 < ds_bf * 10);
+}
