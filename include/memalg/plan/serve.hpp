@@ -33,11 +33,13 @@ namespace memalg {
 enum class kv_cache_kind : std::uint8_t {
   /// Hugging Face's DynamicCache (cache_utils.py, DynamicLayer.update): each layer's keys and values
   /// grow by concatenation, so for a moment a layer's old and new copy coexist; sliding-window
-  /// layers keep their last window − 1 tokens (DynamicSlidingWindowLayer).
+  /// layers keep a view of their last window − 1 tokens on the whole concatenation's storage
+  /// (DynamicSlidingWindowLayer).
   dynamic,
   /// Hugging Face's StaticCache: every layer's keys and values for max_cache_len tokens, allocated
-  /// once before the prefill and written in place (StaticLayer.update, index_copy_); sliding-window
-  /// layers hold min(window, max_cache_len) (StaticSlidingWindowLayer).
+  /// at the layer's first update in the prefill (StaticLayer.lazy_initialization) and written in
+  /// place after (index_copy_); sliding-window layers hold min(window, max_cache_len)
+  /// (StaticSlidingWindowLayer).
   fixed,
   /// vLLM's paged cache: blocks of `block_size` tokens for every layer, as many as fit in the
   /// memory the engine leaves after the weights and its profiling run (gpu_memory_utilization).
@@ -70,7 +72,7 @@ struct serving_desc {
   quant_scope scope = quant_scope::linear;
   dtype kv = dtypes::none;       ///< the cache's dtype (none: compute)
   kv_cache_kind cache = kv_cache_kind::dynamic;
-  std::uint64_t max_cache_len = 0;  ///< static cache: tokens per sequence (0: prompt + new_tokens)
+  std::uint64_t max_cache_len = 0;  ///< static cache: tokens per sequence (0: prompt + new_tokens − 1, generate's)
   std::uint64_t prefill_chunk = 0;  ///< chunked prefill: prompt tokens per forward (0: the whole prompt)
   serve_stack stack = serve_stack::pytorch;
   serve_attention attention = serve_attention::sdpa;
@@ -156,8 +158,8 @@ struct tape {
   }
 };
 
-/// What a block's forward reads: T query tokens (B sequences × q new tokens) attending to `keys`
-/// cached tokens, in dtype `e`, split by tp.
+/// What a block's forward reads: T query tokens (B sequences × q new tokens) in dtype `e`, split
+/// by tp, on the CPU's kernels or an accelerator's.
 struct step_shape {
   std::uint64_t batch = 1;
   std::uint64_t queries = 1;  ///< new tokens per sequence in this forward
@@ -654,8 +656,9 @@ constexpr std::string_view serving_error(const model_desc& m, const serving_desc
   if (d.batch == 0) return "a serving plan needs a batch of at least one sequence";
   if (d.prompt == 0) return "a serving plan needs a prompt of at least one token";
   if (d.tp == 0 || d.pp == 0) return "tensor and pipeline degrees start at 1";
-  if (d.cache == kv_cache_kind::fixed && d.max_cache_len != 0 && d.max_cache_len < d.prompt + d.new_tokens)
-    return "the static cache's max_cache_len is shorter than the prompt and the new tokens";
+  if (d.cache == kv_cache_kind::fixed && d.max_cache_len != 0 &&
+      d.max_cache_len < d.prompt + (d.new_tokens > 0 ? d.new_tokens - 1 : 0))
+    return "the static cache's max_cache_len is shorter than the tokens fed (the prompt and the new tokens but the last)";
   if (d.cache == kv_cache_kind::paged && d.block_size == 0) return "a paged cache needs a block size";
   if (d.cache == kv_cache_kind::paged && (d.utilization_permille == 0 || d.utilization_permille > 1000))
     return "gpu_memory_utilization lies in (0, 1]";
