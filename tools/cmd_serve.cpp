@@ -283,7 +283,7 @@ serve_envelope serve_envelope_of(const serve_inputs& in) {
   if (in.family.empty()) out.push_back("model: not read from a config.json of a measured family");
   else if (std::find(families.begin(), families.end(), in.family) == families.end()) out.push_back("family: " + in.family);
   if (d.stack == serve_stack::paged) out.push_back("cache: paged (vLLM is not measured: planned from its source)");
-  if (d.stack == serve_stack::megatron) out.push_back("stack: megatron (one inference test's golden value, bench/megatron/inference.json)");
+  if (d.stack == serve_stack::megatron) out.push_back("stack: megatron (three inference tests' golden values, bench/megatron/inference.json)");
   if (d.compute != dtypes::fp32 && d.compute != dtypes::bf16) out.push_back("dtype: " + std::string(d.compute.name));
   if (!d.weights.is_none()) out.push_back("weights: " + std::string(d.weights.name));
   if (!d.kv.is_none() && d.kv != d.compute) out.push_back("kv dtype: " + std::string(d.kv.name));
