@@ -288,7 +288,8 @@ serve_envelope serve_envelope_of(const serve_inputs& in) {
   if (!d.weights.is_none()) out.push_back("weights: " + std::string(d.weights.name));
   if (!d.kv.is_none() && d.kv != d.compute) out.push_back("kv dtype: " + std::string(d.kv.name));
   if (d.tp > 1 || d.pp > 1) out.push_back("parallel: tp " + std::to_string(d.tp) + ", pp " + std::to_string(d.pp));
-  if (d.prefill_chunk != 0) out.push_back("prefill chunk: " + std::to_string(d.prefill_chunk));
+  if (d.prefill_chunk != 0 && d.cache == kv_cache_kind::fixed)
+    out.push_back("prefill chunk: " + std::to_string(d.prefill_chunk) + " with the static cache (its early allocation)");
   if (d.batch > 16) out.push_back("batch: " + std::to_string(d.batch) + " (measured 1..16)");
   if (d.prompt > 2048) out.push_back("prompt: " + std::to_string(d.prompt) + " (measured 32..2048)");
   if (d.new_tokens > 480) out.push_back("new tokens: " + std::to_string(d.new_tokens) + " (measured 8..480)");

@@ -49,6 +49,7 @@ serve_flags flags_of(const json& c) {
   f.dtype_name = c["precision"].get<std::string>();
   f.cache = c["cache"].get<std::string>();
   f.attention = c["attention"].get<std::string>();
+  if (c.contains("prefill_chunk")) f.prefill_chunk = std::to_string(c["prefill_chunk"].get<std::uint64_t>());
   return f;
 }
 

@@ -22,6 +22,8 @@ def plan(memalg, c):
     cmd = [memalg, "serve", "--config", c["config"], "--batch", str(c["batch"]), "--prompt", str(c["prompt"]),
            "--new-tokens", str(c["new_tokens"]), "--dtype", c["precision"], "--cache", c["cache"],
            "--attention", c["attention"], "--device", "cpu", "--json"]
+    if c.get("prefill_chunk"):
+        cmd += ["--prefill-chunk", str(c["prefill_chunk"])]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit("%s: %s" % (c["name"], out.stderr.strip()))

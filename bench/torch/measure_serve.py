@@ -36,7 +36,7 @@ OUT = os.path.join(HERE, "serve.measured.json")
 DEFAULTS = {"attention": "sdpa", "precision": "fp32", "batch": 4, "prompt": 512, "new_tokens": 8,
             "cache": "dynamic", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": None, "head_dim": None,
             "ffn": None, "vocab": None, "window": None, "layer_types": None, "experts": None, "top_k": None,
-            "tied": None}
+            "tied": None, "prefill_chunk": None}
 
 
 def case(name, family, **kw):
@@ -72,6 +72,9 @@ def cases():
         case("srv-llama-decode", "llama", batch=16, prompt=16, new_tokens=160, kv_heads=8),
         case("srv-gemma3-decode-static", "gemma3", cache="static", batch=16, prompt=16, new_tokens=160, window=64,
              layers=6, kv_heads=8),
+        # Chunked prefill (generation_config.prefill_chunk_size): the prompt in forwards of 128 tokens.
+        case("srv-llama-chunked", "llama", prefill_chunk=128, batch=8),
+        case("srv-qwen3-chunked-bf16", "qwen3", prefill_chunk=128, precision="bf16", batch=8, hidden=768, heads=12),
     ]
 
 
@@ -122,8 +125,9 @@ class Phases:
     """record_function ranges around every forward of the model: "prefill" for the first of a
     generate call, "decode:L" for the later ones (L: the tokens in the cache after it)."""
 
-    def __init__(self, model, prompt):
+    def __init__(self, model, prompt, chunk=None):
         self.prompt = prompt
+        self.chunks = -(-prompt // chunk) if chunk else 1  # forwards of the prefill
         self.calls = 0
         self.open = None
         model.register_forward_pre_hook(self.enter)
@@ -133,7 +137,7 @@ class Phases:
         self.calls = 0
 
     def enter(self, module, args):
-        name = "prefill" if self.calls == 0 else "decode:%d" % (self.prompt + self.calls)
+        name = "prefill" if self.calls < self.chunks else "decode:%d" % (self.prompt + self.calls - self.chunks + 1)
         self.calls += 1
         self.open = torch.profiler.record_function(measure.CpuPhases.prefix + name)
         self.open.__enter__()
@@ -148,6 +152,8 @@ def generate(model, ids, mask, c):
     if c["cache"] == "static":
         kw["cache_implementation"] = "static"
         kw["disable_compile"] = True
+    if c["prefill_chunk"]:
+        kw["prefill_chunk_size"] = c["prefill_chunk"]
     with torch.no_grad():
         with torch.profiler.record_function(measure.CpuPhases.prefix + "generate"):
             return model.generate(ids, attention_mask=mask, **kw)
@@ -156,7 +162,7 @@ def generate(model, ids, mask, c):
 def profiled(c):
     """The model, its prompt and the profile of its second generate call."""
     model, ids, mask = build(c)
-    phases = Phases(model, c["prompt"])
+    phases = Phases(model, c["prompt"], c["prefill_chunk"])
     out = generate(model, ids, mask, c)  # warm-up: lazy state is made before the measured call
     assert out.shape == (c["batch"], c["prompt"] + c["new_tokens"]), out.shape
     del out
@@ -197,6 +203,8 @@ def measure_case(c):
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     d = {k: c[k] for k in ("name", "family", "attention", "precision", "batch", "prompt", "new_tokens", "cache")}
+    if c["prefill_chunk"]:
+        d["prefill_chunk"] = c["prefill_chunk"]
     d["model_type"] = config_dict(c)["model_type"]
     d["config"] = os.path.relpath(config_path(c), REPO).replace(os.sep, "/")
     d["parameters"] = sum(p.numel() for p in model.parameters())

@@ -283,6 +283,8 @@ def memalg_serve(case, memalg):
     cmd = [memalg, "serve", "--config", case["config"], "--batch", str(case["batch"]), "--prompt", str(case["prompt"]),
            "--new-tokens", str(case["new_tokens"]), "--dtype", case["precision"], "--cache", case["cache"],
            "--attention", case["attention"], "--device", "cpu", "--json"]
+    if case.get("prefill_chunk"):
+        cmd += ["--prefill-chunk", str(case["prefill_chunk"])]
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     except Exception as e:  # noqa: BLE001

@@ -270,11 +270,15 @@ constexpr cache_step hf_cache_step(const layer_shape& sh, const serving_desc& d,
     }
     return c;
   }
+  // A chunk of a chunked prefill after the first reads more keys than it has queries, at an
+  // offset: _ignore_causal_mask_sdpa cannot skip its mask (masking_utils.py).
+  const bool chunk_after_first = fed_before > 0 && q > 1;
   if (W == 0) {
     c.before = fed_before;
     c.after = total;
     c.read = total;
     c.returned = total;
+    c.mask = chunk_after_first;
     return c;
   }
   // DynamicSlidingWindowLayer.update: the whole concatenation is returned; the layer keeps a
@@ -286,7 +290,7 @@ constexpr cache_step hf_cache_step(const layer_shape& sh, const serving_desc& d,
   c.read = c.after;
   c.returned = c.after;
   c.both_first = true;
-  c.mask = c.read >= W;  // _ignore_causal_mask_sdpa: kv_length ≥ local size keeps the mask
+  c.mask = c.read >= W || chunk_after_first;  // _ignore_causal_mask_sdpa: kv_length ≥ local size keeps the mask
   return c;
 }
 
@@ -971,14 +975,21 @@ constexpr serve_result evaluate_serving(const model_desc& m, const serving_desc&
       scalars += instances_on_stage(l, stage, d.pp);
   const bytes flags = storage_bytes(index_dtype, scalars);
   base.generation = ids * 4 + flags;
+  // Chunked prefill (generation/utils.py _prefill with prefill_chunk_size): the prompt split in
+  // chunks, each cloned for its forward, the previous chunk's logits alive during the next.
   const std::uint64_t chunk = d.prefill_chunk != 0 ? serve_min(d.prefill_chunk, P) : P;
   forward_peak prefill{};
   std::uint64_t q_prev = 0;
   for (std::uint64_t done = 0; done < P; done += chunk) {
     const std::uint64_t q = serve_min(chunk, P - done);
-    const forward_peak f = hf_forward(m, d, stage, q, done + q, q_prev == 0 ? q : q_prev, base, dev.host);
+    serve_breakdown b = base;
+    b.generation = ids * 3 + storage_bytes(index_dtype, checked_mul(B, q)) + flags;
+    if (done > 0) b.logits = logits_e;
+    const forward_peak f = hf_forward(m, d, stage, q, done + q, q_prev == 0 ? q : q_prev, b, dev.host);
     if (prefill.peak < f.peak) prefill = f;
     q_prev = q;
+    // (the chunks between the second and the last are alike but for a shorter cache)
+    if (done > 0 && done + 2 * chunk < P) done = (P - 1) / chunk * chunk - chunk;
   }
   // After the prefill: the logits (B×1×V), generate's fp32 copy of them, the grown mask and positions.
   {
