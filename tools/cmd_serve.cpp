@@ -108,11 +108,11 @@ void serve_flags::add_to(CLI::App& app) {
                  "fp4, fp4-dq, mxfp4 (default: the config's quantization_config, else --dtype)");
   app.add_option("--kv-dtype", kv, "the cache's dtype: bf16, fp16, fp32, fp8 (default --dtype)");
   app.add_option("--cache", cache, "dynamic (Hugging Face's default), static, or paged (vLLM's blocks)");
-  app.add_option("--max-cache-len", max_cache_len, "static cache: tokens per sequence (default prompt + new tokens)");
+  app.add_option("--max-cache-len", max_cache_len, "static cache: tokens per sequence (default prompt + new tokens - 1, generate's)");
   app.add_option("--prefill-chunk", prefill_chunk, "prompt tokens per prefill forward (default: the whole prompt)");
-  app.add_option("--block-size", block_size, "paged cache: tokens per block (default 16)");
+  app.add_option("--block-size", block_size, "paged cache: tokens per block (default 16; --stack megatron: 256)");
   app.add_option("--gpu-memory-utilization", utilization, "paged cache: fraction of the device the engine takes (default 0.9)");
-  app.add_option("--max-num-batched-tokens", batched_tokens, "paged cache: tokens of vLLM's profiling forward (default 8192)");
+  app.add_option("--max-num-batched-tokens", batched_tokens, "paged cache: tokens of vLLM's profiling forward (default 8192); --stack megatron: tokens per step (default 16384)");
   app.add_option("--max-num-seqs", max_seqs, "paged cache: vLLM's max_num_seqs, the sampler's profiled rows (default 256)");
   app.add_option("--stack", stack, "pytorch (Hugging Face generate; default) or megatron (Megatron-core's dynamic inference engine)");
   app.add_option("--kv-buffer", kv_buffer, "megatron: the dynamic context's key/value pool (--inference-dynamic-batching-buffer-size-gb), e.g. 20GiB");
@@ -285,7 +285,9 @@ serve_envelope serve_envelope_of(const serve_inputs& in) {
   if (d.stack == serve_stack::paged) out.push_back("cache: paged (vLLM is not measured: planned from its source)");
   if (d.stack == serve_stack::megatron) out.push_back("stack: megatron (three inference tests' golden values, bench/megatron/inference.json)");
   if (d.compute != dtypes::fp32 && d.compute != dtypes::bf16) out.push_back("dtype: " + std::string(d.compute.name));
-  if (!d.weights.is_none()) out.push_back("weights: " + std::string(d.weights.name));
+  // (bitsandbytes' NF4 is measured on a dense family: its dequantized matrices beside each product)
+  const bool dense = in.family == "llama" || in.family == "qwen3" || in.family.rfind("gemma3", 0) == 0;
+  if (!d.weights.is_none() && !(d.weights == dtypes::nf4 && dense)) out.push_back("weights: " + std::string(d.weights.name));
   if (!d.kv.is_none() && d.kv != d.compute) out.push_back("kv dtype: " + std::string(d.kv.name));
   if (d.tp > 1 || d.pp > 1) out.push_back("parallel: tp " + std::to_string(d.tp) + ", pp " + std::to_string(d.pp));
   if (d.prefill_chunk != 0 && d.cache == kv_cache_kind::fixed)

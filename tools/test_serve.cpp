@@ -50,6 +50,7 @@ serve_flags flags_of(const json& c) {
   f.cache = c["cache"].get<std::string>();
   f.attention = c["attention"].get<std::string>();
   if (c.contains("prefill_chunk")) f.prefill_chunk = std::to_string(c["prefill_chunk"].get<std::uint64_t>());
+  if (c.contains("quant")) f.weights = c["quant"].get<std::string>();  // bitsandbytes' 4-bit checkpoint
   return f;
 }
 

@@ -24,6 +24,8 @@ def plan(memalg, c):
            "--attention", c["attention"], "--device", "cpu", "--json"]
     if c.get("prefill_chunk"):
         cmd += ["--prefill-chunk", str(c["prefill_chunk"])]
+    if c.get("quant"):
+        cmd += ["--weights", c["quant"]]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit("%s: %s" % (c["name"], out.stderr.strip()))

@@ -36,7 +36,7 @@ OUT = os.path.join(HERE, "serve.measured.json")
 DEFAULTS = {"attention": "sdpa", "precision": "fp32", "batch": 4, "prompt": 512, "new_tokens": 8,
             "cache": "dynamic", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": None, "head_dim": None,
             "ffn": None, "vocab": None, "window": None, "layer_types": None, "experts": None, "top_k": None,
-            "tied": None, "prefill_chunk": None}
+            "tied": None, "prefill_chunk": None, "quant": None}
 
 
 def case(name, family, **kw):
@@ -75,6 +75,8 @@ def cases():
         # Chunked prefill (generation_config.prefill_chunk_size): the prompt in forwards of 128 tokens.
         case("srv-llama-chunked", "llama", prefill_chunk=128, batch=8),
         case("srv-qwen3-chunked-bf16", "qwen3", prefill_chunk=128, precision="bf16", batch=8, hidden=768, heads=12),
+        # A bitsandbytes NF4 checkpoint (its linear layers but the output layer quantized), bf16 compute.
+        case("srv-llama-nf4", "llama", quant="nf4", precision="bf16", hidden=1024, heads=16, layers=8),
     ]
 
 
@@ -109,6 +111,17 @@ def build(c):
     torch.manual_seed(measure.SEED)
     dtype = torch.bfloat16 if c["precision"] == "bf16" else torch.float32
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=c["attention"], dtype=dtype)
+    if c["quant"]:
+        # saved and loaded again with a quantization_config, as a released 4-bit checkpoint is
+        import tempfile
+        qc = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=c["quant"].split("-")[0],
+                                             bnb_4bit_use_double_quant=c["quant"].endswith("-dq"),
+                                             bnb_4bit_compute_dtype=dtype)
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            del model
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                tmp, quantization_config=qc, device_map="cpu", attn_implementation=c["attention"], dtype=dtype)
     model.eval()
     g = model.generation_config
     g.eos_token_id = None
@@ -201,10 +214,13 @@ def measure_case(c):
     names = ["prefill"] + ["decode:%d" % (c["prompt"] + k) for k in range(1, c["new_tokens"])] + ["generate"]
     r = measure.analyse(prof, phases=tuple(names))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    # bitsandbytes' quantization states (absmax, code; nested with double quantization)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers()) + sum(
+        t.numel() * t.element_size() for t in measure.quant_state_tensors(model))
     d = {k: c[k] for k in ("name", "family", "attention", "precision", "batch", "prompt", "new_tokens", "cache")}
-    if c["prefill_chunk"]:
-        d["prefill_chunk"] = c["prefill_chunk"]
+    for k in ("prefill_chunk", "quant"):
+        if c[k]:
+            d[k] = c[k]
     d["model_type"] = config_dict(c)["model_type"]
     d["config"] = os.path.relpath(config_path(c), REPO).replace(os.sep, "/")
     d["parameters"] = sum(p.numel() for p in model.parameters())

@@ -170,7 +170,9 @@ def llm_analysis_peer(cases):
             shape, notes = llm_analysis_shape(case, config_of(case))
             bits = BITS[case["precision"]]
             model = ModelConfig(name=case["name"], **shape)
-            dtype = DtypeConfig(name=f"w{bits}a{bits}e{bits}", weight_bits=bits, activation_bits=bits,
+            # a bitsandbytes 4-bit checkpoint: 4-bit weights (its scales are not in llm-analysis)
+            wbits = 4 if case.get("quant") else bits
+            dtype = DtypeConfig(name=f"w{wbits}a{bits}e{bits}", weight_bits=wbits, activation_bits=bits,
                                 embedding_bits=bits)
             cls = LLMAnalysis if bits <= 16 else peers._with_32_bit_lookup(LLMAnalysis)
             with contextlib.redirect_stdout(io.StringIO()):
@@ -225,7 +227,7 @@ def accelerate_peer(cases):
             # The Hub lookup that `create_empty_model` makes first, answered locally.
             estimate.verify_on_hub = lambda repo, token=None, _c=cfg: SimpleNamespace(library_name="transformers",
                                                                                       config=_c)
-            dtype = ACCELERATE_DTYPE[case["precision"]]
+            dtype = "int4" if case.get("quant") else ACCELERATE_DTYPE[case["precision"]]
             args = SimpleNamespace(model_name=tmp, library_name="transformers", trust_remote_code=False,
                                    dtypes=[dtype])
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -234,7 +236,7 @@ def accelerate_peer(cases):
             notes = ["weights-only"]
             if not cfg.get("tie_word_embeddings", True):
                 notes.append("no-head")
-            if case["precision"] == "bf16":
+            if case["precision"] == "bf16" and not case.get("quant"):
                 notes.append("bf16-as-float16")
             results[case["name"]] = {"bytes": total, "largest_layer": largest, "dtype": dtype, "notes": notes}
         except Exception as e:  # noqa: BLE001
@@ -285,6 +287,8 @@ def memalg_serve(case, memalg):
            "--attention", case["attention"], "--device", "cpu", "--json"]
     if case.get("prefill_chunk"):
         cmd += ["--prefill-chunk", str(case["prefill_chunk"])]
+    if case.get("quant"):
+        cmd += ["--weights", case["quant"]]
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     except Exception as e:  # noqa: BLE001

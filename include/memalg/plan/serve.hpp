@@ -167,11 +167,24 @@ struct step_shape {
   std::uint64_t tp = 1;
   serve_attention attention = serve_attention::sdpa;
   bool cpu = false;  ///< the host's CPU kernels (device_desc::host)
+  /// bitsandbytes' 4-bit linear layers dequantize their weight for this forward: its matrices
+  /// exist in `e` while each product runs (gemm_4bit's dequantize + F.linear: always on the CPU,
+  /// on CUDA above 1536 rows, backends/cuda/ops.py _gemm_4bit_custom_max_m)
+  bool dequantize = false;
   constexpr std::uint64_t tokens() const { return checked_mul(batch, queries); }
   constexpr bytes act(std::uint64_t width) const { return storage_bytes(e, checked_mul(tokens(), width)); }
   constexpr bytes fp32(std::uint64_t width) const { return storage_bytes(dtypes::fp32, checked_mul(tokens(), width)); }
   constexpr bool wide() const { return e.bits >= 32; }
 };
+
+/// A linear layer's output of `width` on the tape, with the dequantized `in × out` weight beside
+/// it while the product runs when the layer is 4-bit (step_shape::dequantize).
+constexpr void hf_linear(tape& t, const step_shape& s, std::uint64_t in, std::uint64_t width) {
+  const bytes w = s.dequantize ? storage_bytes(s.e, checked_mul(in, width)) : bytes{};
+  t.alloc(w);
+  t.alloc(s.act(width));
+  t.free(w);
+}
 
 constexpr std::uint64_t split_heads(std::uint64_t heads, std::uint64_t tp) {
   return heads == 0 ? 0 : (heads >= tp ? ceil_div(heads, tp) : 1);
@@ -440,18 +453,18 @@ constexpr void hf_core(tape& t, const layer_shape& sh, const step_shape& s, std:
 /// (no gate): up, the activation, down.
 constexpr void hf_mlp(tape& t, const step_shape& s, std::uint64_t f, std::uint64_t h, bool gated) {
   if (gated) {
-    t.alloc(s.act(f));
-    t.alloc(s.act(f));
+    hf_linear(t, s, h, f);  // gate_proj
+    t.alloc(s.act(f));      // its activation
     t.free(s.act(f));
-    t.alloc(s.act(f));
-    t.alloc(s.act(f));
+    hf_linear(t, s, h, f);  // up_proj
+    t.alloc(s.act(f));      // the product
     t.free(s.act(f) + s.act(f));
   } else {
-    t.alloc(s.act(f));
+    hf_linear(t, s, h, f);
     t.alloc(s.act(f));
     t.free(s.act(f));
   }
-  t.alloc(s.act(h));  // down_proj
+  hf_linear(t, s, f, h);  // down_proj
   t.free(s.act(f));
 }
 
@@ -509,7 +522,9 @@ constexpr void hf_block(tape& t, const layer_desc& l, const step_shape& s, const
   } else {
     const std::uint64_t kh = split_heads(kv_heads_of(sh), s.tp);
     const bytes q = s.act(a * d), k = s.act(kh * d), v = s.act(kh * d);
-    t.alloc(q + k + v);  // q_proj, k_proj, v_proj
+    hf_linear(t, s, h, a * d);   // q_proj
+    hf_linear(t, s, h, kh * d);  // k_proj
+    hf_linear(t, s, h, kh * d);  // v_proj
     if ((sh.flags & layer_flags::qk_norm_per_head) != 0) {
       rms_norm(t, s, a * d, wfp32);  // q_norm (the projection dies with the rebinding)
       t.free(q);
@@ -524,7 +539,7 @@ constexpr void hf_block(tape& t, const layer_desc& l, const step_shape& s, const
     hf_cache_update(t, c, s.batch, kv);
     t.free(k + v);  // key_states and value_states rebound to the cache's
     hf_core(t, sh, s, a, kh, d, d, c.read, c.mask, probs);
-    t.alloc(s.act(h));  // o_proj
+    hf_linear(t, s, a * d, h);  // o_proj
     t.free(s.act(a * d) + q);
   }
   t.free(s.act(h));  // n1 (rebound to the attention's output)
@@ -767,6 +782,9 @@ constexpr forward_peak hf_forward(const model_desc& m, const serving_desc& d, st
   s.tp = d.tp;
   s.attention = d.attention;
   s.cpu = host;
+  s.dequantize = (d.weights == dtypes::nf4 || d.weights == dtypes::nf4_double_quant || d.weights == dtypes::fp4 ||
+                  d.weights == dtypes::fp4_double_quant) &&
+                 (host || s.tokens() > 1536);
   std::uint64_t hidden = 0;
   bool sliding = false, full = false;
   for (const layer_desc& l : m) {
