@@ -127,24 +127,13 @@ void serve_flags::add_to(CLI::App& app) {
 
 serve_inputs make_serve_inputs(const serve_flags& f) {
   if (f.prompt.empty()) throw usage_error("memalg serve needs --prompt N (prompt tokens per sequence)");
-  plan_flags pf = f.model;
-  if (pf.config.empty() && pf.preset.empty() && pf.layers.empty())
+  if (f.model.config.empty() && f.model.preset.empty() && f.model.layers.empty())
     throw usage_error("a model is required: --config FILE, --preset NAME, or --layers/--hidden/--heads/--vocab");
   serve_inputs in{};
-  std::string format;
-  if (!pf.config.empty()) {
-    import_options options{};
-    const hf_model hf = load_hf_config(pf.config, options);
-    in.family = std::string(hf.family);
-    format = hf.weight_format;
-    pf.config.clear();
-    in.base = make_inputs([&] {
-      plan_flags g = f.model;
-      return g;
-    }());
-  } else {
-    in.base = make_inputs(pf);
-  }
+  in.base = make_inputs(f.model);
+  in.family = in.base.family;
+  // The checkpoint's stored format, from its quantization_config (the model itself is read above).
+  const std::string format = f.model.config.empty() ? std::string() : load_hf_config(f.model.config, import_options{}).weight_format;
   serving_desc& d = in.serving;
   d.batch = parse_positive(f.batch, "--batch");
   d.prompt = parse_positive(f.prompt, "--prompt");
