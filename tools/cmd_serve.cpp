@@ -262,13 +262,20 @@ void write_serve_svg(const serve_inputs& in, const serve_result& r, const std::s
   write_svg(c, path);
 }
 
+const std::vector<std::string>& serve_measured_families() {
+  // As memalg import names them; test_serve checks that these are exactly the families of
+  // bench/torch/serve.measured.json's cases.
+  static const std::vector<std::string> families = {"llama", "qwen3", "gemma3", "deepseek_v3", "qwen3_moe", "gpt_oss"};
+  return families;
+}
+
 serve_envelope serve_envelope_of(const serve_inputs& in) {
   // The measured generations (bench/torch/serve.measured.json): Hugging Face generate with greedy
   // decoding on one process, fp32 and bf16, the dynamic and the static cache, SDPA and eager.
   serve_envelope e{};
   const serving_desc& d = in.serving;
   auto& out = e.outside;
-  const std::vector<std::string> families = {"llama", "qwen3", "gemma3_text", "gemma3", "deepseek_v3", "qwen3_moe", "gpt_oss"};
+  const std::vector<std::string>& families = serve_measured_families();
   if (in.family.empty()) out.push_back("model: not read from a config.json of a measured family");
   else if (std::find(families.begin(), families.end(), in.family) == families.end()) out.push_back("family: " + in.family);
   if (d.stack == serve_stack::paged) out.push_back("cache: paged (vLLM is not measured: planned from its source)");

@@ -296,6 +296,8 @@ struct serve_envelope {
   std::vector<std::string> outside;
 };
 serve_envelope serve_envelope_of(const serve_inputs& in);
+/// The families of the measured generations (the envelope's), as `memalg import` names them.
+const std::vector<std::string>& serve_measured_families();
 /// --weights' name → the stored dtype of the quantized matrices and the parameters it covers.
 std::pair<dtype, quant_scope> serve_weight_format(const std::string& name, dtype compute);
 serve_inputs make_serve_inputs(const serve_flags& f);

@@ -130,10 +130,16 @@ TEST_CASE("memalg serve bounds every measured generation: within 2 %, never belo
 }
 
 TEST_CASE("memalg serve says where a request leaves the measured generations") {
+  std::set<std::string> measured;
   for (const json& c : served()["cases"]) {
     CAPTURE(c["name"].get<std::string>());
-    CHECK(serve_envelope_of(make_serve_inputs(flags_of(c))).validated);
+    const serve_inputs in = make_serve_inputs(flags_of(c));
+    CHECK(serve_envelope_of(in).validated);
+    measured.insert(in.family);
   }
+  // the envelope's families are exactly the measured ones
+  const std::vector<std::string>& listed = serve_measured_families();
+  CHECK(std::set<std::string>(listed.begin(), listed.end()) == measured);
   serve_flags f = flags_of(served()["cases"][0]);
   f.weights = "awq-int4";
   f.tp = "2";
