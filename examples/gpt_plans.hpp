@@ -81,6 +81,31 @@ struct qwen2_fp32 {
   }();
 };
 
+/// The same size, Qwen3-shaped: as llama_fp32 with an RMSNorm over each query and key head before
+/// the rotary positions (q_norm, k_norm), heads wider than hidden / heads (32 for 64 / 4, as
+/// Qwen3-0.6B's 128 for 1024 / 16), ε 1e-6 and the output tied to the token embedding (Qwen3-0.6B's
+/// layout: modeling_qwen3.py, its config.json).
+struct qwen3_fp32 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = llama_fp32::value;
+    c.name = "qwen3-bytes";
+    c.qk_norm = true;
+    c.head_dim = 32;
+    c.norm_eps = 1e-6;
+    c.tied = true;
+    return c;
+  }();
+};
+
+/// qwen3_fp32 with bf16 logits, for the mixed-bf16 policy.
+struct qwen3_bf16 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = qwen3_fp32::value;
+    c.logits = m::dtypes::bf16;
+    return c;
+  }();
+};
+
 /// The same size, GPT-NeoX-shaped: parallel residual (y = x + attn(ln1(x)) + mlp(ln2(x))),
 /// LayerNorm with biases, GeLU MLP, rotary positions over a quarter of each head (Pythia's
 /// rotary_pct 0.25), an untied output layer, flash attention (modeling_gpt_neox.py).
@@ -194,6 +219,14 @@ struct on {
   MEMALG_NAMED_PLAN(qwen2_fp32_plan, "qwen2-fp32",
                     "fp32 AdamW, Qwen2-shaped (as llama-fp32 with q/k/v biases and a tied output), 1 rank",
                     vocab_plan<qwen2_fp32, fp32_adamw, single, Device>);
+  MEMALG_NAMED_PLAN(qwen3_fp32_plan, "qwen3-fp32",
+                    "fp32 AdamW, Qwen3-shaped (as llama-fp32 with per-head QK-norm, 32-wide heads and a tied output), "
+                    "1 rank",
+                    vocab_plan<qwen3_fp32, fp32_adamw, single, Device>);
+  MEMALG_NAMED_PLAN(qwen3_bf16_plan, "qwen3-bf16",
+                    "bf16 weights and gradients, fp32 master weights and AdamW states, Qwen3-shaped (as qwen3-fp32), "
+                    "1 rank",
+                    vocab_plan<qwen3_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>, single, Device>);
   MEMALG_NAMED_PLAN(neox_fp32_plan, "neox-fp32",
                     "fp32 AdamW, GPT-NeoX-shaped (parallel residual, LayerNorm with biases, GeLU, partial rotary, "
                     "untied output), 1 rank",
@@ -232,6 +265,10 @@ struct on {
                     "2 data-parallel ranks, ZeRO-1 (gradients reduced as bf16)",
                     vocab_plan<llama_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>,
                                m::parallel::mesh<m::parallel::data<2, m::parallel::zero<1>>>, Device>);
+  MEMALG_NAMED_PLAN(qwen3_tp2, "qwen3-tp2",
+                    "fp32 AdamW, Qwen3-shaped (as qwen3-fp32), 2 tensor-parallel ranks, vocabulary-parallel embedding "
+                    "and loss, the QK-norms' gradients summed over them",
+                    vocab_plan<qwen3_fp32, fp32_adamw, m::parallel::mesh<m::parallel::tensor<2>>, Device>);
   MEMALG_NAMED_PLAN(gpt2_124m_plan, "gpt2-124m",
                     "GPT-2 124M shape (vocab 50304, 12x768, 12 heads, seq 1024), mixed-bf16 AdamW, flash, 16x1024 "
                     "tokens, 1 rank",
@@ -246,9 +283,9 @@ struct on {
                                m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>, Device>);
 
   using all = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_selective, tiny_recompute, llama_fp32_plan, llama_bf16_plan,
-                         qwen2_fp32_plan, neox_fp32_plan, falcon_fp32_plan, dp2_zero1, dp2_zero2_bf16, dp4_zero3, tp2,
-                         tp2_replicated, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2, llama_bf16_dp2, gpt2_124m_plan, pp2,
-                         pp2_dp2>;
+                         qwen2_fp32_plan, qwen3_fp32_plan, qwen3_bf16_plan, neox_fp32_plan, falcon_fp32_plan, dp2_zero1,
+                         dp2_zero2_bf16, dp4_zero3, tp2, tp2_replicated, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2,
+                         llama_bf16_dp2, qwen3_tp2, gpt2_124m_plan, pp2, pp2_dp2>;
 };
 
 // ---- who runs what ----------------------------------------------------------------------------

@@ -33,16 +33,17 @@ bytes over one Hugging Face `model.generate` call) is given to
 The peers are never dependencies of the project. llm-analysis lives in a throw-away virtual
 environment; accelerate is the one of the PyTorch benchmark environment:
 
-    python3 -m venv /tmp/venv-peers && /tmp/venv-peers/bin/pip install llm-analysis==0.2.2
+    python3 -m venv ../.venv-peers && ../.venv-peers/bin/pip install llm-analysis==0.2.2   # beside the repository
     python3 bench/torch/serve_peers.py [--markdown | --json] [--cases PATTERNS] [--measured FILE] \
         [--memalg PATH] [--llm-analysis-python PY] [--accelerate-python PY]
 
 The script itself needs only the standard library: each peer runs in a child process of the
 interpreter that has it (`serve_peers.py --peer llm-analysis|accelerate`, the cases as JSON on
 stdin, its figures as JSON on stdout). Defaults: llm-analysis from `../.venv-peers/bin/python`
-(the environment of peers.py) or `/tmp/venv-peers/bin/python`, whichever exists, else this
-interpreter; accelerate from `~/.cache/memalg/venv-torch/bin/python`, else this interpreter. A peer
-that the interpreter lacks is reported as not installed and the script continues.
+(the environment of peers.py) if it exists, else this interpreter; accelerate from the PyTorch
+harness's environment (bench/torch/run.sh: `$MEMALG_TORCH_VENV`, else
+`${XDG_CACHE_HOME:-~/.cache}/memalg/venv-torch`) if it exists, else this interpreter. A peer that
+the interpreter lacks is reported as not installed and the script continues.
 
 MB is 10^6 bytes; error = (estimate - measured) / measured. The exit status is 0 whatever the
 errors are (a report, not a test).
@@ -449,14 +450,16 @@ def header(versions):
 
 
 def default_llm_analysis_python():
-    for p in (ROOT.parent / ".venv-peers" / "bin" / "python", Path("/tmp/venv-peers/bin/python")):
-        if p.exists():
-            return str(p)
-    return sys.executable
+    p = ROOT.parent / ".venv-peers" / "bin" / "python"
+    return str(p) if p.exists() else sys.executable
 
 
 def default_accelerate_python():
-    p = Path.home() / ".cache" / "memalg" / "venv-torch" / "bin" / "python"
+    venv = os.environ.get("MEMALG_TORCH_VENV")  # bench/torch/run.sh's environment
+    if not venv:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        venv = str(Path(cache) / "memalg" / "venv-torch")
+    p = Path(venv) / "bin" / "python"
     return str(p) if p.exists() else sys.executable
 
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
-// Llama-family decoder kernels in fp64: RoPE, SwiGLU and grouped-query attention against their
-// Hugging Face transformers definitions and finite differences.
+// Llama-family decoder kernels in fp64: RoPE, SwiGLU, grouped-query attention and Qwen3's per-head
+// QK-norm against their Hugging Face transformers definitions and finite differences.
 // As in test_gradcheck.cpp, each gradient check uses L = Σ out·r with a fixed random r, runs the
 // backward with dout = r, and starts written input gradients from NaN.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -15,6 +15,7 @@
 
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
+#include "memalg/backend/cpu/qk_norm.hpp"
 #include "memalg/backend/cpu/rotary.hpp"
 #include "test_util.hpp"
 
@@ -194,6 +195,69 @@ TEST_CASE("gradcheck: rope on fused qkv") {
   vec dqkv = nans(qkv.size());
   cpu::rope_qkv_backward(dqkv.data(), r.data(), sh, 4, 100.0);
   check_gradient("dqkv", qkv, dqkv, loss);
+}
+
+// ---- Qwen3's QK-norm (Qwen3Attention: q_norm(q_proj(x).view(..., head_dim)), the same for k) ----
+
+namespace {
+/// transformers' Qwen3RMSNorm on every query and key head of a fused qkv, written as there:
+/// x · rsqrt(mean(x²) + ε), times the weight; the value heads pass.
+vec hf_qk_norm(const vec& qkv, std::size_t N, std::size_t H, std::size_t Hkv, std::size_t D, const vec& wq,
+               const vec& wk, double eps) {
+  vec y = qkv;
+  const std::size_t row = (H + 2 * Hkv) * D;
+  for (std::size_t n = 0; n < N; ++n)
+    for (std::size_t j = 0; j < H + Hkv; ++j) {
+      double var = 0;
+      for (std::size_t c = 0; c < D; ++c) var += qkv[n * row + j * D + c] * qkv[n * row + j * D + c];
+      var /= static_cast<double>(D);
+      for (std::size_t c = 0; c < D; ++c)
+        y[n * row + j * D + c] = (j < H ? wq[c] : wk[c]) * (qkv[n * row + j * D + c] / std::sqrt(var + eps));
+    }
+  return y;
+}
+}  // namespace
+
+TEST_CASE("qk_norm: equals transformers' Qwen3RMSNorm per head; keeps the heads as they were; values untouched") {
+  const std::size_t N = 3, H = 4, Hkv = 2, D = 5, row = (H + 2 * Hkv) * D;
+  const vec x = randn(N * row, 11, 2.0), wq = randn(D, 12), wk = randn(D, 13);
+  vec y = x, pre = nans(N * (H + Hkv) * D);
+  cpu::qk_rmsnorm_forward(y.data(), pre.data(), wq.data(), wk.data(), N, H, Hkv, D, 1e-6);
+  CHECK(max_abs_diff(y, hf_qk_norm(x, N, H, Hkv, D, wq, wk, 1e-6)) < 1e-13);
+  for (std::size_t n = 0; n < N; ++n) {
+    for (std::size_t i = 0; i < (H + Hkv) * D; ++i) CHECK(pre[n * (H + Hkv) * D + i] == x[n * row + i]);
+    for (std::size_t i = (H + Hkv) * D; i < row; ++i) CHECK(y[n * row + i] == x[n * row + i]);
+  }
+  CHECK_THROWS_AS(cpu::qk_rmsnorm_forward(y.data(), pre.data(), wq.data(), wk.data(), N, H, 3, D, 1e-6),
+                  std::invalid_argument);  // 3 does not divide 4
+  CHECK_THROWS_AS(cpu::qk_rmsnorm_forward(y.data(), pre.data(), wq.data(), wk.data(), N, H, Hkv, D, 0.0),
+                  std::invalid_argument);
+}
+
+TEST_CASE("gradcheck: qk_norm (query and key heads, both weights)") {
+  const std::size_t N = 3, H = 4, Hkv = 2, D = 5, row = (H + 2 * Hkv) * D;
+  const double eps = 1e-6;
+  vec x = randn(N * row, 21, 1.5), wq = randn(D, 22), wk = randn(D, 23), r = randn(N * row, 24);
+  auto loss = [&] {
+    vec y = x;
+    cpu::qk_rmsnorm_forward(y.data(), static_cast<double*>(nullptr), wq.data(), wk.data(), N, H, Hkv, D, eps);
+    return dot(y, r);
+  };
+  vec y = x, pre(N * (H + Hkv) * D);
+  cpu::qk_rmsnorm_forward(y.data(), pre.data(), wq.data(), wk.data(), N, H, Hkv, D, eps);
+  vec g = r;  // in place: the value heads' gradient passes through untouched
+  vec dwq(D, 0.0), dwk(D, 0.0);
+  cpu::qk_rmsnorm_backward(g.data(), dwq.data(), dwk.data(), pre.data(), wq.data(), wk.data(), N, H, Hkv, D, eps);
+  check_gradient("dqkv", x, g, loss);
+  check_gradient("dwq", wq, dwq, loss);
+  check_gradient("dwk", wk, dwk, loss);
+  // dw accumulates into what is there
+  vec dwq2(D, 1.0), dwk2(D, 1.0), g2 = r;
+  cpu::qk_rmsnorm_backward(g2.data(), dwq2.data(), dwk2.data(), pre.data(), wq.data(), wk.data(), N, H, Hkv, D, eps);
+  for (std::size_t c = 0; c < D; ++c) {
+    CHECK(dwq2[c] == doctest::Approx(dwq[c] + 1.0).epsilon(1e-12));
+    CHECK(dwk2[c] == doctest::Approx(dwk[c] + 1.0).epsilon(1e-12));
+  }
 }
 
 // ---- SwiGLU (LlamaMLP: act_fn(gate_proj(x)) · up_proj(x), act_fn = silu) ------------------------

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// GPU tests of layernorm.cuh, rmsnorm.cuh and embedding.cuh against the CPU reference (in double).
+// GPU tests of layernorm.cuh, rmsnorm.cuh, qk_norm.cuh and embedding.cuh against the CPU reference (in double).
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -7,9 +7,11 @@
 #include "gpu_test_util.hpp"
 #include "memalg/backend/cpu/embedding.hpp"
 #include "memalg/backend/cpu/layernorm.hpp"
+#include "memalg/backend/cpu/qk_norm.hpp"
 #include "memalg/backend/cpu/rmsnorm.hpp"
 #include "memalg/backend/cuda/embedding.cuh"
 #include "memalg/backend/cuda/layernorm.cuh"
+#include "memalg/backend/cuda/qk_norm.cuh"
 #include "memalg/backend/cuda/rmsnorm.cuh"
 
 using namespace gpu_test;
@@ -77,6 +79,33 @@ TEST_CASE_TEMPLATE("rmsnorm: forward and backward match the CPU reference", T, f
   cu::rmsnorm_backward(d_din.get(), d_dw.get(), d_dout.get(), d_in.get(), d_w.get(), d_rstd.get(), N, C);
   check_close<T>("din", d_din.download(), r_din);
   check_close<T>("dw", d_dw.download(), r_dw);
+}
+
+TEST_CASE_TEMPLATE("qk_norm: forward and backward in place on the query and key heads match the CPU reference", T, float,
+                   cu::bf16, cu::fp16) {
+  // Qwen3-like heads: 4 query heads over 2 key/value heads, 128 wide (wider than a warp).
+  const std::int64_t N = 37, H = 4, Hkv = 2, D = 128, row = (H + 2 * Hkv) * D, pre_n = N * (H + Hkv) * D;
+  const auto qkv = random_values<T>(N * row, -2, 2, 21);
+  const auto wq = random_values<T>(D, 0.5f, 1.5f, 22), wk = random_values<T>(D, 0.5f, 1.5f, 23);
+  const auto dqkv = random_values<T>(N * row, -1, 1, 24);
+  const auto dwq0 = random_values<T>(D, -1, 1, 25), dwk0 = random_values<T>(D, -1, 1, 26);
+  std::vector<double> r_qkv = to_double(qkv), r_pre(pre_n), r_dqkv = to_double(dqkv), r_dwq = to_double(dwq0),
+                      r_dwk = to_double(dwk0);
+  const std::vector<double> r_wq = to_double(wq), r_wk = to_double(wk);
+  cpu::qk_rmsnorm_forward(r_qkv.data(), r_pre.data(), r_wq.data(), r_wk.data(), N, H, Hkv, D, 1e-6);
+  cpu::qk_rmsnorm_backward(r_dqkv.data(), r_dwq.data(), r_dwk.data(), r_pre.data(), r_wq.data(), r_wk.data(), N, H, Hkv, D,
+                           1e-6);
+
+  dbuf<T> d_qkv(qkv), d_pre(pre_n), d_wq(wq), d_wk(wk), d_dqkv(dqkv), d_dwq(dwq0), d_dwk(dwk0);
+  dbuf<float> d_rstd(N * (H + Hkv));
+  cu::qk_rmsnorm_forward(d_qkv.get(), d_pre.get(), d_wq.get(), d_wk.get(), N, H, Hkv, D, 1e-6f);
+  check_close<T>("qkv", d_qkv.download(), r_qkv);  // the value heads untouched: exactly the input there
+  check_close<T>("pre", d_pre.download(), r_pre);
+  cu::qk_rmsnorm_backward(d_dqkv.get(), d_dwq.get(), d_dwk.get(), d_pre.get(), d_wq.get(), d_wk.get(), d_rstd.get(), N, H,
+                          Hkv, D, 1e-6f);
+  check_close<T>("dqkv", d_dqkv.download(), r_dqkv);
+  check_close<T>("dwq", d_dwq.download(), r_dwq);
+  check_close<T>("dwk", d_dwk.download(), r_dwk);
 }
 
 namespace {

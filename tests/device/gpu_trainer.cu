@@ -199,6 +199,18 @@ TEST_CASE("CUDA step backend: Llama-shaped fp32 follows the CPU step backend") {
                                   first_loss_tolerance, cpu_tolerance);
 }
 
+TEST_CASE("CUDA step backend: Qwen3-shaped fp32 and mixed-bf16 follow the CPU step backend") {
+  ex::gpt_config c = llama_config();  // with Qwen3's per-head QK-norm, heads wider than hidden / heads, tied output
+  c.qk_norm = true;
+  c.head_dim = 16;
+  c.norm_eps = 1e-6;
+  c.tied = true;
+  check_against_cpu<float, float>("per-head QK-norm, 16-wide heads, GQA flash attention, tied output", c,
+                                  first_loss_tolerance, cpu_tolerance);
+  c.master_weights = true;
+  check_against_cpu<memalg::bf16, cu::bf16>("Qwen3-shaped mixed-bf16", c, bf16_tolerance, bf16_tolerance);
+}
+
 TEST_CASE("CUDA step backend: mixed-bf16 follows the CPU step backend within a relative 2e-2") {
   ex::gpt_config c = tiny_config();
   c.master_weights = true;  // the mixed-bf16 policy: fp32 master weights next to the bf16 ones

@@ -70,6 +70,19 @@ struct chunked {
   }();
 };
 struct qwen2_flash_bf16 { static constexpr m::lm_config value = llama(true, 2, 2, m::dtypes::bf16, true); };
+// Qwen3-shaped: an RMSNorm over each query and key head (q_norm, k_norm) before the rotary
+// positions, heads wider than hidden / heads (12 for 32 / 4), tied output; flash or naive.
+template <bool Flash, bool Bf16 = false>
+struct qwen3 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = llama(Flash, Flash ? 2 : 0, 2, Bf16 ? m::dtypes::bf16 : m::dtypes::fp32, true);
+    c.qkv_bias = false;
+    c.qk_norm = true;
+    c.head_dim = 12;
+    c.norm_eps = 1e-6;
+    return c;
+  }();
+};
 
 template <class Plan>
 void check_llama() {
@@ -132,6 +145,19 @@ void check_llama() {
   CHECK(rot_f >= run::config.layers);
   CHECK(swiglu >= run::config.layers);
   CHECK(rms >= 2 * run::config.layers + 1);
+  // Qwen3's QK-norm: one forward and one backward per block, over the block's query and key heads.
+  std::size_t qk_f = 0, qk_b = 0;
+  for (const m::exec::op& o : trainer.step_program().micro) {
+    if (const auto* q = std::get_if<m::exec::ops::qk_norm_fwd>(&o.body)) {
+      ++qk_f;
+      CHECK(q->wq.count == run::config.head_dim);
+      CHECK(q->pre.count == run::config.micro_batch * run::config.sequence * (run::config.heads + run::config.kv_heads) *
+                                run::config.head_dim);
+    }
+    if (std::holds_alternative<m::exec::ops::qk_norm_bwd>(o.body)) ++qk_b;
+  }
+  CHECK(qk_b == (run::config.qk_norm ? run::config.layers : 0));
+  CHECK(qk_f >= qk_b);
 }
 }  // namespace
 
@@ -154,7 +180,13 @@ TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark
                    plan_for<gqa_flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<gqa_flash_fp16, m::precision::amp_fp16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
                    plan_for<chunked<8>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<chunked<12>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>) {
+                   plan_for<chunked<12>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>,
+                   plan_for<qwen3<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<qwen3<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<qwen3<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<1, 32>, m::train::grad_accum<2>, m::train::recompute::full>,
+                   plan_for<qwen3<false>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<qwen3<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<qwen3<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>) {
   check_llama<Plan>();
 }
 
@@ -211,6 +243,13 @@ TEST_CASE("Llama-shaped plans the CPU runtime does not implement are named") {
   CHECK(find_cpu_runtime_issue(partial, t, mesh) == runtime_issue::architecture);
   partial.rotary_dim = 10;  // more than the head width (8)
   CHECK(find_cpu_runtime_issue(partial, t, mesh) == runtime_issue::architecture);
+  // Qwen3's per-head QK-norm runs in RMSNorm blocks; in LayerNorm blocks it is no model's, and the
+  // GPT-2 rule (the CUDA runtime's shared one) refuses it.
+  CHECK(find_cpu_runtime_issue(qwen3<true>::value, t, mesh) == runtime_issue::none);
+  CHECK(find_runtime_issue(qwen3<true>::value, t, mesh) == runtime_issue::architecture);
+  m::lm_config qk_layernorm = qwen3<true>::value;
+  qk_layernorm.rms_norm = false;
+  CHECK(find_cpu_runtime_issue(qk_layernorm, t, mesh) == runtime_issue::architecture);
   mesh.dp = 2;
   mesh.world = 2;
   CHECK(find_cpu_runtime_issue(gqa_flash::value, t, mesh) == runtime_issue::none);  // tests/mpi: test_llama_parallel

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: BSL-1.0
 // The step program on several ranks against one rank training the same global batch: Llama-shaped
-// blocks (RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied output) in fp32, and
-// the GPT-2 and Llama-shaped blocks in mixed bf16 and amp-fp16, whose gradients travel as 16-bit
+// blocks (RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied output) in fp32,
+// Qwen3-shaped ones (per-head QK-norm, whose weight gradients the ranks of a tensor-parallel group
+// sum, heads wider than hidden / heads, tied output) in fp32 and mixed bf16, and the GPT-2 and
+// Llama-shaped blocks in mixed bf16 and amp-fp16, whose gradients travel as 16-bit
 // buffers through mpi_communicator's 16-bit reductions.
 //
 // Under tensor parallelism the token embedding, the output layer and the loss are vocabulary-
@@ -46,7 +48,7 @@ constexpr int steps = 8;
 
 enum class prec { fp32, bf16, fp16 };
 
-exec::gpt_config model(bool llama, prec p, bool dropout) {
+exec::gpt_config model(bool llama, prec p, bool dropout, bool qwen3 = false) {
   exec::gpt_config c{};
   c.vocab = 64;
   c.positions = llama ? 0 : 16;
@@ -68,6 +70,12 @@ exec::gpt_config model(bool llama, prec p, bool dropout) {
     c.gated = true;
     c.bias = false;
     c.tied = false;
+  }
+  if (qwen3) {
+    c.qk_norm = true;
+    c.head_dim = 16;  // wider than hidden / heads; every ZeRO-3 shard a whole number of 16 bytes in bf16
+    c.norm_eps = 1e-6;
+    c.tied = true;
   }
   c.master_weights = p != prec::fp32;
   c.loss_scaling = p == prec::fp16;
@@ -129,6 +137,7 @@ struct variant {
   bool llama;
   prec p;
   bool dropout;
+  bool qwen3 = false;
 };
 
 /// The one-rank losses of a variant on the global batch of `dp` ranks (computed once per dp).
@@ -137,7 +146,7 @@ const std::vector<float>& one_rank(const variant& v, std::size_t dp) {
   static std::vector<std::pair<std::pair<const variant*, std::size_t>, std::vector<float>>> cache;
   for (const auto& [key, l] : cache)
     if (key.first == &v && key.second == dp) return l;
-  exec::gpt_config one = model(v.llama, v.p, v.dropout);
+  exec::gpt_config one = model(v.llama, v.p, v.dropout, v.qwen3);
   one.micro_batch *= dp;  // the same global batch in one micro-batch of dp × B sequences
   cpu::local_communicator solo_dp, solo_tp;
   cache.push_back({{&v, dp}, losses<T>(one, {}, storage(v.p), solo_dp, solo_tp, dp)});
@@ -150,7 +159,7 @@ std::string compare(const variant& v, const layout& l, cpu::mpi_communicator& wo
   const int tp_rank = me % static_cast<int>(l.tp), dp_rank = me / static_cast<int>(l.tp);  // Megatron order
   cpu::mpi_communicator tp = world.split(dp_rank, me);
   cpu::mpi_communicator dp = world.split(tp_rank, me);
-  exec::gpt_config c = model(v.llama, v.p, v.dropout);
+  exec::gpt_config c = model(v.llama, v.p, v.dropout, v.qwen3);
   c.dp = l.dp;
   c.tp = l.tp;
   c.zero_stage = l.zero;
@@ -192,7 +201,8 @@ int main(int argc, char** argv) {
     const variant variants[] = {
         {"llama fp32", true, prec::fp32, false},  {"llama fp32 dropout", true, prec::fp32, true},
         {"gpt2 bf16", false, prec::bf16, false},  {"llama bf16", true, prec::bf16, false},
-        {"gpt2 fp16", false, prec::fp16, false},
+        {"gpt2 fp16", false, prec::fp16, false},  {"qwen3 fp32", true, prec::fp32, false, true},
+        {"qwen3 bf16", true, prec::bf16, false, true},
     };
     for (const variant& v : variants)
       for (const layout& l : layouts) {

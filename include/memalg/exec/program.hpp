@@ -126,6 +126,12 @@ struct attention_bwd { operand dqkv, dout, qkv, out, probs_or_lse; attn_shape sh
 // (position n % S, the first rot_dim dimensions of each head); backward rotates dQ, dK back.
 struct rotary_fwd { operand qkv; attn_shape sh; std::uint32_t rot_dim; float theta; };
 struct rotary_bwd { operand dqkv; attn_shape sh; std::uint32_t rot_dim; float theta; };
+// Per-head RMSNorm of the query and key heads of a fused qkv [B·S, (H + 2Hkv)·D], in place (Qwen3's
+// q_norm and k_norm: one weight [D] for the query heads, one for the key heads, ε eps): forward
+// copies the heads as they were into pre [B·S, (H + Hkv)·D] (what backward reads), backward
+// runs in place on dqkv's query and key heads and accumulates dwq, dwk (backend/cpu/qk_norm.hpp).
+struct qk_norm_fwd { operand qkv, pre, wq, wk; attn_shape sh; double eps = 0; };
+struct qk_norm_bwd { operand dqkv, dwq, dwk, pre, wq, wk; attn_shape sh; double eps = 0; };
 // gelu: elementwise. swiglu: in [N, 2F] = [gate ‖ up] → out [N, F]; its backward writes din
 // [N, 2F] and may run in place over a dout [N, F] that is din's first N·F elements.
 // relu, tanh: elementwise, and their backward reads the forward's output y (f'(x) from y: y > 0,
@@ -230,7 +236,7 @@ struct recv { operand buf; std::uint32_t peer; };
 
 using op_body =
     std::variant<ops::embedding_fwd, ops::embedding_bwd, ops::norm_fwd, ops::norm_bwd, ops::linear_fwd, ops::linear_bwd,
-                 ops::attention_fwd, ops::attention_bwd, ops::rotary_fwd, ops::rotary_bwd, ops::activation_fwd, ops::activation_bwd, ops::dropout_fwd,
+                 ops::attention_fwd, ops::attention_bwd, ops::rotary_fwd, ops::rotary_bwd, ops::qk_norm_fwd, ops::qk_norm_bwd, ops::activation_fwd, ops::activation_bwd, ops::dropout_fwd,
                  ops::dropout_bwd, ops::residual_add, ops::bias_add, ops::loss, ops::loss_mean, ops::scalar_div,
                  ops::zero, ops::copy, ops::sqnorm, ops::norm_parts, ops::clip_scale, ops::optimizer_update,
                  ops::all_reduce, ops::reduce_scatter, ops::all_gather, ops::send, ops::recv,
@@ -293,6 +299,10 @@ constexpr access_list accesses(const attention_bwd& o) {  // naive backward need
 }
 constexpr access_list accesses(const rotary_fwd& o) { return {{o.qkv, U}}; }
 constexpr access_list accesses(const rotary_bwd& o) { return {{o.dqkv, U}}; }
+constexpr access_list accesses(const qk_norm_fwd& o) { return {{o.qkv, U}, {o.pre, W}, {o.wq, R}, {o.wk, R}}; }
+constexpr access_list accesses(const qk_norm_bwd& o) {
+  return {{o.dqkv, U}, {o.dwq, U}, {o.dwk, U}, {o.pre, R}, {o.wq, R}, {o.wk, R}};
+}
 constexpr access_list accesses(const activation_fwd& o) { return {{o.out, W}, {o.in, R}}; }
 constexpr access_list accesses(const activation_bwd& o) { return {{o.din, W}, {o.dout, R}, {o.in, R}}; }
 constexpr access_list accesses(const dropout_fwd& o) { return {{o.out, W}, {o.mask, W}, {o.in, R}}; }

@@ -42,6 +42,9 @@ constexpr param_tally transformer_block_params(const layer_shape& s) {
     p += norm;
   }
   p += attention_params(s);
+  // Qwen3's q_norm and k_norm: one RMSNorm weight over head_dim each, shared by the heads and
+  // replicated under tensor parallelism (modeling_qwen3.py, Qwen3Attention.__init__).
+  if ((s.flags & layer_flags::qk_norm_per_head) != 0) p.add_vector(2 * (s.head_dim != 0 ? s.head_dim : s.hidden / s.heads), true);
   if (cross) {
     p += norm;
     p += attention_params(s);
@@ -91,6 +94,7 @@ struct lm_config {
   bool tied = true;             ///< output layer shares the token embedding
   bool bias = true;
   bool qkv_bias = false;         ///< without `bias`: biases on q, k, v only (Qwen2)
+  bool qk_norm = false;          ///< an RMSNorm over head_dim on each query and key head (Qwen3's q_norm, k_norm)
   bool flash = false;
   bool causal = true;
   std::uint64_t dropout_permille = 0;
@@ -153,7 +157,7 @@ constexpr layer_shape block_shape(const lm_config& c) {
             (c.softmax_scores_dtype ? layer_flags::softmax_scores_dtype : 0u) |
             (c.softmax_stream_dtype ? layer_flags::softmax_stream_dtype : 0u) |
             (residual_dropout ? layer_flags::residual_dropout : 0u) |
-            (c.qkv_bias ? layer_flags::qkv_bias : 0u);
+            (c.qkv_bias ? layer_flags::qkv_bias : 0u) | (c.qk_norm ? layer_flags::qk_norm_per_head : 0u);
   s.rotary_dim = c.rotary ? c.rotary_dim : 0;
   s.norm_eps = c.norm_eps;
   s.norm_bias = !c.bias && c.norm_bias;

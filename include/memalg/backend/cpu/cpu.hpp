@@ -19,6 +19,7 @@
 #include "memalg/backend/cpu/loss_scaler.hpp"
 #include "memalg/backend/cpu/optimizer.hpp"
 #include "memalg/backend/cpu/pointwise.hpp"
+#include "memalg/backend/cpu/qk_norm.hpp"
 #include "memalg/backend/cpu/rmsnorm.hpp"
 #include "memalg/backend/cpu/rotary.hpp"
 #include "memalg/backend/cpu/speech_loss.hpp"

@@ -55,6 +55,7 @@
 #include "memalg/backend/cpu/loss_scaler.hpp"
 #include "memalg/backend/cpu/optimizer.hpp"
 #include "memalg/backend/cpu/pointwise.hpp"
+#include "memalg/backend/cpu/qk_norm.hpp"
 #include "memalg/backend/cpu/rmsnorm.hpp"
 #include "memalg/backend/cpu/rotary.hpp"
 #include "memalg/backend/cpu/speech_loss.hpp"
@@ -326,6 +327,25 @@ class step_backend {
     if (o.dqkv.count != sh.rows() * sh.qkv_width()) fail("rotary_bwd: dqkv is not [B·S, (H + 2Hkv)·D]");
     T* x = inout<T>(o.dqkv);
     rope_qkv_backward(x, x, sh, o.rot_dim, static_cast<double>(o.theta));
+  }
+  void execute(const exec::ops::qk_norm_fwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.qkv.count != sh.rows() * sh.qkv_width()) fail("qk_norm_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
+    if (o.pre.count != sh.rows() * (sh.H + sh.Hkv) * sh.D) fail("qk_norm_fwd: pre is not [B·S, (H + Hkv)·D]");
+    if (o.wq.count != sh.D || o.wk.count != sh.D) fail("qk_norm_fwd: the weights are not [D]");
+    if (!(o.eps > 0)) fail("qk_norm_fwd: the op carries no epsilon (> 0)");
+    qk_rmsnorm_forward(inout<T>(o.qkv), out<T>(o.pre), cptr<T>(o.wq), cptr<T>(o.wk), sh.rows(), sh.H, sh.Hkv, sh.D,
+                       o.eps);
+  }
+  void execute(const exec::ops::qk_norm_bwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.dqkv.count != sh.rows() * sh.qkv_width()) fail("qk_norm_bwd: dqkv is not [B·S, (H + 2Hkv)·D]");
+    if (o.pre.count != sh.rows() * (sh.H + sh.Hkv) * sh.D) fail("qk_norm_bwd: pre is not [B·S, (H + Hkv)·D]");
+    if (o.wq.count != sh.D || o.wk.count != sh.D || o.dwq.count != sh.D || o.dwk.count != sh.D)
+      fail("qk_norm_bwd: the weights or their gradients are not [D]");
+    if (!(o.eps > 0)) fail("qk_norm_bwd: the op carries no epsilon (> 0)");
+    qk_rmsnorm_backward(inout<T>(o.dqkv), inout<T>(o.dwq), inout<T>(o.dwk), cptr<T>(o.pre), cptr<T>(o.wq),
+                        cptr<T>(o.wk), sh.rows(), sh.H, sh.Hkv, sh.D, o.eps);
   }
   void execute(const exec::ops::activation_fwd& o, exec::run_state&) {
     if (o.k == exec::ops::activation_kind::swiglu) {

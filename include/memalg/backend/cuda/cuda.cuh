@@ -17,6 +17,7 @@
 #include "memalg/backend/cuda/embedding.cuh"
 #include "memalg/backend/cuda/layernorm.cuh"
 #include "memalg/backend/cuda/rmsnorm.cuh"
+#include "memalg/backend/cuda/qk_norm.cuh"
 #include "memalg/backend/cuda/batchnorm.cuh"
 #include "memalg/backend/cuda/conv1d.cuh"
 #include "memalg/backend/cuda/activation.cuh"

@@ -94,6 +94,7 @@
 #include "memalg/backend/cuda/memory.cuh"
 #include "memalg/backend/cuda/optimizer.cuh"
 #include "memalg/backend/cuda/pointwise.cuh"
+#include "memalg/backend/cuda/qk_norm.cuh"
 #include "memalg/backend/cuda/reduce.cuh"
 #include "memalg/backend/cuda/rmsnorm.cuh"
 #include "memalg/backend/cuda/rotary.cuh"
@@ -145,6 +146,8 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
             using O = std::decay_t<decltype(x)>;
             if constexpr (std::is_same_v<O, exec::ops::norm_fwd> || std::is_same_v<O, exec::ops::norm_bwd>)
               s.stat_rows = std::max<std::size_t>(s.stat_rows, x.N);
+            else if constexpr (std::is_same_v<O, exec::ops::qk_norm_bwd>)  // rstd of every query and key head row
+              s.stat_rows = std::max<std::size_t>(s.stat_rows, std::size_t{x.sh.B} * x.sh.S * (x.sh.H + x.sh.Hkv));
             else if constexpr (std::is_same_v<O, exec::ops::loss>)
               s.loss_rows = std::max<std::size_t>(s.loss_rows, x.N);
             else if constexpr (std::is_same_v<O, exec::ops::vocab_parallel_loss>) {
@@ -469,6 +472,28 @@ class step_backend {
     if (o.dqkv.count != static_cast<std::uint64_t>(sh.rows() * sh.qkv_width())) fail("rotary_bwd: dqkv is not [B·S, (H + 2Hkv)·D]");
     T* x = ptr<T>(o.dqkv);
     rope_qkv_backward(x, x, sh, o.rot_dim, o.theta, stream());
+  }
+  void operator()(const exec::ops::qk_norm_fwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    const auto rows = static_cast<std::uint64_t>(sh.rows());
+    if (o.qkv.count != rows * static_cast<std::uint64_t>(sh.qkv_width())) fail("qk_norm_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
+    if (o.pre.count != rows * (o.sh.H + o.sh.Hkv) * o.sh.D) fail("qk_norm_fwd: pre is not [B·S, (H + Hkv)·D]");
+    if (o.wq.count != o.sh.D || o.wk.count != o.sh.D) fail("qk_norm_fwd: the weights are not [D]");
+    if (!(o.eps > 0)) fail("qk_norm_fwd: the op carries no epsilon (> 0)");
+    qk_rmsnorm_forward(ptr<T>(o.qkv), ptr<T>(o.pre), cptr<T>(o.wq), cptr<T>(o.wk), sh.rows(), o.sh.H, o.sh.Hkv, o.sh.D,
+                       static_cast<float>(o.eps), stream());
+  }
+  void operator()(const exec::ops::qk_norm_bwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    const auto rows = static_cast<std::uint64_t>(sh.rows());
+    if (o.dqkv.count != rows * static_cast<std::uint64_t>(sh.qkv_width())) fail("qk_norm_bwd: dqkv is not [B·S, (H + 2Hkv)·D]");
+    if (o.pre.count != rows * (o.sh.H + o.sh.Hkv) * o.sh.D) fail("qk_norm_bwd: pre is not [B·S, (H + Hkv)·D]");
+    if (o.wq.count != o.sh.D || o.wk.count != o.sh.D || o.dwq.count != o.sh.D || o.dwk.count != o.sh.D)
+      fail("qk_norm_bwd: the weights or their gradients are not [D]");
+    if (!(o.eps > 0)) fail("qk_norm_bwd: the op carries no epsilon (> 0)");
+    stats(static_cast<std::size_t>(rows) * (o.sh.H + o.sh.Hkv));
+    qk_rmsnorm_backward(ptr<T>(o.dqkv), ptr<T>(o.dwq), ptr<T>(o.dwk), cptr<T>(o.pre), cptr<T>(o.wq), cptr<T>(o.wk), rstd_,
+                        sh.rows(), o.sh.H, o.sh.Hkv, o.sh.D, static_cast<float>(o.eps), stream());
   }
   void operator()(const exec::ops::activation_fwd& o, exec::run_state&) {
     if (o.k == exec::ops::activation_kind::swiglu) {

@@ -6,8 +6,9 @@
 // The blocks take gpt_config's variants: RMSNorm, a SwiGLU MLP (fc1 writes [gate ‖ up]; its
 // backward runs in place over d(out), so the MLP backward holds 2·inner as the plan says), rotary
 // positions when positions == 0 (in place on qkv and on its gradient: no tensor added),
-// grouped-query attention (qkv [N, (H + 2Hkv)·D]), no biases, and an untied output layer (a last
-// unit `lm_head`). A parallel block (GPT-NeoX, GPT-J, Falcon: y = x + attn(ln1(x)) + mlp(ln2(x)),
+// grouped-query attention (qkv [N, (H + 2Hkv)·D]), no biases, an untied output layer (a last
+// unit `lm_head`), and Qwen3's per-head QK-norm (in place on qkv's query and key heads before the
+// rotary positions, the heads as they were saved for its backward, which runs in place on dqkv). A parallel block (GPT-NeoX, GPT-J, Falcon: y = x + attn(ln1(x)) + mlp(ln2(x)),
 // or with a shared norm y = x + attn(ln(x)) + mlp(ln(x)) as Falcon-7B) saves no sum after
 // attention: its forward holds the attention branch's x + attn in a transient while the MLP runs
 // and writes FC2 straight into the output; its backward runs the out-projection's backward first
@@ -31,7 +32,7 @@ class gpt_blocks : public gpt_parallel {
   using gpt_parallel::gpt_parallel;
 
   struct block_saved {
-    operand ln1_out, qkv, att, atty, x_mid, ln2_out, fc1_out, gelu_out, x_out, lse, mask1, mask2;
+    operand ln1_out, qkv, qk_pre, att, atty, x_mid, ln2_out, fc1_out, gelu_out, x_out, lse, mask1, mask2;
   };
   operand w_at(const operand& W, std::size_t at, std::size_t n) const { return sub(W, at, n); }
   /// A bias (or LayerNorm shift) of n elements at `at`, null when the model has none.
@@ -95,6 +96,11 @@ class gpt_blocks : public gpt_parallel {
       const operand in = gathered_rows(s.ln1_out, "sp_gathered");
       emit(ops::linear_fwd{s.qkv, in, w_at(W, b.qkv_w, Q * C), b_at(W, b.qkv_b, Q, bias || c_.qkv_bias), n, cc, u32(Q)});
       release_rows(in, s.ln1_out);
+    }
+    if (c_.qk_norm) {  // Qwen3: each query and key head normed before the rotary positions; backward reads them as they were
+      const std::size_t D = head_dim();
+      s.qk_pre = push("qk_pre_norm", N * (local_heads() + local_kv_heads()) * D, T_, kind);
+      emit(ops::qk_norm_fwd{s.qkv, s.qk_pre, w_at(W, b.q_norm_w, D), w_at(W, b.k_norm_w, D), shape(), norm_eps()});
     }
     rope(s.qkv, false);
     const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
@@ -160,6 +166,7 @@ class gpt_blocks : public gpt_parallel {
     pop(s.atty);
     if (!s.lse.null()) pop(s.lse);
     if (!s.att.null()) pop(s.att);
+    if (!s.qk_pre.null()) pop(s.qk_pre);
     pop(s.qkv);
     pop(s.ln1_out);
   }
@@ -245,6 +252,11 @@ class gpt_blocks : public gpt_parallel {
     const gpt_block_view& b = blk_;
     operand dqkv = transient("grad_qkv", N * Q, T_, category::temporaries);
     attention_core_bwd(dqkv, datty, s);
+    if (c_.qk_norm) {  // in place on dqkv's query and key heads, after the rotary positions are undone
+      const std::size_t D = head_dim();
+      emit(ops::qk_norm_bwd{dqkv, w_at(G, b.q_norm_w, D), w_at(G, b.k_norm_w, D), s.qk_pre, w_at(W, b.q_norm_w, D),
+                            w_at(W, b.k_norm_w, D), shape(), norm_eps()});
+    }
     column_parallel_bwd(din, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, c_.bias || c_.qkv_bias), dqkv, s.ln1_out,
                         w_at(W, b.qkv_w, Q * C), u32(C), u32(Q));
     pop(dqkv);

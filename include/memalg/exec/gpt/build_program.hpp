@@ -102,13 +102,23 @@ class gpt_lowering : gpt_pipeline {
     if (c_.pp > 1) emit(ops::all_reduce{scalars::slot(scalars::loss), group::pp, reduce_op::sum});
     // Sequence parallelism: the norms ran on this rank's rows, so their weight gradients are
     // partial sums over tp (Megatron's finalize_model_grads all-reduces the sequence-parallel
-    // parameters' gradients over the tensor-parallel group). Once per step: the sum is linear.
-    if (sp()) {
+    // parameters' gradients over the tensor-parallel group). Qwen3's QK-norms ran on this rank's
+    // heads: their gradients are partial sums over tp as well (Megatron-LM's
+    // megatron/core/distributed/finalize_model_grads.py, _allreduce_layernorm_grads, all-reduces
+    // them when config.qk_layernorm is set, as it does the sequence-parallel norms').
+    // Once per step: the sum is linear.
+    const bool qk_partial = c_.qk_norm && c_.tp > 1;
+    if (sp() || qk_partial) {
       for (std::size_t ui = 0; ui < units_.size(); ++ui) {
         const unit& u = units_[ui];
         element_ranges norms;
-        if (ui == lnf_) norms.push_back({0, u.elements});
-        else if (ui >= first_block_ && ui < lnf_) norms = {{blk_.ln1_w, blk_.qkv_w}, {blk_.ln2_w, blk_.fc1_w}};
+        if (ui == lnf_) {
+          if (sp()) norms.push_back({0, u.elements});
+        } else if (ui >= first_block_ && ui < lnf_) {
+          if (sp()) norms.push_back({blk_.ln1_w, blk_.qkv_w});
+          if (qk_partial) norms.push_back({blk_.q_norm_w, blk_.proj_w});
+          if (sp()) norms.push_back({blk_.ln2_w, blk_.fc1_w});
+        }
         const std::size_t lo = z >= 1 ? shard_begin(u) : 0, hi = z >= 1 ? lo + u.shard : u.elements;
         const std::size_t grad_off = z >= 2 ? lo : 0;
         for (const auto& [b, e] : norms) {

@@ -23,17 +23,18 @@ namespace memalg::exec {
 /// Offsets of one block's tensors inside its unit (W = attention width per rank, F = MLP width
 /// per rank under tensor parallelism).
 struct gpt_block_view {
-  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
+  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm_w, k_norm_w, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
 };
 
 /// The general block: query width Wq and key/value width Wkv per rank (qkv is [Wq + 2·Wkv, C],
 /// proj [C, Wq]); norm_bias: LayerNorm biases (none for RMSNorm); bias: projection biases; gated:
 /// fc1 writes [gate ‖ up] (2F rows); qkv_bias: the qkv projection's bias even without `bias`
-/// (Qwen2); shared_norm: one norm feeds attention and MLP (Falcon-7B), so the block has no ln2.
-/// Absent tensors take no elements (their offsets coincide).
+/// (Qwen2); shared_norm: one norm feeds attention and MLP (Falcon-7B), so the block has no ln2;
+/// qk_norm_dim: the head width of Qwen3's per-head q_norm and k_norm weights after the qkv bias
+/// (0: none). Absent tensors take no elements (their offsets coincide).
 constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::size_t Wkv, std::size_t F,
                                           bool norm_bias, bool bias, bool gated, bool qkv_bias = false,
-                                          bool shared_norm = false) {
+                                          bool shared_norm = false, std::size_t qk_norm_dim = 0) {
   gpt_block_view v{};
   element_cursor o;
   const std::size_t F1 = gated ? 2 * F : F;
@@ -41,6 +42,8 @@ constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::si
   v.ln1_b = o.take(norm_bias ? C : 0);
   v.qkv_w = o.take((Wq + 2 * Wkv) * C);
   v.qkv_b = o.take(bias || qkv_bias ? Wq + 2 * Wkv : 0);
+  v.q_norm_w = o.take(qk_norm_dim);
+  v.k_norm_w = o.take(qk_norm_dim);
   v.proj_w = o.take(C * Wq);
   v.proj_b = o.take(bias ? C : 0);
   v.ln2_w = o.take(shared_norm ? 0 : C);
@@ -85,10 +88,16 @@ inline std::vector<gpt_unit_spec> gpt_units(std::string_view who, std::size_t vo
   std::vector<gpt_unit_spec> units;
   units.push_back({"wte", vocab * C, 0, {}, {{0, vocab * C}}});
   if (positions != 0) units.push_back({"wpe", positions * C, 0, {}, {{0, positions * C}}});
+  // Replicated on every tensor-parallel rank: the norms (Qwen3's QK-norms too, whose gradients the
+  // step all-reduces over tp), the row-parallel products' biases.
+  element_ranges replicated{{v.ln1_w, v.qkv_w}};
+  if (v.q_norm_w != v.proj_w) replicated.push_back({v.q_norm_w, v.proj_w});
+  replicated.push_back({v.proj_b, v.fc1_w});
+  replicated.push_back({v.fc2_b, v.end});
   for (std::size_t l = 0; l < layers; ++l)
     units.push_back({"block" + std::to_string(l), v.end, 0,
                      {{v.ln1_w, v.qkv_w}, {v.qkv_b, v.proj_w}, {v.proj_b, v.fc1_w}, {v.fc1_b, v.fc2_w}, {v.fc2_b, v.end}},
-                     {{v.ln1_w, v.qkv_w}, {v.proj_b, v.fc1_w}, {v.fc2_b, v.end}}});
+                     replicated});
   units.push_back({"lnf", final_norm, 0, {{0, final_norm}}, {{0, final_norm}}});
   if (!tied) units.push_back({"lm_head", vocab * C, 0, {}, {{0, vocab * C}}});
   return detail_split_units(who, std::move(units), dp);

@@ -85,7 +85,7 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
   }
   if (!t.fused_optimizer) return runtime_issue::unfused;
   if (c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || c.experts != 0 || c.parallel_residual ||
-      c.shared_norm)
+      c.shared_norm || c.qk_norm)
     return runtime_issue::architecture;
   if ((c.kv_heads != 0 && c.kv_heads != c.heads) || (c.head_dim != 0 && c.head_dim * c.heads != c.hidden))
     return runtime_issue::heads;
@@ -104,7 +104,7 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
 /// residual and a shared norm).
 constexpr bool llama_style(const lm_config& c) {
   return c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || (c.kv_heads != 0 && c.kv_heads != c.heads) ||
-         (c.head_dim != 0 && c.head_dim * c.heads != c.hidden) || c.parallel_residual || c.shared_norm;
+         (c.head_dim != 0 && c.head_dim * c.heads != c.hidden) || c.parallel_residual || c.shared_norm || c.qk_norm;
 }
 
 /// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
@@ -171,9 +171,11 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   g.head_dim = 0;
   g.parallel_residual = false;
   g.shared_norm = false;
+  g.qk_norm = false;
   const runtime_issue rest = find_runtime_issue(g, t, m);
   if (rest != runtime_issue::none) return rest;
-  if (c.experts != 0 || (c.shared_norm && !c.parallel_residual)) return runtime_issue::architecture;
+  if (c.experts != 0 || (c.shared_norm && !c.parallel_residual) || (c.qk_norm && !c.rms_norm))
+    return runtime_issue::architecture;
   const std::uint64_t D = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (c.positions == 0 && (D % 2 != 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > D)) return runtime_issue::architecture;
   const std::uint64_t kv = c.kv_heads != 0 ? c.kv_heads : c.heads;
@@ -255,6 +257,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.gated = c.gated;
   g.bias = c.bias;
   g.qkv_bias = c.qkv_bias && !c.bias;
+  g.qk_norm = c.qk_norm;
   g.rotary_dim = c.positions == 0 && c.rotary_dim != 0 ? c.rotary_dim : 0;
   g.loss_chunk = c.loss_chunk;
   g.tied = c.tied;

@@ -9,7 +9,8 @@
 //   * head width: at most 128 with flash attention, 256 without (the kernels' register tiles).
 // Everything else is find_cpu_runtime_issue's rule: GPT-2 architecture and its Llama-style
 // variants (llama_style: RMSNorm, SwiGLU, rotary, grouped-query flash attention, no or q/k/v-only
-// biases, parallel residual and a shared norm, whose lowering uses the sequential block's ops),
+// biases, Qwen3's per-head QK-norm, parallel residual and a shared norm, whose lowering uses the
+// sequential block's ops),
 // optimizers, fused optimizer step, DP/ZeRO/TP, 1F1B pipeline stages (fp32, untied
 // output: find_cpu_pipeline_issue), ZeRO-3 one layer at a time, the
 // vocabulary-parallel embedding (vocabulary divisible by tp) and sequence parallelism (GPT-2-style

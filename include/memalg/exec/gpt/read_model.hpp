@@ -82,9 +82,10 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
   using namespace layer_flags;
   if (detail::has(f, cross_attention) || detail::has(f, moe) || s.experts != 0 || detail::has(f, adapted))
     return refuse("the runtime's blocks are decoder self-attention blocks with a dense MLP (no cross-attention, mixture of experts or adapters)");
-  if (detail::has(f, qk_norm_per_head) || detail::has(f, qk_norm_whole) || detail::has(f, norms_after) ||
-      detail::has(f, norms_sandwich))
-    return refuse("the runtime's blocks have no QK-norm and put their norms before the sub-layers only (Qwen3's, OLMo 2's and Gemma's blocks are not among them)");
+  if (detail::has(f, qk_norm_whole) || detail::has(f, norms_after) || detail::has(f, norms_sandwich))
+    return refuse("the runtime's blocks put their norms before the sub-layers only, with at most a per-head QK-norm (OLMo 2's and Gemma's blocks are not among them)");
+  if (detail::has(f, qk_norm_per_head) && !detail::has(f, rms_norm))
+    return refuse("the runtime's per-head QK-norm is Qwen3's RMSNorm: the blocks must use RMSNorm too");
   if (detail::has(f, softcap)) return refuse("the runtime's attention does not soft-cap its scores (Gemma 2's blocks)");
   if (s.hidden != c.hidden) return refuse("the blocks must have the embedding's width");
   if (s.sequence != 0) return refuse("the blocks run on the recipe's sequence length");
@@ -99,6 +100,7 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
   c.gated = detail::has(f, gated);
   c.bias = detail::has(f, bias);
   c.qkv_bias = detail::has(f, qkv_bias) && !c.bias;
+  c.qk_norm = detail::has(f, qk_norm_per_head);
   c.flash = detail::has(f, flash);
   c.causal = detail::has(f, causal);
   c.rotary = detail::has(f, rotary);

@@ -38,6 +38,8 @@ class gpt_state : public lowering_base {
     if (c_.heads == 0 || c_.tp == 0 || c_.dp == 0) fail("heads, dp and tp must be at least 1");
     if (c_.shared_norm && !c_.parallel_residual)
       fail("a shared norm feeds the two branches of a parallel block: set parallel_residual too");
+    if (c_.qk_norm && (!c_.rms_norm || c_.sequence_parallel))
+      fail("the per-head QK-norm (Qwen3's) runs in RMSNorm blocks without sequence parallelism");
     if (c_.head_dim == 0 && c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
     if (kv_heads() == 0 || c_.heads % kv_heads() != 0) fail("the key/value heads must divide the heads");
     if (c_.heads % c_.tp != 0 || kv_heads() % c_.tp != 0)
@@ -140,7 +142,7 @@ class gpt_state : public lowering_base {
   };
   void build_units() {
     blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), block_norm_bias(), c_.bias, c_.gated,
-                            c_.qkv_bias, c_.shared_norm);
+                            c_.qkv_bias, c_.shared_norm, c_.qk_norm ? head_dim() : 0);
     first_block_ = c_.positions != 0 ? 2 : 1;
     lnf_ = first_block_ + c_.layers;
     // This stage's blocks [block_lo_, block_hi_): the planner's split, earlier stages taking the remainder.
@@ -211,6 +213,7 @@ class gpt_state : public lowering_base {
         const gpt_block_view& b = blk_;
         d.init.push_back(ones(b.ln1_w, C));
         if (!c_.shared_norm) d.init.push_back(ones(b.ln2_w, C));
+        if (c_.qk_norm) d.init.push_back(ones(b.q_norm_w, 2 * head_dim()));  // q_norm ‖ k_norm
         // this rank's q, k, v rows of the logical [Wf + 2·Wkvf, C] matrix ([3C, C] for GPT-2)
         d.init.push_back(normal(b.qkv_w, W, C, gi * 8 + 1, r * W, 0, C, std_w));
         d.init.push_back(normal(b.qkv_w + W * C, Wkv, C, gi * 8 + 1, Wf + r * Wkv, 0, C, std_w));

@@ -39,6 +39,13 @@ constexpr raw_activations memalg_block(const act_terms& a, const layer_shape& s)
   const activation_context& c = a.c;
   const paper_block_bytes p = paper_block(a, s);
   raw_activations r = p.r;
+  // Qwen3's per-head QK-norm: the query and key heads as they were before it, [T, (a + kv)·d]
+  // split over tp, kept for its backward (exec/gpt/blocks.hpp, qk_norm_fwd; its backward runs in
+  // place on the Q/K gradient, so no transient).
+  if ((s.flags & layer_flags::qk_norm_per_head) != 0) {
+    r.parts.norms.input_grad += a.split(a.values_per_token(checked_mul(s.heads + s.kv_heads, s.head_dim)));
+    r.saved = r.parts.total();
+  }
   const attention_bytes& self = p.self;
   const mlp_bytes& m = p.mlp;
   const bool cross = (s.flags & layer_flags::cross_attention) != 0;
