@@ -182,6 +182,13 @@ TEST_CASE("read_decoder_lm refuses what is not a decoder-only language model, sa
   CHECK(problem(mm::sequential<block, mm::rmsnorm<32>, mm::output<32, 64>>::value).find("token embedding") != std::string::npos);
   CHECK(problem(m::presets::mixtral_8x7b::value).find("mixture of experts") != std::string::npos);
   CHECK(problem(m::presets::olmo2_7b::value).find("QK-norm") != std::string::npos);
+  CHECK(problem(m::presets::gemma2_9b::value).find("Gemma") != std::string::npos);
+  {  // a sliding window on every layer (one block entry): refused, not run as global attention
+    m::model_desc windowed = hand_written::value;
+    for (std::size_t i = 0; i < windowed.size; ++i)
+      if (windowed.entries[i].kind == m::layer_kind::transformer_block) windowed.entries[i].shape.window = 8;
+    CHECK(problem(windowed).find("sliding window") != std::string::npos);
+  }
   CHECK(problem(mm::frozen<hand_written>::value).find("frozen") != std::string::npos);
   CHECK(problem(mm::sequential<mm::embedding<64, 32>, mm::repeat<3, block>, mm::output<32, 64>>::value)
             .find("final norm") != std::string::npos);

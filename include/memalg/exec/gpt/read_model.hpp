@@ -84,6 +84,8 @@ constexpr lm_reading read_decoder_lm(const model_desc& m) {
     return refuse("the runtime's blocks are decoder self-attention blocks with a dense MLP (no cross-attention, mixture of experts or adapters)");
   if (detail::has(f, qk_norm_whole) || detail::has(f, norms_after) || detail::has(f, norms_sandwich))
     return refuse("the runtime's blocks put their norms before the sub-layers only, with at most a per-head QK-norm (OLMo 2's and Gemma's blocks are not among them)");
+  if (s.window != 0)
+    return refuse("the runtime's attention reads every earlier token: no sliding window (Mistral's, Gemma's local layers)");
   if (detail::has(f, qk_norm_per_head) && !detail::has(f, rms_norm))
     return refuse("the runtime's per-head QK-norm is Qwen3's RMSNorm: the blocks must use RMSNorm too");
   if (detail::has(f, softcap)) return refuse("the runtime's attention does not soft-cap its scores (Gemma 2's blocks)");
