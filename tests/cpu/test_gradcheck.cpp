@@ -97,6 +97,28 @@ TEST_CASE("gradcheck: rmsnorm") {
   check_gradient("dw", w, minus(dw, dw0), loss);
 }
 
+TEST_CASE("rmsnorm with a weight offset: Gemma's (1 + w), its gradients, and w + 1 without the offset") {
+  // Gemma2RMSNorm: x · rsqrt(mean(x²) + ε) · (1 + w), weights starting at zero (modeling_gemma2.py).
+  const std::size_t N = 3, C = 6;
+  vec x = randn(N * C, 11), w = randn(C, 12, 0.1), r = randn(N * C, 14);
+  auto loss = [&] {
+    vec out(N * C);
+    cpu::rmsnorm_forward(out.data(), static_cast<double*>(nullptr), x.data(), w.data(), N, C, 1e-6, 1.0);
+    return dot(out, r);
+  };
+  vec out(N * C), rstd(N), w1(C), out1(N * C), rstd1(N);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6, 1.0);
+  for (std::size_t c = 0; c < C; ++c) w1[c] = 1.0 + w[c];
+  cpu::rmsnorm_forward(out1.data(), rstd1.data(), x.data(), w1.data(), N, C, 1e-6);
+  for (std::size_t i = 0; i < N * C; ++i) CHECK(out[i] == doctest::Approx(out1[i]).epsilon(1e-15));
+  vec dx = nans(N * C);
+  const vec dw0 = randn(C, 15);
+  vec dw = dw0;
+  cpu::rmsnorm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), N, C, 1.0);
+  check_gradient("din", x, dx, loss);
+  check_gradient("dw", w, minus(dw, dw0), loss);
+}
+
 TEST_CASE("gradcheck: gelu") {
   const std::size_t n = 40;
   vec x = randn(n, 1, 2.0), r = randn(n, 2);

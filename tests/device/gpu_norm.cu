@@ -79,6 +79,17 @@ TEST_CASE_TEMPLATE("rmsnorm: forward and backward match the CPU reference", T, f
   cu::rmsnorm_backward(d_din.get(), d_dw.get(), d_dout.get(), d_in.get(), d_w.get(), d_rstd.get(), N, C);
   check_close<T>("din", d_din.download(), r_din);
   check_close<T>("dw", d_dw.download(), r_dw);
+
+  // Gemma's RMSNorm: the scale is 1 + w (w_offset 1), the same arithmetic otherwise.
+  std::vector<double> o_out(N * C), o_rstd(N), o_din(N * C), o_dw = to_double(dw0);
+  cpu::rmsnorm_forward(o_out.data(), o_rstd.data(), r_in.data(), r_w.data(), N, C, 1e-6, 1.0);
+  cpu::rmsnorm_backward(o_din.data(), o_dw.data(), r_dout.data(), r_in.data(), r_w.data(), o_rstd.data(), N, C, 1.0);
+  dbuf<T> e_out(N * C), e_din(N * C), e_dw(dw0);
+  cu::rmsnorm_forward(e_out.get(), d_rstd.get(), d_in.get(), d_w.get(), N, C, 1e-6f, nullptr, 1.0f);
+  check_close<T>("out (1 + w)", e_out.download(), o_out);
+  cu::rmsnorm_backward(e_din.get(), e_dw.get(), d_dout.get(), d_in.get(), d_w.get(), d_rstd.get(), N, C, nullptr, 1.0f);
+  check_close<T>("din (1 + w)", e_din.download(), o_din);
+  check_close<T>("dw (1 + w)", e_dw.download(), o_dw);
 }
 
 TEST_CASE_TEMPLATE("qk_norm: forward and backward in place on the query and key heads match the CPU reference", T, float,

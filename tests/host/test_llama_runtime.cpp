@@ -84,6 +84,21 @@ struct qwen3 {
   }();
 };
 
+// Gemma's norms: an RMSNorm before and after each sub-layer, every norm scaling by 1 + w (weights
+// starting at zero), tied output; flash or naive, with Qwen3's QK-norm or not (Gemma 3 has both).
+template <bool Flash, bool Bf16 = false, bool QkNorm = false>
+struct sandwich {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = llama(Flash, Flash ? 2 : 0, 2, Bf16 ? m::dtypes::bf16 : m::dtypes::fp32, true);
+    c.qkv_bias = false;
+    c.sandwich_norms = true;
+    c.qk_norm = QkNorm;
+    c.head_dim = 16;
+    c.norm_eps = 1e-6;
+    return c;
+  }();
+};
+
 template <class Plan>
 void check_llama() {
   using run = m::exec::gpt_run<Plan, comm>;
@@ -158,6 +173,14 @@ void check_llama() {
   }
   CHECK(qk_b == (run::config.qk_norm ? run::config.layers : 0));
   CHECK(qk_f >= qk_b);
+  // Gemma's norms: four per block and the final one, each with the weight offset 1; none otherwise.
+  std::size_t offset_f = 0, offset_b = 0;
+  for (const m::exec::op& o : trainer.step_program().micro) {
+    if (const auto* nf = std::get_if<m::exec::ops::norm_fwd>(&o.body); nf && nf->w_offset == 1.0) ++offset_f;
+    if (const auto* nb = std::get_if<m::exec::ops::norm_bwd>(&o.body); nb && nb->w_offset == 1.0) ++offset_b;
+  }
+  CHECK(offset_b == (run::config.sandwich_norms ? 4 * run::config.layers + 1 : 0));
+  CHECK(offset_f >= offset_b);
 }
 }  // namespace
 
@@ -186,7 +209,14 @@ TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark
                    plan_for<qwen3<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<1, 32>, m::train::grad_accum<2>, m::train::recompute::full>,
                    plan_for<qwen3<false>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<qwen3<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<qwen3<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>) {
+                   plan_for<qwen3<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<sandwich<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<sandwich<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<sandwich<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<1, 32>, m::train::grad_accum<2>, m::train::recompute::full>,
+                   plan_for<sandwich<false>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<sandwich<true, false, true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<sandwich<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<sandwich<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>) {
   check_llama<Plan>();
 }
 

@@ -121,6 +121,21 @@ TEST_CASE("the meter measures the executed ops, not the arena's size nor its lay
   const m::exec::program base = m::exec::build_program(run::config, run::arena);
   REQUIRE(measure(base) == base.high_water);
   CHECK(unplaced == 0);
+  // Every event of the trace says how many of the step's ops come before it, in the order
+  // exec::run runs them: never decreasing, never past the step's last op.
+  const std::size_t step_ops = base.step_begin.size() + base.grad_accum * base.micro.size() + base.step_end.size();
+  std::uint64_t last_at = 0;
+  for (const m::exec::arena_event& e : base.trace) {
+    if (e.kind == m::exec::arena_layout::event_kind::persistent) continue;
+    CHECK(e.at >= last_at);
+    CHECK(e.at <= step_ops);
+    last_at = e.at;
+  }
+  CHECK(last_at > 0);
+  // Without those times the meter replays the pops on the way to the pushes, as before.
+  m::exec::program untimed = base;
+  for (m::exec::arena_event& e : untimed.trace) e.at = 0;
+  CHECK(measure(untimed) == base.high_water);
   // The same on a backend that executes nothing: the meter reads the ops' declarations.
   m::exec::null_backend null(base);
   CHECK(measure_on(base, null) == base.high_water);

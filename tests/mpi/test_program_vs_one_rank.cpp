@@ -48,7 +48,7 @@ constexpr int steps = 8;
 
 enum class prec { fp32, bf16, fp16 };
 
-exec::gpt_config model(bool llama, prec p, bool dropout, bool qwen3 = false) {
+exec::gpt_config model(bool llama, prec p, bool dropout, bool qwen3 = false, bool sandwich = false) {
   exec::gpt_config c{};
   c.vocab = 64;
   c.positions = llama ? 0 : 16;
@@ -75,6 +75,10 @@ exec::gpt_config model(bool llama, prec p, bool dropout, bool qwen3 = false) {
     c.qk_norm = true;
     c.head_dim = 16;  // wider than hidden / heads; every ZeRO-3 shard a whole number of 16 bytes in bf16
     c.norm_eps = 1e-6;
+    c.tied = true;
+  }
+  if (sandwich) {  // Gemma's norms before and after each sub-layer, scaling by 1 + w
+    c.sandwich_norms = true;
     c.tied = true;
   }
   c.master_weights = p != prec::fp32;
@@ -138,6 +142,7 @@ struct variant {
   prec p;
   bool dropout;
   bool qwen3 = false;
+  bool sandwich = false;
 };
 
 /// The one-rank losses of a variant on the global batch of `dp` ranks (computed once per dp).
@@ -146,7 +151,7 @@ const std::vector<float>& one_rank(const variant& v, std::size_t dp) {
   static std::vector<std::pair<std::pair<const variant*, std::size_t>, std::vector<float>>> cache;
   for (const auto& [key, l] : cache)
     if (key.first == &v && key.second == dp) return l;
-  exec::gpt_config one = model(v.llama, v.p, v.dropout, v.qwen3);
+  exec::gpt_config one = model(v.llama, v.p, v.dropout, v.qwen3, v.sandwich);
   one.micro_batch *= dp;  // the same global batch in one micro-batch of dp × B sequences
   cpu::local_communicator solo_dp, solo_tp;
   cache.push_back({{&v, dp}, losses<T>(one, {}, storage(v.p), solo_dp, solo_tp, dp)});
@@ -159,7 +164,7 @@ std::string compare(const variant& v, const layout& l, cpu::mpi_communicator& wo
   const int tp_rank = me % static_cast<int>(l.tp), dp_rank = me / static_cast<int>(l.tp);  // Megatron order
   cpu::mpi_communicator tp = world.split(dp_rank, me);
   cpu::mpi_communicator dp = world.split(tp_rank, me);
-  exec::gpt_config c = model(v.llama, v.p, v.dropout, v.qwen3);
+  exec::gpt_config c = model(v.llama, v.p, v.dropout, v.qwen3, v.sandwich);
   c.dp = l.dp;
   c.tp = l.tp;
   c.zero_stage = l.zero;
@@ -202,7 +207,7 @@ int main(int argc, char** argv) {
         {"llama fp32", true, prec::fp32, false},  {"llama fp32 dropout", true, prec::fp32, true},
         {"gpt2 bf16", false, prec::bf16, false},  {"llama bf16", true, prec::bf16, false},
         {"gpt2 fp16", false, prec::fp16, false},  {"qwen3 fp32", true, prec::fp32, false, true},
-        {"qwen3 bf16", true, prec::bf16, false, true},
+        {"qwen3 bf16", true, prec::bf16, false, true},    {"gemma norms fp32", true, prec::fp32, false, false, true},
     };
     for (const variant& v : variants)
       for (const layout& l : layouts) {

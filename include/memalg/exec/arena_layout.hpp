@@ -52,6 +52,9 @@ class arena_layout {
     category cat = category::activations;
     side where = side::saved;
     event_kind kind = event_kind::push;
+    /// The ops laid out before the event (set_clock: a program's ops in the order they run), so
+    /// that a replay knows between which two ops it happens.
+    std::uint64_t at = 0;
     friend bool operator==(const event&, const event&) = default;
   };
 
@@ -120,7 +123,7 @@ class arena_layout {
     }
     by_category_[c] += bytes{size};
     note_peak(name);
-    if (tracing_) trace_.push_back({std::string(name), offset, size, c, where, event_kind::push});
+    if (tracing_) trace_.push_back({std::string(name), offset, size, c, where, event_kind::push, clock_});
     return offset;
   }
 
@@ -139,7 +142,7 @@ class arena_layout {
       saved_top_ = e.offset;
     if (tracing_)
       trace_.push_back({std::move(e.name), e.offset, e.size, e.cat, transient ? side::transient : side::saved,
-                        event_kind::pop});
+                        event_kind::pop, clock_});
     stack.pop_back();
   }
 
@@ -151,6 +154,8 @@ class arena_layout {
 
   /// Record pushes and pops from now on (persistent tensors are recorded always).
   void enable_trace() { tracing_ = true; }
+  /// The ops laid out so far: the `at` of the events recorded from now on.
+  void set_clock(std::uint64_t ops) { clock_ = ops; }
   bool tracing() const { return tracing_; }
   const std::vector<event>& trace() const { return trace_; }
 
@@ -181,6 +186,7 @@ class arena_layout {
   std::string peak_tensor_;
   bool tracing_ = false;
   std::vector<event> trace_;
+  std::uint64_t clock_ = 0;
 };
 
 }  // namespace memalg::exec

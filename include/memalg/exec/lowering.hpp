@@ -124,6 +124,7 @@ class lowering_base {
   template <class Op>
   void emit(Op&& o, when w = when::always) {
     section_->push_back(op{op_body{std::forward<Op>(o)}, w});
+    layout_.set_clock(++laid_out_);  // the trace's events know which ops came before them
   }
   /// Elements [at, at + n) of an arena operand.
   static operand sub(const operand& o, std::size_t at, std::size_t n) {
@@ -131,7 +132,8 @@ class lowering_base {
   }
 
   /// One micro-batch laid out by `micro` in the `micro` section; the step's trace repeats it
-  /// `grad_accum` times (the stacks are empty between micro-batches, so every one lays out alike).
+  /// `grad_accum` times (the stacks are empty between micro-batches, so every one lays out alike),
+  /// the k-th copy's events after k more micro-batches of ops (exec::run's order of the ops).
   template <class F>
   void lay_out_micro(std::size_t grad_accum, F&& micro) {
     section_ = &p_.micro;
@@ -139,7 +141,10 @@ class lowering_base {
     micro();
     p_.trace = layout_.trace();
     for (std::size_t k = 1; k < grad_accum; ++k)
-      p_.trace.insert(p_.trace.end(), layout_.trace().begin() + static_cast<std::ptrdiff_t>(from), layout_.trace().end());
+      for (std::size_t i = from; i < layout_.trace().size(); ++i) {
+        p_.trace.push_back(layout_.trace()[i]);
+        p_.trace.back().at += k * p_.micro.size();
+      }
   }
   /// The step's sections: the units' gradients zeroed (unless `zero_grads` is false), `micro`
   /// laid out as lay_out_micro does, then `end` in the step_end section.
@@ -253,6 +258,7 @@ class lowering_base {
   elem T_;
   elem A_ = elem::f32;  // accum_t of f32, bf16 and f16
   arena_layout layout_;
+  std::uint64_t laid_out_ = 0;  ///< ops emitted so far, in the order exec::run runs them
   program p_;
   std::vector<op>* section_ = nullptr;
   bool by_element_ = false;

@@ -14,9 +14,12 @@
 // the saved stack up to its farthest live granule plus the transient stack down to its farthest
 // one. Which stack a granule belongs to at op t is the layout's (exec/arena_layout.hpp: the saved
 // stack grows up from the persistent region, the transient stack down from the arena's end): the
-// program's trace of one step's pushes and pops is replayed as the ops run, each push (and the
-// pops before it) applied when an op first needs bytes it places. (Pops cannot be applied any
-// earlier: the trace does not say after which op they come. A program without a trace has one
+// program's trace of one step's pushes and pops is replayed as the ops run: every event the
+// layout recorded before an op (arena_layout::event::at, the ops laid out before it, in the order
+// exec::run runs them) is applied before that op, and then, for a trace without those times,
+// each push (and the pops before it) when an op first needs bytes it places. (Without the times
+// pops cannot be applied any earlier, and a transient laid over bytes that pops still to be
+// replayed have released can look like the saved stack's. A program without a trace has one
 // stack, the saved one, over the whole region.) At the end of each step a sweep takes the op with
 // the most live stack bytes; the arena's live bytes there are those plus the persistent granules
 // any op or the initialisation (every unit's weights, master weights and states) touched. So a
@@ -56,10 +59,12 @@ class live_bytes_meter {
         granule0_(p.sizes.persistent / granule),
         granules_((capacity_ + granule - 1) / granule),
         stack_granules_(granules_ - granule0_) {
-    for (const arena_event& e : p.trace)
-      if (e.kind != arena_layout::event_kind::persistent && e.offset >= persistent_capacity_)
-        events_.push_back({e.kind == arena_layout::event_kind::push, e.where == arena_layout::side::transient,
-                           e.offset / granule - granule0_, (e.offset + e.bytes) / granule - granule0_});
+    for (const arena_event& e : p.trace) {
+      if (e.kind == arena_layout::event_kind::persistent || e.offset < persistent_capacity_) continue;
+      events_.push_back({e.kind == arena_layout::event_kind::push, e.where == arena_layout::side::transient,
+                         e.offset / granule - granule0_, (e.offset + e.bytes) / granule - granule0_, e.at});
+      timed_ = timed_ || e.at != 0;
+    }
     for (const param_unit& u : p.units)
       for (const operand* t : {&u.weight, &u.master, &u.state1, &u.state2})
         if (!t->null()) touch(*t);
@@ -78,15 +83,19 @@ class live_bytes_meter {
     bottoms_.clear();
   }
 
-  /// One executed op, by its declared accesses.
+  /// One executed op, by its declared accesses; `at`, when given, is its place among the step's
+  /// ops in the order exec::run runs them (skipped ones counted), which the trace's events are
+  /// timed by (arena_layout::event::at): every event before it is replayed first.
   template <class Op>
     requires declares_accesses<Op>
-  void record(const Op& o) {
-    record(accesses(o));
+  void record(const Op& o, std::uint64_t at = untimed) {
+    record(accesses(o), at);
   }
-  void record(const op_body& b) { record(accesses_of(b)); }
-  void record(const access_list& l) {
+  void record(const op_body& b, std::uint64_t at = untimed) { record(accesses_of(b), at); }
+  void record(const access_list& l, std::uint64_t at = untimed) {
     const auto t = static_cast<std::uint32_t>(op_++);
+    if (timed_ && at != untimed)
+      while (event_ < events_.size() && events_[event_].at <= at) replay(events_[event_++], saved_top_, transient_bottom_);
     pending_.clear();
     for (const operand_access& x : l) {
       if (x.t.in != where::arena) continue;
@@ -185,7 +194,9 @@ class live_bytes_meter {
   struct stack_event {
     bool push, transient;
     std::size_t first, end;  ///< stack granules [first, end)
+    std::uint64_t at;        ///< the step's ops before it (arena_layout::event::at)
   };
+  static constexpr std::uint64_t untimed = ~std::uint64_t{0};
 
   [[noreturn]] static void fail(const std::string& why) { throw std::invalid_argument("exec::live_bytes_meter: " + why); }
 
@@ -274,6 +285,7 @@ class live_bytes_meter {
   std::vector<run> runs_;                       ///< this step's ended values
   std::vector<pending_access> pending_;         ///< this op's stack accesses
   std::vector<stack_event> events_;             ///< one step's pushes and pops, from program::trace
+  bool timed_ = false;                          ///< the trace says after which op each event comes
   std::size_t event_ = 0, saved_top_ = 0, transient_bottom_ = 0;  ///< the replay, in stack granules
   std::vector<std::size_t> tops_, bottoms_;     ///< saved_top_ and transient_bottom_ at each op of the step
   std::size_t op_ = 0, steps_ = 0, high_water_ = 0, peak_op_ = 0, unplaced_ops_ = 0;

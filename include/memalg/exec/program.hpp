@@ -111,8 +111,9 @@ struct position_add { operand x, wpe; std::uint64_t row0; std::uint32_t N, S, C;
 // (the plan keeps only the norm's input). Backward writes din and accumulates dw, db.
 // rms: RMSNorm (no bias, no mean; its rstd is recomputed from `in` too). eps: the ε under the
 // square root, the model's (memalg::norm_eps_of); a backend refuses one that is not > 0.
-struct norm_fwd { operand out, in, w, b; std::uint32_t N, C; bool rms = false; double eps = 0; };
-struct norm_bwd { operand din, dw, db, dout, in, w; std::uint32_t N, C; bool rms = false; double eps = 0; };
+// w_offset (RMSNorm only): the scale is w_offset + w (1: Gemma's RMSNorm, weights starting at 0).
+struct norm_fwd { operand out, in, w, b; std::uint32_t N, C; bool rms = false; double eps = 0; double w_offset = 0; };
+struct norm_bwd { operand din, dw, db, dout, in, w; std::uint32_t N, C; bool rms = false; double eps = 0; double w_offset = 0; };
 // out[N, OC] = in[N, IC] · wᵀ (+ bias); backward writes din, accumulates dw, dbias.
 struct linear_fwd { operand out, in, w, bias; std::uint32_t N, IC, OC; };
 // add_din: din += (instead of =) dout · w — an input several products read (the encoder output

@@ -78,13 +78,17 @@ step_result run(const program& p, B& b, step_io io, run_state& s, live_bytes_met
   s.skip = false;
   b.begin_step(p, io, s);
   if (meter) meter->begin_step();
+  // Every op's place in the order the step runs them, skipped ones too: the trace's events say
+  // after how many of them they come (arena_layout::event::at).
+  std::uint64_t at = 0;
   const auto exec = [&](const op& o) {
+    const std::uint64_t here = at++;
     if (o.cond == when::last_micro && s.micro + 1 != p.grad_accum) return;
     if (o.cond == when::unless_skipped && s.skip) return;
     std::visit(
         [&](const auto& x) {
           b(x, s);
-          if (meter) meter->record(x);
+          if (meter) meter->record(x, here);
         },
         o.body);
   };

@@ -41,6 +41,10 @@ constexpr param_tally transformer_block_params(const layer_shape& s) {
     p += norm;
     p += norm;
   }
+  if ((s.flags & layer_flags::norms_sandwich) != 0) {  // Gemma's post-attention and post-feedforward norms
+    p += norm;
+    p += norm;
+  }
   p += attention_params(s);
   // Qwen3's q_norm and k_norm: one RMSNorm weight over head_dim each, shared by the heads and
   // replicated under tensor parallelism (modeling_qwen3.py, Qwen3Attention.__init__).
@@ -95,6 +99,9 @@ struct lm_config {
   bool bias = true;
   bool qkv_bias = false;         ///< without `bias`: biases on q, k, v only (Qwen2)
   bool qk_norm = false;          ///< an RMSNorm over head_dim on each query and key head (Qwen3's q_norm, k_norm)
+  /// Gemma's four RMSNorms per block, before and after each sub-layer (h = x + post(attn(pre(x)))),
+  /// each and the final norm scaling by 1 + w in fp32 (Gemma2RMSNorm; needs rms_norm)
+  bool sandwich_norms = false;
   bool flash = false;
   bool causal = true;
   std::uint64_t dropout_permille = 0;
@@ -157,7 +164,8 @@ constexpr layer_shape block_shape(const lm_config& c) {
             (c.softmax_scores_dtype ? layer_flags::softmax_scores_dtype : 0u) |
             (c.softmax_stream_dtype ? layer_flags::softmax_stream_dtype : 0u) |
             (residual_dropout ? layer_flags::residual_dropout : 0u) |
-            (c.qkv_bias ? layer_flags::qkv_bias : 0u) | (c.qk_norm ? layer_flags::qk_norm_per_head : 0u);
+            (c.qkv_bias ? layer_flags::qkv_bias : 0u) | (c.qk_norm ? layer_flags::qk_norm_per_head : 0u) |
+            (c.sandwich_norms ? layer_flags::norms_sandwich | layer_flags::rms_weight_fp32 : 0u);
   s.rotary_dim = c.rotary ? c.rotary_dim : 0;
   s.norm_eps = c.norm_eps;
   s.norm_bias = !c.bias && c.norm_bias;
@@ -190,6 +198,7 @@ constexpr model_desc transformer_lm(const lm_config& c) {
   m.push(block);
   layer_desc norm = c.rms_norm ? rmsnorm_layer(c.hidden) : layernorm_layer(c.hidden, c.bias || c.norm_bias);
   norm.shape.norm_eps = c.norm_eps;
+  if (c.sandwich_norms) norm.shape.flags |= layer_flags::rms_weight_fp32;  // Gemma's final norm too
   norm.name = "final_norm";
   norm.place = placement::last_stage;
   m.push(norm);

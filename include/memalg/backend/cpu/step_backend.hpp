@@ -273,8 +273,9 @@ class step_backend {
   void execute(const exec::ops::norm_fwd& o, exec::run_state&) {
     stats(o.N);
     if (!(o.eps > 0)) fail("norm_fwd: the op carries no epsilon (> 0)");
+    if (!o.rms && o.w_offset != 0) fail("norm_fwd: a weight offset is an RMSNorm's (Gemma's), not a LayerNorm's");
     if (o.rms) {
-      rmsnorm_forward(out<T>(o.out), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), o.N, o.C, o.eps);
+      rmsnorm_forward(out<T>(o.out), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), o.N, o.C, o.eps, o.w_offset);
       return;
     }
     layernorm_forward(out<T>(o.out), mean_.data(), rstd_.data(), cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.b), o.N, o.C,
@@ -283,6 +284,7 @@ class step_backend {
   void execute(const exec::ops::norm_bwd& o, exec::run_state&) {
     stats(o.N);
     if (!(o.eps > 0)) fail("norm_bwd: the op carries no epsilon (> 0)");
+    if (!o.rms && o.w_offset != 0) fail("norm_bwd: a weight offset is an RMSNorm's (Gemma's), not a LayerNorm's");
     if (o.rms) {  // rstd recomputed from the saved input, as rmsnorm_forward computes it
       const T* in = cptr<T>(o.in);
       for (std::size_t r = 0; r < o.N; ++r) {
@@ -290,7 +292,8 @@ class step_backend {
         for (std::size_t c = 0; c < o.C; ++c) ss += to_float(in[r * o.C + c]) * to_float(in[r * o.C + c]);
         rstd_[r] = A(1) / std::sqrt(ss / static_cast<A>(o.C) + static_cast<A>(o.eps));
       }
-      rmsnorm_backward(out<T>(o.din), inout<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_.data(), o.N, o.C);
+      rmsnorm_backward(out<T>(o.din), inout<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_.data(), o.N, o.C,
+                       o.w_offset);
       return;
     }
     layernorm_stats(mean_.data(), rstd_.data(), cptr<T>(o.in), o.N, o.C, o.eps);

@@ -408,8 +408,11 @@ class step_backend {
   void operator()(const exec::ops::norm_fwd& o, exec::run_state&) {
     stats(o.N);
     if (!(o.eps > 0)) fail("norm_fwd: the op carries no epsilon (> 0)");
+    if (!o.rms && o.w_offset != 0) fail("norm_fwd: a weight offset is an RMSNorm's (Gemma's), not a LayerNorm's");
     const auto eps = static_cast<float>(o.eps);  // the kernels compute in fp32
-    if (o.rms) rmsnorm_forward(ptr<T>(o.out), rstd_, cptr<T>(o.in), cptr<T>(o.w), o.N, o.C, eps, stream());
+    if (o.rms)
+      rmsnorm_forward(ptr<T>(o.out), rstd_, cptr<T>(o.in), cptr<T>(o.w), o.N, o.C, eps, stream(),
+                      static_cast<float>(o.w_offset));
     else
       layernorm_forward(ptr<T>(o.out), mean_, rstd_, cptr<T>(o.in), cptr<T>(o.w), cptr<T>(o.b), o.N, o.C, eps,
                         stream());
@@ -419,10 +422,12 @@ class step_backend {
     const T* in = cptr<T>(o.in);
     const auto rows = static_cast<std::int64_t>(o.N), cols = static_cast<std::int64_t>(o.C);
     if (!(o.eps > 0)) fail("norm_bwd: the op carries no epsilon (> 0)");
+    if (!o.rms && o.w_offset != 0) fail("norm_bwd: a weight offset is an RMSNorm's (Gemma's), not a LayerNorm's");
     const auto eps = static_cast<float>(o.eps);
     if (o.rms) {  // rstd recomputed from the saved input, as rmsnorm_forward computes it (same bits)
       rmsnorm_stats(rstd_, in, rows, cols, eps, stream());
-      rmsnorm_backward(ptr<T>(o.din), ptr<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_, rows, cols, stream());
+      rmsnorm_backward(ptr<T>(o.din), ptr<T>(o.dw), cptr<T>(o.dout), in, cptr<T>(o.w), rstd_, rows, cols, stream(),
+                       static_cast<float>(o.w_offset));
       return;
     }
     layernorm_stats(mean_, rstd_, in, rows, cols, eps, stream());

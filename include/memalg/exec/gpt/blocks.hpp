@@ -32,7 +32,7 @@ class gpt_blocks : public gpt_parallel {
   using gpt_parallel::gpt_parallel;
 
   struct block_saved {
-    operand ln1_out, qkv, qk_pre, att, atty, x_mid, ln2_out, fc1_out, gelu_out, x_out, lse, mask1, mask2;
+    operand ln1_out, qkv, qk_pre, att, atty, proj_out, x_mid, ln2_out, fc1_out, gelu_out, mlp_out, x_out, lse, mask1, mask2;
   };
   operand w_at(const operand& W, std::size_t at, std::size_t n) const { return sub(W, at, n); }
   /// A bias (or LayerNorm shift) of n elements at `at`, null when the model has none.
@@ -90,7 +90,7 @@ class gpt_blocks : public gpt_parallel {
     const std::uint32_t nr = u32(R);
     block_saved s{};
     s.ln1_out = push("ln1_out", R * C, T_, kind);
-    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), nr, cc, rms, norm_eps()});
+    emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), nr, cc, rms, norm_eps(), norm_offset()});
     s.qkv = push("qkv", N * Q, T_, kind);
     {
       const operand in = gathered_rows(s.ln1_out, "sp_gathered");
@@ -127,7 +127,7 @@ class gpt_blocks : public gpt_parallel {
       emit(ops::residual_add{branch, branch, x_in});
       if (!c_.shared_norm) {
         s.ln2_out = push("ln2_out", R * C, T_, kind);
-        emit(ops::norm_fwd{s.ln2_out, x_in, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms, norm_eps()});
+        emit(ops::norm_fwd{s.ln2_out, x_in, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms, norm_eps(), norm_offset()});
       }
       mlp_inner_forward(s, c_.shared_norm ? s.ln1_out : s.ln2_out, W, kind);
       s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
@@ -137,16 +137,28 @@ class gpt_blocks : public gpt_parallel {
       pop(branch);
       return s;
     }
-    s.x_mid = push("residual", R * C, T_, kind);
-    {
+    if (c_.sandwich_norms) {  // Gemma: x + post_norm(attn), the post-norm's input saved for its backward
+      s.proj_out = push("proj_out", R * C, T_, kind);
+      row_parallel_forward(s.proj_out, s.atty, W, b.proj_w, b.proj_b, Wd, s.mask1, 2 * l);
+      s.x_mid = push("residual", R * C, T_, kind);
+      post_norm_add(s.x_mid, x_in, s.proj_out, b.post_attn_w, W);
+    } else {
+      s.x_mid = push("residual", R * C, T_, kind);
       operand proj = transient("proj_out", R * C, T_, category::temporaries);
       row_parallel_forward(proj, s.atty, W, b.proj_w, b.proj_b, Wd, s.mask1, 2 * l);
       emit(ops::residual_add{s.x_mid, x_in, proj});
       pop(proj);
     }
     s.ln2_out = push("ln2_out", R * C, T_, kind);
-    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms, norm_eps()});
+    emit(ops::norm_fwd{s.ln2_out, s.x_mid, w_at(W, b.ln2_w, C), b_at(W, b.ln2_b, C, nb), nr, cc, rms, norm_eps(), norm_offset()});
     mlp_inner_forward(s, s.ln2_out, W, kind);
+    if (c_.sandwich_norms) {  // Gemma: x_mid + post_norm(mlp), the post-norm's input saved
+      s.mlp_out = push("mlp_out", R * C, T_, kind);
+      row_parallel_forward(s.mlp_out, s.gelu_out, W, b.fc2_w, b.fc2_b, F, s.mask2, 2 * l + 1);
+      s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
+      post_norm_add(s.x_out, s.x_mid, s.mlp_out, b.post_ffn_w, W);
+      return s;
+    }
     s.x_out = x_out.null() ? push("residual", R * C, T_, kind) : x_out;
     {
       operand fc2 = transient("fc2_out", R * C, T_, category::temporaries);
@@ -158,10 +170,12 @@ class gpt_blocks : public gpt_parallel {
   }
   void pop_block_saved(const block_saved& s) {
     if (!s.mask2.null()) pop(s.mask2);
+    if (!s.mlp_out.null()) pop(s.mlp_out);    // (Gemma's post-feedforward norm input)
     if (!s.gelu_out.null()) pop(s.gelu_out);  // (a sequential block's backward releases the MLP's)
     if (!s.fc1_out.null()) pop(s.fc1_out);
     if (!s.ln2_out.null()) pop(s.ln2_out);  // (a shared norm has none)
     if (!s.x_mid.null()) pop(s.x_mid);      // (a parallel block saves no sum after attention)
+    if (!s.proj_out.null()) pop(s.proj_out);  // (Gemma's post-attention norm input)
     if (!s.mask1.null()) pop(s.mask1);
     pop(s.atty);
     if (!s.lse.null()) pop(s.lse);
@@ -261,13 +275,29 @@ class gpt_blocks : public gpt_parallel {
                         w_at(W, b.qkv_w, Q * C), u32(C), u32(Q));
     pop(dqkv);
   }
+  /// Gemma's post-norm of a sub-layer's output `y` (saved) added to the residual `x`: out = x + norm(y),
+  /// the norm's output a transient.
+  void post_norm_add(const operand& out, const operand& x, const operand& y, std::size_t w, const operand& W) {
+    const std::size_t C = c_.hidden;
+    operand n = transient("post_norm_out", rows() * C, T_, category::temporaries);
+    emit(ops::norm_fwd{n, y, w_at(W, w, C), operand{}, u32(rows()), u32(C), true, norm_eps(), norm_offset()});
+    emit(ops::residual_add{out, x, n});
+    pop(n);
+  }
+  /// Its backward: the gradient of the sub-layer's output `y` into `into`, from the residual gradient.
+  void post_norm_backward(const operand& into, const operand& dres, const operand& y, std::size_t w, const operand& W,
+                          const operand& G) {
+    const std::size_t C = c_.hidden;
+    emit(ops::norm_bwd{into, w_at(G, w, C), operand{}, dres, y, w_at(W, w, C), u32(rows()), u32(C), true, norm_eps(),
+                       norm_offset()});
+  }
   /// A norm's backward from `slot` (the gradient of its output), its input gradient added into dres.
   void norm_backward_into(const operand& dres, const operand& slot, const operand& x, std::size_t w_at_, std::size_t b_at_,
                           const operand& W, const operand& G) {
     const std::size_t C = c_.hidden;
     operand dnorm = transient("grad_norm_in", rows() * C, T_, category::temporaries);
     emit(ops::norm_bwd{dnorm, w_at(G, w_at_, C), b_at(G, b_at_, C, block_norm_bias()), slot, x, w_at(W, w_at_, C),
-                       u32(rows()), u32(C), c_.rms_norm, norm_eps()});
+                       u32(rows()), u32(C), c_.rms_norm, norm_eps(), norm_offset()});
     emit(ops::residual_add{dres, dres, dnorm});
     pop(dnorm);
   }
@@ -277,18 +307,31 @@ class gpt_blocks : public gpt_parallel {
       parallel_block_backward(s, x_in, W, G, dres, slot);
       return;
     }
-    // MLP branch
-    mlp_backward(s, s.ln2_out, W, G, dres, slot);
+    // MLP branch (Gemma: through its post-norm first, its gradient of the MLP's output in the slot,
+    // which the MLP's backward reads and then overwrites with its input's gradient)
+    const bool post = c_.sandwich_norms;
+    if (post) {  // FC2's output, read for the last time, is the saved side's top: released at once
+      post_norm_backward(slot, dres, s.mlp_out, blk_.post_ffn_w, W, G);
+      pop(s.mlp_out);
+      s.mlp_out = {};
+    }
+    mlp_backward(s, s.ln2_out, W, G, post ? slot : dres, slot);
     norm_backward_into(dres, slot, s.x_mid, blk_.ln2_w, blk_.ln2_b, W, G);
     // The MLP's tensors and the sum after attention are read for the last time: the saved
     // side's top (the mask went before), released before the attention backward (the plan's
     // backward_tail, plan/stacks/memalg.hpp). In a stash slot they stay.
-    for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {
+    for (operand* t : {&s.mlp_out, &s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {
+      if (t->null()) continue;
       pop(*t);
       *t = {};
     }
-    // attention branch
-    operand datty = projection_backward(s, W, G, dres, slot);
+    // attention branch (Gemma: through its post-norm first, as the MLP's)
+    if (post) {  // the out-projection's output likewise, before the attention's transients
+      post_norm_backward(slot, dres, s.proj_out, blk_.post_attn_w, W, G);
+      pop(s.proj_out);
+      s.proj_out = {};
+    }
+    operand datty = projection_backward(s, W, G, post ? slot : dres, slot);
     qkv_backward(s, datty, W, G, slot);
     pop(datty);
     norm_backward_into(dres, slot, x_in, blk_.ln1_w, blk_.ln1_b, W, G);
@@ -328,7 +371,7 @@ class gpt_blocks : public gpt_parallel {
     qkv_backward(s, datty, W, G, dnorm);
     emit(ops::residual_add{slot, slot, dnorm});  // d(ln_out) = the MLP's + the attention's
     emit(ops::norm_bwd{dnorm, w_at(G, blk_.ln1_w, C), b_at(G, blk_.ln1_b, C, block_norm_bias()), slot, x_in,
-                       w_at(W, blk_.ln1_w, C), u32(rows()), u32(C), c_.rms_norm, norm_eps()});
+                       w_at(W, blk_.ln1_w, C), u32(rows()), u32(C), c_.rms_norm, norm_eps(), norm_offset()});
     emit(ops::residual_add{dres, dres, dnorm});
     pop(dnorm);
     pop(datty);

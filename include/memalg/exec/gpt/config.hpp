@@ -51,6 +51,8 @@ struct gpt_config {
   bool qkv_bias = false;        ///< without `bias`: biases on the q, k, v projection only (Qwen2)
   bool qk_norm = false;         ///< an RMSNorm over head_dim on each query and key head, before the
                                 ///< rotary positions (Qwen3's q_norm, k_norm: weights [D] each, ones at start)
+  bool sandwich_norms = false;  ///< Gemma's block: RMSNorms before and after each sub-layer, every norm
+                                ///< (the final one too) scaling by 1 + w, weights zero at start
   bool tied = true;             ///< the output layer shares the token embedding (else an `lm_head` unit)
   float rope_theta = 10000.0f;  ///< positions == 0: rotary positions (RoPE base θ)
   std::size_t rotary_dim = 0;   ///< rotated dimensions per head (0: the whole head; GPT-NeoX's rotary_pct)

@@ -23,7 +23,8 @@ namespace memalg::exec {
 /// Offsets of one block's tensors inside its unit (W = attention width per rank, F = MLP width
 /// per rank under tensor parallelism).
 struct gpt_block_view {
-  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm_w, k_norm_w, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, end;
+  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm_w, k_norm_w, proj_w, proj_b, post_attn_w, ln2_w, ln2_b, fc1_w, fc1_b,
+      fc2_w, fc2_b, post_ffn_w, end;
 };
 
 /// The general block: query width Wq and key/value width Wkv per rank (qkv is [Wq + 2·Wkv, C],
@@ -31,10 +32,13 @@ struct gpt_block_view {
 /// fc1 writes [gate ‖ up] (2F rows); qkv_bias: the qkv projection's bias even without `bias`
 /// (Qwen2); shared_norm: one norm feeds attention and MLP (Falcon-7B), so the block has no ln2;
 /// qk_norm_dim: the head width of Qwen3's per-head q_norm and k_norm weights after the qkv bias
-/// (0: none). Absent tensors take no elements (their offsets coincide).
+/// (0: none); sandwich_norms: Gemma's post-attention norm after the out-projection's bias and
+/// post-feedforward norm after FC2's (both norms and replicated, as the ranges around them).
+/// Absent tensors take no elements (their offsets coincide).
 constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::size_t Wkv, std::size_t F,
                                           bool norm_bias, bool bias, bool gated, bool qkv_bias = false,
-                                          bool shared_norm = false, std::size_t qk_norm_dim = 0) {
+                                          bool shared_norm = false, std::size_t qk_norm_dim = 0,
+                                          bool sandwich_norms = false) {
   gpt_block_view v{};
   element_cursor o;
   const std::size_t F1 = gated ? 2 * F : F;
@@ -46,12 +50,14 @@ constexpr gpt_block_view gpt_block_layout(std::size_t C, std::size_t Wq, std::si
   v.k_norm_w = o.take(qk_norm_dim);
   v.proj_w = o.take(C * Wq);
   v.proj_b = o.take(bias ? C : 0);
+  v.post_attn_w = o.take(sandwich_norms ? C : 0);
   v.ln2_w = o.take(shared_norm ? 0 : C);
   v.ln2_b = o.take(norm_bias && !shared_norm ? C : 0);
   v.fc1_w = o.take(F1 * C);
   v.fc1_b = o.take(bias ? F1 : 0);
   v.fc2_w = o.take(C * F);
   v.fc2_b = o.take(bias ? C : 0);
+  v.post_ffn_w = o.take(sandwich_norms ? C : 0);
   v.end = o.end;
   return v;
 }

@@ -82,7 +82,7 @@ class gpt_micro_batch : public gpt_blocks {
     operand lnf_out = push("lnf_out", rows() * C, T_, category::activations);
     auto wl = use_weights(units_[lnf_]);
     emit(ops::norm_fwd{lnf_out, x, sub(wl.data, 0, C), norm_bias() ? sub(wl.data, C, C) : operand{}, u32(rows()), u32(C),
-                       c_.rms_norm, norm_eps()});
+                       c_.rms_norm, norm_eps(), norm_offset()});
     release(wl);
     return lnf_out;
   }
@@ -144,7 +144,7 @@ class gpt_micro_batch : public gpt_blocks {
     auto wn = use_weights(lnf);
     operand gl = grad_buffer(lnf);
     emit(ops::norm_bwd{dres, sub(gl, 0, C), norm_bias() ? sub(gl, C, C) : operand{}, slot, x_last, sub(wn.data, 0, C),
-                       u32(R), cc, c_.rms_norm, norm_eps()});
+                       u32(R), cc, c_.rms_norm, norm_eps(), norm_offset()});
     finish_grad(lnf, gl);
     release(wn);
     reduce_after_last_backward(lnf);

@@ -85,7 +85,7 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
   }
   if (!t.fused_optimizer) return runtime_issue::unfused;
   if (c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || c.experts != 0 || c.parallel_residual ||
-      c.shared_norm || c.qk_norm)
+      c.shared_norm || c.qk_norm || c.sandwich_norms)
     return runtime_issue::architecture;
   if ((c.kv_heads != 0 && c.kv_heads != c.heads) || (c.head_dim != 0 && c.head_dim * c.heads != c.hidden))
     return runtime_issue::heads;
@@ -104,7 +104,8 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
 /// residual and a shared norm).
 constexpr bool llama_style(const lm_config& c) {
   return c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || (c.kv_heads != 0 && c.kv_heads != c.heads) ||
-         (c.head_dim != 0 && c.head_dim * c.heads != c.hidden) || c.parallel_residual || c.shared_norm || c.qk_norm;
+         (c.head_dim != 0 && c.head_dim * c.heads != c.hidden) || c.parallel_residual || c.shared_norm || c.qk_norm ||
+         c.sandwich_norms;
 }
 
 /// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
@@ -172,9 +173,11 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   g.parallel_residual = false;
   g.shared_norm = false;
   g.qk_norm = false;
+  g.sandwich_norms = false;
   const runtime_issue rest = find_runtime_issue(g, t, m);
   if (rest != runtime_issue::none) return rest;
-  if (c.experts != 0 || (c.shared_norm && !c.parallel_residual) || (c.qk_norm && !c.rms_norm))
+  if (c.experts != 0 || (c.shared_norm && !c.parallel_residual) || (c.qk_norm && !c.rms_norm) ||
+      (c.sandwich_norms && (!c.rms_norm || c.parallel_residual || c.dropout_permille != 0)))
     return runtime_issue::architecture;
   const std::uint64_t D = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (c.positions == 0 && (D % 2 != 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > D)) return runtime_issue::architecture;
@@ -258,6 +261,7 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.bias = c.bias;
   g.qkv_bias = c.qkv_bias && !c.bias;
   g.qk_norm = c.qk_norm;
+  g.sandwich_norms = c.sandwich_norms;
   g.rotary_dim = c.positions == 0 && c.rotary_dim != 0 ? c.rotary_dim : 0;
   g.loss_chunk = c.loss_chunk;
   g.tied = c.tied;

@@ -40,6 +40,9 @@ class gpt_state : public lowering_base {
       fail("a shared norm feeds the two branches of a parallel block: set parallel_residual too");
     if (c_.qk_norm && (!c_.rms_norm || c_.sequence_parallel))
       fail("the per-head QK-norm (Qwen3's) runs in RMSNorm blocks without sequence parallelism");
+    if (c_.sandwich_norms && (!c_.rms_norm || c_.parallel_residual || c_.sequence_parallel || c_.dropout > 0))
+      fail("norms before and after the sub-layers (Gemma's) run in sequential RMSNorm blocks without dropout or "
+           "sequence parallelism");
     if (c_.head_dim == 0 && c_.hidden % c_.heads != 0) fail("heads must divide the hidden width");
     if (kv_heads() == 0 || c_.heads % kv_heads() != 0) fail("the key/value heads must divide the heads");
     if (c_.heads % c_.tp != 0 || kv_heads() % c_.tp != 0)
@@ -93,6 +96,8 @@ class gpt_state : public lowering_base {
   bool norm_bias() const { return !c_.rms_norm && c_.bias; }
   /// Every norm's ε: the model's, or its kind's default (model/layer.hpp, default_norm_eps).
   double norm_eps() const { return c_.norm_eps > 0 ? c_.norm_eps : default_norm_eps(c_.rms_norm); }
+  /// Every norm's weight offset: Gemma's RMSNorms scale by 1 + w (ops::norm_fwd::w_offset).
+  double norm_offset() const { return c_.sandwich_norms ? 1.0 : 0.0; }
   /// A block's norms: a shared LayerNorm keeps its shift without `bias` (Falcon-7B's nn.LayerNorm;
   /// model/transformer.hpp, transformer_block_params).
   bool block_norm_bias() const { return !c_.rms_norm && (c_.bias || c_.shared_norm); }
@@ -142,7 +147,7 @@ class gpt_state : public lowering_base {
   };
   void build_units() {
     blk_ = gpt_block_layout(c_.hidden, local_width(), local_kv_width(), local_ffn(), block_norm_bias(), c_.bias, c_.gated,
-                            c_.qkv_bias, c_.shared_norm, c_.qk_norm ? head_dim() : 0);
+                            c_.qkv_bias, c_.shared_norm, c_.qk_norm ? head_dim() : 0, c_.sandwich_norms);
     first_block_ = c_.positions != 0 ? 2 : 1;
     lnf_ = first_block_ + c_.layers;
     // This stage's blocks [block_lo_, block_hi_): the planner's split, earlier stages taking the remainder.
@@ -185,11 +190,12 @@ class gpt_state : public lowering_base {
     const std::size_t Wf = c_.heads * head_dim(), Wkvf = kv_heads() * head_dim();  // logical q and k/v widths
     const float std_w = 0.02f, std_res = 0.02f / std::sqrt(2.0f * static_cast<float>(c_.layers));  // GPT-2 init
     using k = param_init::kind;
-    const auto ones = [](std::size_t at, std::size_t n) {
+    // Norm weights start at 1, or at 0 where the norm scales by 1 + w (Gemma's).
+    const auto ones = [this](std::size_t at, std::size_t n) {
       param_init i;
       i.at = at;
       i.cols = n;
-      i.constant = 1.0f;
+      i.constant = static_cast<float>(1.0 - norm_offset());
       return i;
     };
     const auto normal = [](std::size_t at, std::size_t rows, std::size_t cols, std::uint64_t tensor, std::size_t row0,
@@ -213,6 +219,10 @@ class gpt_state : public lowering_base {
         const gpt_block_view& b = blk_;
         d.init.push_back(ones(b.ln1_w, C));
         if (!c_.shared_norm) d.init.push_back(ones(b.ln2_w, C));
+        if (c_.sandwich_norms) {
+          d.init.push_back(ones(b.post_attn_w, C));
+          d.init.push_back(ones(b.post_ffn_w, C));
+        }
         if (c_.qk_norm) d.init.push_back(ones(b.q_norm_w, 2 * head_dim()));  // q_norm ‖ k_norm
         // this rank's q, k, v rows of the logical [Wf + 2·Wkvf, C] matrix ([3C, C] for GPT-2)
         d.init.push_back(normal(b.qkv_w, W, C, gi * 8 + 1, r * W, 0, C, std_w));

@@ -39,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -69,12 +70,16 @@ class speech_lowering : speech_state {
 
  private:
   /// The arriving gradient `dout` and the input gradient `din` pushed above it are released and
-  /// din moved down into their place: the next entry's arriving gradient.
+  /// din moved down into their place: the next entry's arriving gradient. The move (a memmove: the
+  /// two places may overlap) runs while both are still on the transient stack, so no op reads
+  /// bytes the layout has released.
   operand hand_down(const operand& dout, const operand& din) {
+    const operand to{dout.offset + dout.bytes() - din.bytes(), din.count, din.type, din.in};
+    if (to.offset != din.offset) emit(ops::copy{to, din});
     pop(din);
     pop(dout);
     operand g = transient("grad_input", din.count, T_);
-    if (g.offset != din.offset) emit(ops::copy{g, din});
+    if (g != to) throw std::logic_error("build_speech_program: the handed-down gradient is not where it was moved");
     return g;
   }
 

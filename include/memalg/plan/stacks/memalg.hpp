@@ -46,6 +46,18 @@ constexpr raw_activations memalg_block(const act_terms& a, const layer_shape& s)
     r.parts.norms.input_grad += a.split(a.values_per_token(checked_mul(s.heads + s.kv_heads, s.head_dim)));
     r.saved = r.parts.total();
   }
+  // Gemma's norms after the sub-layers (h = x + post(attn(pre(x))), the same for the MLP): the
+  // out-projection's and FC2's outputs, each a post-norm's input, are kept for its backward instead
+  // of living as transients; the post-norm's output is the forward's transient, and its backward
+  // writes the sub-layer output's gradient into the block's second gradient buffer, no transient,
+  // after which its input, read for the last time and the saved side's top, is released: FC2's
+  // output before the MLP's backward, the out-projection's before the attention's
+  // (exec/gpt/blocks.hpp, post_norm_add, post_norm_backward and block_backward).
+  const bool sandwich = (s.flags & layer_flags::norms_sandwich) != 0;
+  if (sandwich) {
+    r.parts.norms.input_grad += a.rep(a.values_per_token(s.hidden)) * 2;
+    r.saved = r.parts.total();
+  }
   const attention_bytes& self = p.self;
   const mlp_bytes& m = p.mlp;
   const bool cross = (s.flags & layer_flags::cross_attention) != 0;
@@ -101,12 +113,16 @@ constexpr raw_activations memalg_block(const act_terms& a, const layer_shape& s)
     r.backward_temporary = max_b(m.backward_temporary, hidden_input) + gradients;
     r.backward_tail = max_b(bwd + core, hidden_input) - core + gradients;
     r.tail_released = m.saved.total() - residual_mask(a, s) + hidden_input;
+    if (sandwich) {
+      r.backward_released += hidden_input;  // FC2's output, at the backward's start
+      r.tail_released += hidden_input;      // the out-projection's output, at the second phase's
+    }
   }
   // memalg's runtime releases the MLP's residual-dropout mask as soon as the backward's first
   // op (the dropout) has read it, before any of the block's transients: the block's output
   // went before its backward, so the mask is the top of the saved tensors
   // (exec/gpt/build_program.hpp, release_mlp_mask). The stage takes it out of the block's backward.
-  if ((s.flags & layer_flags::moe) == 0 && !cross) r.backward_released = residual_mask(a, s);
+  if ((s.flags & layer_flags::moe) == 0 && !cross) r.backward_released += residual_mask(a, s);
   return r;
 }
 
