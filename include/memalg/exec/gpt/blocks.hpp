@@ -7,8 +7,10 @@
 // backward runs in place over d(out), so the MLP backward holds 2·inner as the plan says), rotary
 // positions when positions == 0 (in place on qkv and on its gradient: no tensor added),
 // grouped-query attention (qkv [N, (H + 2Hkv)·D]), no biases, an untied output layer (a last
-// unit `lm_head`), and Qwen3's per-head QK-norm (in place on qkv's query and key heads before the
-// rotary positions, the heads as they were saved for its backward, which runs in place on dqkv). A parallel block (GPT-NeoX, GPT-J, Falcon: y = x + attn(ln1(x)) + mlp(ln2(x)),
+// unit `lm_head`), Qwen3's per-head QK-norm (in place on qkv's query and key heads before the
+// rotary positions, the heads as they were saved for its backward, which runs in place on dqkv)
+// and Gemma's norms after the sub-layers (their inputs saved, each released as soon as its
+// backward has read it). A parallel block (GPT-NeoX, GPT-J, Falcon: y = x + attn(ln1(x)) + mlp(ln2(x)),
 // or with a shared norm y = x + attn(ln(x)) + mlp(ln(x)) as Falcon-7B) saves no sum after
 // attention: its forward holds the attention branch's x + attn in a transient while the MLP runs
 // and writes FC2 straight into the output; its backward runs the out-projection's backward first
