@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "memalg/backend/cpu/rmsnorm.hpp"
 #include "memalg/core/float16.hpp"
 
 namespace memalg::backend::cpu {
@@ -45,18 +46,15 @@ accum_t<T> head_rstd(const T* x, std::size_t D, double eps) {
 template <storage_type T>
 void qk_rmsnorm_forward(T* qkv, T* pre, const T* wq, const T* wk, std::size_t N, std::size_t H, std::size_t Hkv,
                         std::size_t D, double eps) {
-  using A = accum_t<T>;
   detail::check_qk_norm_args(H, Hkv, D, eps);
   const std::size_t row = (H + 2 * Hkv) * D, heads = H + Hkv;
-  for (std::size_t n = 0; n < N; ++n)
-    for (std::size_t j = 0; j < heads; ++j) {
-      T* x = qkv + n * row + j * D;
-      const T* w = j < H ? wq : wk;
-      if (pre != nullptr)
-        for (std::size_t c = 0; c < D; ++c) pre[(n * heads + j) * D + c] = x[c];
-      const A r = detail::head_rstd(x, D, eps);
-      for (std::size_t c = 0; c < D; ++c) x[c] = from_float<T>(to_float(x[c]) * r * to_float(w[c]));
-    }
+  for (std::size_t n = 0; n < N; ++n) {
+    T* q = qkv + n * row;  // the H query heads, then the Hkv key heads: rows of D, normed in place
+    if (pre != nullptr)
+      for (std::size_t i = 0; i < heads * D; ++i) pre[n * heads * D + i] = q[i];
+    rmsnorm_forward(q, static_cast<accum_t<T>*>(nullptr), q, wq, H, D, eps);
+    rmsnorm_forward(q + H * D, static_cast<accum_t<T>*>(nullptr), q + H * D, wk, Hkv, D, eps);
+  }
 }
 
 /// The backward, in place on the query and key heads of dqkv[N, (H + 2·Hkv)·D]; dwq, dwk [D]

@@ -322,8 +322,7 @@ class gpt_blocks : public gpt_parallel {
     // The MLP's tensors and the sum after attention are read for the last time: the saved
     // side's top (the mask went before), released before the attention backward (the plan's
     // backward_tail, plan/stacks/memalg.hpp). In a stash slot they stay.
-    for (operand* t : {&s.mlp_out, &s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {
-      if (t->null()) continue;
+    for (operand* t : {&s.gelu_out, &s.fc1_out, &s.ln2_out, &s.x_mid}) {  // (Gemma's FC2 output went already)
       pop(*t);
       *t = {};
     }
