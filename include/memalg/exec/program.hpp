@@ -60,7 +60,7 @@ constexpr std::size_t elem_size(elem e) {
 }
 
 /// What an operand's offset is relative to.
-enum class where : std::uint8_t { none, arena, tokens, targets, scalar, features, masks };
+enum class where : std::uint8_t { none, arena, tokens, targets, scalar, features, masks, generated };
 
 /// A tensor of the program: byte offset in the arena (element offset for tokens, targets,
 /// features and masks, slot index for scalars) and element count. `features` are this
@@ -98,11 +98,16 @@ enum class when : std::uint8_t { always, last_micro, unless_skipped };
 enum class group : std::uint8_t { dp, tp, pp };
 
 namespace ops {  // one struct per operation: operands first, then shapes
-// Token (+ position) embedding; backward accumulates into dwte / dwpe. vocab_rows != 0: the
+// Token (+ position) embedding; backward accumulates into dwte / dwpe. pos0: the position of
+// each sequence's first row (token s of a sequence reads wpe[pos0 + s]; a decode step's). vocab_rows != 0: the
 // vocabulary-parallel lookup — wte holds rows [vocab_begin, vocab_begin + vocab_rows) of the
 // vocabulary, other tokens write zero (forward, wpe null: the positions are a position_add after
 // the tensor-parallel sum) and add nothing (backward, which still accumulates dwpe when given).
-struct embedding_fwd { operand out, tok, wte, wpe; std::uint32_t B, S, C; std::uint32_t vocab_begin = 0, vocab_rows = 0; };
+struct embedding_fwd {
+  operand out, tok, wte, wpe;
+  std::uint32_t B, S, C;
+  std::uint32_t vocab_begin = 0, vocab_rows = 0, pos0 = 0;
+};
 struct embedding_bwd { operand dwte, dwpe, dout, tok; std::uint32_t B, S, C; std::uint32_t vocab_begin = 0, vocab_rows = 0; };
 // x[N, C] += wpe[(row0 + n) % S]: the replicated position embedding of N token rows that start at
 // flat row row0 of the micro-batch (a sequence-parallel rank's rows).
@@ -124,13 +129,15 @@ struct linear_bwd { operand din, dw, dbias, dout, in, w; std::uint32_t N, IC, OC
 struct attention_fwd { operand out, probs_or_lse, qkv; attn_shape sh; };
 struct attention_bwd { operand dqkv, dout, qkv, out, probs_or_lse; attn_shape sh; };
 // Rotary positions (RoPE) in place on the Q and K heads of a fused qkv [B·S, (H + 2Hkv)·D]
-// (position n % S, the first rot_dim dimensions of each head); backward rotates dQ, dK back.
-struct rotary_fwd { operand qkv; attn_shape sh; std::uint32_t rot_dim; float theta; };
+// (position pos0 + n % S, the first rot_dim dimensions of each head); backward rotates dQ, dK back.
+// pos0: the position of each sequence's first row (0 in training; a generation step's offset).
+struct rotary_fwd { operand qkv; attn_shape sh; std::uint32_t rot_dim; float theta; std::uint32_t pos0 = 0; };
 struct rotary_bwd { operand dqkv; attn_shape sh; std::uint32_t rot_dim; float theta; };
 // Per-head RMSNorm of the query and key heads of a fused qkv [B·S, (H + 2Hkv)·D], in place (Qwen3's
 // q_norm and k_norm: one weight [D] for the query heads, one for the key heads, ε eps): forward
 // copies the heads as they were into pre [B·S, (H + Hkv)·D] (what backward reads), backward
 // runs in place on dqkv's query and key heads and accumulates dwq, dwk (backend/cpu/qk_norm.hpp).
+// A null pre keeps nothing (a generation program's forward, which no backward follows).
 struct qk_norm_fwd { operand qkv, pre, wq, wk; attn_shape sh; double eps = 0; };
 struct qk_norm_bwd { operand dqkv, dwq, dwk, pre, wq, wk; attn_shape sh; double eps = 0; };
 // gelu: elementwise. swiglu: in [N, 2F] = [gate ‖ up] → out [N, F]; its backward writes din
@@ -233,6 +240,19 @@ struct all_gather { operand send, recv; group g; };
 // received from; a receive takes exactly buf.count elements.
 struct send { operand buf; std::uint32_t peer; };
 struct recv { operand buf; std::uint32_t peer; };
+// ---- generation (exec/gpt/build_generation.hpp) ----
+// A layer's key/value cache is kv [B, L, 2·Hkv·D]: per sequence and position, the Hkv key heads
+// then the Hkv value heads (L positions per sequence). kv_append writes the key and value heads of
+// the q = sh.S new tokens of each of sh.B sequences (qkv [B·q, (H + 2Hkv)·D], after the rotary
+// positions) at positions [pos0, pos0 + q) of their sequences.
+struct kv_append { operand kv, qkv; attn_shape sh; std::uint32_t pos0, L; };
+// Causal attention of the q = sh.S new tokens of each sequence (the query heads of qkv, at
+// positions pos0 … pos0 + q − 1) over the cache: query i reads positions 0 … pos0 + i of its
+// sequence. out [B·q, H·D]; nothing is kept for a backward.
+struct cached_attention_fwd { operand out, qkv, kv; attn_shape sh; std::uint32_t pos0, L; };
+// Greedy sampling: out[n] = the smallest index of the largest logit of row n of logits [N, V]
+// (torch.argmax's choice); out is i32 ids (where::generated).
+struct argmax { operand out, logits; std::uint32_t N, V; };
 }  // namespace ops
 
 using op_body =
@@ -243,7 +263,8 @@ using op_body =
                  ops::all_reduce, ops::reduce_scatter, ops::all_gather, ops::send, ops::recv,
                  ops::position_add, ops::vocab_parallel_loss, ops::masked_attention_fwd, ops::masked_attention_bwd,
                  ops::conv1d_fwd, ops::conv1d_bwd, ops::batchnorm_fwd, ops::batchnorm_bwd, ops::frames_in,
-                 ops::mel_loss, ops::stop_loss, ops::mask_rows>;
+                 ops::mel_loss, ops::stop_loss, ops::mask_rows, ops::kv_append, ops::cached_attention_fwd,
+                 ops::argmax>;
 
 // ---- what each op does with its arena operands -------------------------------------------------
 /// How an op uses an operand: reads it, overwrites it without reading it first, or reads and
@@ -350,6 +371,10 @@ constexpr access_list accesses(const reduce_scatter& o) { return {{o.send, U}, {
 constexpr access_list accesses(const all_gather& o) { return {{o.send, R}, {o.recv, W}}; }
 constexpr access_list accesses(const send& o) { return {{o.buf, R}}; }
 constexpr access_list accesses(const recv& o) { return {{o.buf, W}}; }
+// The cache keeps what earlier steps wrote: an append rewrites part of it (update).
+constexpr access_list accesses(const kv_append& o) { return {{o.kv, U}, {o.qkv, R}}; }
+constexpr access_list accesses(const cached_attention_fwd& o) { return {{o.out, W}, {o.qkv, R}, {o.kv, R}}; }
+constexpr access_list accesses(const argmax& o) { return {{o.out, W}, {o.logits, R}}; }
 }  // namespace ops
 
 /// Whether op type O declares its operands' accesses (ops::accesses).
@@ -502,6 +527,7 @@ struct program {
   std::size_t targets_per_micro = 0;   ///< target ids each micro-batch reads (the tokens' count for a GPT, 0 for speech)
   std::size_t features_per_micro = 0;  ///< fp32 features each micro-batch reads (where::features)
   std::size_t masks_per_micro = 0;     ///< u8 mask entries each micro-batch reads (where::masks)
+  std::size_t generated_per_micro = 0; ///< token ids a generation program writes and reads (where::generated)
   std::size_t dp = 1, tp = 1, dp_rank = 0, tp_rank = 0;
   std::size_t pp = 1, pp_rank = 0;  ///< pipeline stages and this rank's stage
   bool loss_scaling = false;  ///< dynamic loss scaling (fp16): dloss and the norm carry the scale

@@ -37,11 +37,13 @@ struct run_state {
 
 /// This rank's inputs for one step, micro-batch after micro-batch: grad_accum × tokens_per_micro
 /// token ids, grad_accum × targets_per_micro target ids, grad_accum × features_per_micro fp32
-/// features and grad_accum × masks_per_micro u8 mask entries (the last two for the speech model).
+/// features and grad_accum × masks_per_micro u8 mask entries (the last two for the speech model),
+/// and the generated_per_micro token ids a generation program writes (and reads back).
 struct step_io {
   std::span<const std::int32_t> tokens, targets;
   std::span<const float> features = {};
   std::span<const std::uint8_t> masks = {};
+  std::span<std::int32_t> generated = {};
 };
 
 struct step_result {
@@ -71,9 +73,11 @@ namespace detail {
 template <step_backend B>
 step_result run(const program& p, B& b, step_io io, run_state& s, live_bytes_meter* meter) {
   if (io.tokens.size() != p.grad_accum * p.tokens_per_micro || io.targets.size() != p.grad_accum * p.targets_per_micro ||
-      io.features.size() != p.grad_accum * p.features_per_micro || io.masks.size() != p.grad_accum * p.masks_per_micro)
+      io.features.size() != p.grad_accum * p.features_per_micro || io.masks.size() != p.grad_accum * p.masks_per_micro ||
+      io.generated.size() != p.grad_accum * p.generated_per_micro)
     throw std::invalid_argument(
-        "exec::run: expected grad_accum × the program's tokens, targets, features and masks per micro-batch");
+        "exec::run: expected grad_accum × the program's tokens, targets, features, masks and generated ids per "
+        "micro-batch");
   ++s.step;
   s.skip = false;
   b.begin_step(p, io, s);

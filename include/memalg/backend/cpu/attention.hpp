@@ -88,6 +88,7 @@ struct attention_io {
   const std::uint8_t* key_mask;  // [B·Sk], null: every key is real
   std::size_t q_ld, q_col;       // q rows
   std::size_t kv_ld, k_col, v_col;  // k and v rows
+  std::size_t q_pos0 = 0;           // causal: query t sits at key position q_pos0 + t (a cache's)
 
   std::size_t q_at(std::size_t b, std::size_t t, std::size_t h) const noexcept { return (b * Sq + t) * q_ld + q_col + h * D; }
   std::size_t k_at(std::size_t b, std::size_t j, std::size_t h) const noexcept {
@@ -99,7 +100,7 @@ struct attention_io {
   std::size_t out_at(std::size_t b, std::size_t t, std::size_t h) const noexcept { return ((b * Sq + t) * H + h) * D; }
   std::size_t stat_at(std::size_t b, std::size_t h, std::size_t t) const noexcept { return (b * H + h) * Sq + t; }
   /// Keys [0, key_end(t)) may be visible to query t; visible() also applies the key mask.
-  std::size_t key_end(std::size_t t) const noexcept { return causal ? std::min(t + 1, Sk) : Sk; }
+  std::size_t key_end(std::size_t t) const noexcept { return causal ? std::min(q_pos0 + t + 1, Sk) : Sk; }
   bool visible(std::size_t b, std::size_t j) const noexcept { return !key_mask || key_mask[b * Sk + j] != 0; }
 };
 

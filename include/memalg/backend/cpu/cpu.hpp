@@ -12,6 +12,7 @@
 #include "memalg/backend/cpu/cross_entropy.hpp"
 #include "memalg/backend/cpu/dropout.hpp"
 #include "memalg/backend/cpu/embedding.hpp"
+#include "memalg/backend/cpu/generation.hpp"
 #include "memalg/backend/cpu/grad_norm.hpp"
 #include "memalg/backend/cpu/layernorm.hpp"
 #include "memalg/backend/cpu/linear.hpp"

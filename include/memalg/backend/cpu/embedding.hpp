@@ -27,15 +27,16 @@
 
 namespace memalg::backend::cpu {
 
-/// out[B*S, C]; tok[B*S] in [0, V); wte[V, C]; wpe[S, C] or null.
+/// out[B*S, C]; tok[B*S] in [0, V); wte[V, C]; wpe[pos0 + S, C] or null (token s of a sequence
+/// at position pos0 + s: a generation step's).
 template <storage_type T>
 void embedding_forward(T* out, const std::int32_t* tok, const T* wte, const T* wpe, std::size_t B,
-                       std::size_t S, std::size_t C) {
+                       std::size_t S, std::size_t C, std::size_t pos0 = 0) {
   using A = accum_t<T>;
   for (std::size_t n = 0; n < B * S; ++n) {
     if (tok[n] < 0) throw std::out_of_range("embedding_forward: negative token id");
     const T* e = wte + static_cast<std::size_t>(tok[n]) * C;
-    const T* p = wpe ? wpe + (n % S) * C : nullptr;
+    const T* p = wpe ? wpe + (pos0 + n % S) * C : nullptr;
     for (std::size_t c = 0; c < C; ++c) {
       A v = to_float(e[c]);
       if (p) v += to_float(p[c]);

@@ -46,7 +46,7 @@ inline void check_rope_args(std::size_t S, std::size_t D, std::size_t rotary_dim
 /// not touched.
 template <storage_type T>
 void rope_apply(T* out, const T* in, std::size_t N, std::size_t S, std::size_t heads, std::size_t D,
-                std::size_t rotary_dim, std::size_t stride, double theta, int sign) {
+                std::size_t rotary_dim, std::size_t stride, double theta, int sign, std::size_t pos0 = 0) {
   using A = accum_t<T>;
   check_rope_args(S, D, rotary_dim, theta);
   const std::size_t half = rotary_dim / 2;
@@ -57,7 +57,7 @@ void rope_apply(T* out, const T* in, std::size_t N, std::size_t S, std::size_t h
     const A inv_freq =
         A(1) / std::pow(static_cast<A>(theta), static_cast<A>(2 * i) / static_cast<A>(rotary_dim));
     for (std::size_t p = 0; p < P; ++p) {
-      const A phi = static_cast<A>(p) * inv_freq;
+      const A phi = static_cast<A>(pos0 + p) * inv_freq;
       cs[p * half + i] = std::cos(phi);
       sn[p * half + i] = static_cast<A>(sign) * std::sin(phi);
     }
@@ -100,13 +100,14 @@ void rope_backward(T* din, const T* dout, std::size_t N, std::size_t S, std::siz
 
 // ---- fused qkv[N, (H + 2·Hkv)·D] of attention.hpp ---------------------------------------------
 
-/// out[N, (H + 2Hkv)·D]: q and k heads rotated, v copied; position n % sh.S; out may alias qkv.
+/// out[N, (H + 2Hkv)·D]: q and k heads rotated, v copied; position pos0 + n % sh.S (pos0: a
+/// generation step's first position); out may alias qkv.
 template <storage_type T>
 void rope_qkv_forward(T* out, const T* qkv, const attention_shape& sh, std::size_t rotary_dim,
-                      double theta = rope_default_theta) {
+                      double theta = rope_default_theta, std::size_t pos0 = 0) {
   detail::check_attention_shape(sh);
   const std::size_t W = sh.qkv_width(), qk = (sh.H + sh.Hkv) * sh.D;
-  detail::rope_apply(out, qkv, sh.rows(), sh.S, sh.H + sh.Hkv, sh.D, rotary_dim, W, theta, +1);
+  detail::rope_apply(out, qkv, sh.rows(), sh.S, sh.H + sh.Hkv, sh.D, rotary_dim, W, theta, +1, pos0);
   if (out != qkv)
     for (std::size_t n = 0; n < sh.rows(); ++n)
       for (std::size_t c = qk; c < W; ++c) out[n * W + c] = qkv[n * W + c];

@@ -48,6 +48,7 @@
 #include "memalg/backend/cpu/cross_entropy.hpp"
 #include "memalg/backend/cpu/dropout.hpp"
 #include "memalg/backend/cpu/embedding.hpp"
+#include "memalg/backend/cpu/generation.hpp"
 #include "memalg/backend/cpu/grad_norm.hpp"
 #include "memalg/backend/cpu/layernorm.hpp"
 #include "memalg/backend/cpu/linear.hpp"
@@ -174,6 +175,7 @@ class step_backend {
         targets_per_micro_(p.targets_per_micro),
         features_per_micro_(p.features_per_micro),
         masks_per_micro_(p.masks_per_micro),
+        generated_per_micro_(p.generated_per_micro),
         dp_size_(p.dp),
         dp_rank_(p.dp_rank),
         loss_scaling_(p.loss_scaling) {
@@ -211,13 +213,17 @@ class step_backend {
     if (io.features.size() != p.grad_accum * p.features_per_micro)
       fail("expected grad_accum × features_per_micro fp32 features");
     if (io.masks.size() != p.grad_accum * p.masks_per_micro) fail("expected grad_accum × masks_per_micro mask entries");
+    if (io.generated.size() != p.grad_accum * p.generated_per_micro)
+      fail("expected grad_accum × generated_per_micro generated ids");
     if (p.tokens_per_micro != tokens_per_micro_ || p.targets_per_micro != targets_per_micro_ ||
-        p.features_per_micro != features_per_micro_ || p.masks_per_micro != masks_per_micro_)
+        p.features_per_micro != features_per_micro_ || p.masks_per_micro != masks_per_micro_ ||
+        p.generated_per_micro != generated_per_micro_)
       fail("the step's program reads other inputs per micro-batch than the backend's");
     tokens_ = io.tokens;
     targets_ = io.targets;
     features_ = io.features;
     masks_ = io.masks;
+    generated_ = io.generated;
     for (float& x : scalars_) x = 0.0f;
     s.loss_scale = loss_scaling_ ? scaler_.scale() : 1.0f;
   }
@@ -252,7 +258,7 @@ class step_backend {
                                     std::size_t{o.B} * o.S, o.C);
       return;
     }
-    embedding_forward(out<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C);
+    embedding_forward(out<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, o.pos0);
   }
   void execute(const exec::ops::embedding_bwd& o, exec::run_state& s) {
     if (o.vocab_rows != 0) {
@@ -323,7 +329,7 @@ class step_backend {
     const attention_shape sh = shape(o.sh);
     if (o.qkv.count != sh.rows() * sh.qkv_width()) fail("rotary_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
     T* x = inout<T>(o.qkv);
-    rope_qkv_forward(x, x, sh, o.rot_dim, static_cast<double>(o.theta));
+    rope_qkv_forward(x, x, sh, o.rot_dim, static_cast<double>(o.theta), o.pos0);
   }
   void execute(const exec::ops::rotary_bwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
@@ -334,7 +340,8 @@ class step_backend {
   void execute(const exec::ops::qk_norm_fwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
     if (o.qkv.count != sh.rows() * sh.qkv_width()) fail("qk_norm_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
-    if (o.pre.count != sh.rows() * (sh.H + sh.Hkv) * sh.D) fail("qk_norm_fwd: pre is not [B·S, (H + Hkv)·D]");
+    if (!o.pre.null() && o.pre.count != sh.rows() * (sh.H + sh.Hkv) * sh.D)
+      fail("qk_norm_fwd: pre is not [B·S, (H + Hkv)·D]");
     if (o.wq.count != sh.D || o.wk.count != sh.D) fail("qk_norm_fwd: the weights are not [D]");
     if (!(o.eps > 0)) fail("qk_norm_fwd: the op carries no epsilon (> 0)");
     qk_rmsnorm_forward(inout<T>(o.qkv), out<T>(o.pre), cptr<T>(o.wq), cptr<T>(o.wk), sh.rows(), sh.H, sh.Hkv, sh.D,
@@ -690,6 +697,25 @@ class step_backend {
       if (m[n] == 0)
         for (std::size_t c = 0; c < o.C; ++c) x[n * o.C + c] = from_float<T>(A(0));
   }
+  // ---- generation (exec/gpt/build_generation.hpp) ----
+  void execute(const exec::ops::kv_append& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.qkv.count != sh.rows() * sh.qkv_width()) fail("kv_append: qkv is not [B·q, (H + 2Hkv)·D]");
+    if (o.kv.count != std::size_t{o.sh.B} * o.L * 2 * sh.Hkv * sh.D) fail("kv_append: the cache is not [B, L, 2·Hkv·D]");
+    kv_append(inout<T>(o.kv), cptr<T>(o.qkv), sh, o.pos0, o.L);
+  }
+  void execute(const exec::ops::cached_attention_fwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.qkv.count != sh.rows() * sh.qkv_width()) fail("cached_attention_fwd: qkv is not [B·q, (H + 2Hkv)·D]");
+    if (o.kv.count != std::size_t{o.sh.B} * o.L * 2 * sh.Hkv * sh.D)
+      fail("cached_attention_fwd: the cache is not [B, L, 2·Hkv·D]");
+    if (o.out.count != sh.rows() * sh.out_width()) fail("cached_attention_fwd: out is not [B·q, H·D]");
+    cached_attention_forward(out<T>(o.out), cptr<T>(o.qkv), cptr<T>(o.kv), sh, o.pos0, o.L);
+  }
+  void execute(const exec::ops::argmax& o, exec::run_state& s) {
+    if (o.logits.count != std::size_t{o.N} * o.V || o.out.count != o.N) fail("argmax: logits are not [N, V] or out not [N]");
+    argmax_rows(generated(o.out, s), cptr<T>(o.logits), o.N, o.V);
+  }
   void execute(const exec::ops::send& o, exec::run_state&) {
     if (o.buf.type != exec::elem::f32) fail("send: pipeline stages exchange fp32 tensors");
     pp().send(cptr<float>(o.buf), o.buf.count, static_cast<int>(o.peer));
@@ -851,8 +877,16 @@ class step_backend {
     return ptr<U>(o, exec::access::update);
   }
 
-  /// This micro-batch's token or target ids.
+  /// The generated ids of an operand (where::generated), which ops write and read.
+  std::int32_t* generated(const exec::operand& o, const exec::run_state& s) const {
+    if (o.in != exec::where::generated || o.type != exec::elem::i32) fail("expected a generated-ids operand (i32)");
+    if (o.offset > generated_per_micro_ || o.count > generated_per_micro_ - o.offset)
+      fail("generated-ids operand outside the run's generated_per_micro");
+    return generated_.data() + s.micro * generated_per_micro_ + o.offset;
+  }
+  /// This micro-batch's token or target ids (or generated ids, which a decode step reads).
   const std::int32_t* ids(const exec::operand& o, const exec::run_state& s) const {
+    if (o.in == exec::where::generated) return generated(o, s);
     if (o.in != exec::where::tokens && o.in != exec::where::targets) fail("expected a token or target operand");
     const bool tok = o.in == exec::where::tokens;
     const std::size_t per = tok ? tokens_per_micro_ : targets_per_micro_;
@@ -912,11 +946,12 @@ class step_backend {
   std::vector<exec::persistent_tensor> checkpoint_;
   exec::hparams hp_;
   std::size_t grad_accum_, micro_batch_, tokens_per_micro_, targets_per_micro_, features_per_micro_, masks_per_micro_,
-      dp_size_, dp_rank_;
+      generated_per_micro_, dp_size_, dp_rank_;
   bool loss_scaling_;
   std::span<const std::int32_t> tokens_, targets_;
   std::span<const float> features_;
   std::span<const std::uint8_t> masks_;
+  std::span<std::int32_t> generated_;
   std::vector<float> scalars_ = std::vector<float>(exec::scalars::count, 0.0f);
   std::vector<A> mean_, rstd_, token_losses_, row_max_, ce_parts_;  // O(tokens) scratch outside the plan
   dynamic_loss_scaler scaler_{};

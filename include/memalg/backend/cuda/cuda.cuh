@@ -23,6 +23,7 @@
 #include "memalg/backend/cuda/activation.cuh"
 #include "memalg/backend/cuda/attention.cuh"
 #include "memalg/backend/cuda/rotary.cuh"
+#include "memalg/backend/cuda/generation.cuh"
 #include "memalg/backend/cuda/dropout.cuh"
 #include "memalg/backend/cuda/cross_entropy.cuh"
 #include "memalg/backend/cuda/speech_loss.cuh"

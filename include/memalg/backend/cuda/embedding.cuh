@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
 // memalg/backend/cuda/embedding.cuh — token (+ position) embedding, forward and backward.
 //
-//   forward:  out[n,:] = wte[tok[n],:] + wpe[n % s,:]          (wpe may be null)
+//   forward:  out[n,:] = wte[tok[n],:] + wpe[pos0 + n % s,:]   (wpe may be null; pos0 0 but in a
+//             generation step, whose s tokens of a sequence sit at positions pos0 … pos0 + s − 1)
 //   backward: dwte[tok[n],:] += dout[n,:], dwpe[n % s,:] += dout[n,:]
 // The backward pass is deterministic and rounds each touched row of dwte once: the unique keys
 // (token << 32 | row) are bitonic-sorted, which groups the rows of each token in ascending order;
@@ -50,6 +51,7 @@ struct embedding_forward_op {
   const T* wpe;
   std::int64_t seq;
   std::int64_t channels;
+  std::int64_t pos0;
   template <int W>
   __device__ void operator()(std::int64_t i) const {
     const std::int64_t e = i * W;
@@ -58,7 +60,7 @@ struct embedding_forward_op {
     const packed<T, W> t = load_packed<W>(wte + static_cast<std::int64_t>(tokens[n]) * channels + c, 0);
     packed<T, W> y;
     if (wpe != nullptr) {
-      const packed<T, W> p = load_packed<W>(wpe + (n % seq) * channels + c, 0);
+      const packed<T, W> p = load_packed<W>(wpe + (pos0 + n % seq) * channels + c, 0);
 #pragma unroll
       for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(to_float(t.v[k]) + to_float(p.v[k]));
     } else {
@@ -227,16 +229,19 @@ __global__ void embedding_backward_wpe_kernel(T* dwpe, const T* dout, std::int64
 
 }  // namespace detail
 
-/// out[B·S, C] from tokens[B·S] (int32 ids in [0, V)), wte[V, C] and wpe[S, C] (may be null).
+/// out[B·S, C] from tokens[B·S] (int32 ids in [0, V)), wte[V, C] and wpe[pos0 + S, C] (may be
+/// null; token s of a sequence reads row pos0 + s, as the CPU's embedding_forward).
 template <storage_type T>
 void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, std::int64_t batch,
-                       std::int64_t seq, std::int64_t channels, cudaStream_t stream = nullptr) {
+                       std::int64_t seq, std::int64_t channels, cudaStream_t stream = nullptr, std::int64_t pos0 = 0) {
+  if (pos0 < 0) throw std::invalid_argument("embedding_forward: pos0 must not be negative");
   const std::int64_t rows = batch * seq;
   constexpr int w = max_vec_width(sizeof(T));
   const int width =
       wpe != nullptr ? common_vec_width(w, channels, out, wte, wpe) : common_vec_width(w, channels, out, wte);
-  launch_pointwise<w>(rows * channels, width, detail::embedding_forward_op<T>{out, tokens, wte, wpe, seq, channels},
-                      stream, "embedding_forward");
+  launch_pointwise<w>(rows * channels, width,
+                      detail::embedding_forward_op<T>{out, tokens, wte, wpe, seq, channels, pos0}, stream,
+                      "embedding_forward");
 }
 
 /// out[N, C]: wte_part[tok − vocab_begin] for tokens in [vocab_begin, vocab_begin + vocab_rows), else 0.

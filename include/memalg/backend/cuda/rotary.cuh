@@ -4,7 +4,8 @@
 // Same arguments, layouts and mathematics as the CPU reference (backend/cpu/rotary.hpp): Hugging
 // Face's `rotate_half` convention with GPT-NeoX's partial rotary, so in every head only the first
 // R = rotary_dim of the D dimensions rotate and the other D − R pass through. With half = R/2,
-// i < half and position p = n % S of token row n:
+// i < half and position p = pos0 + n % S of token row n (pos0 0 but in a generation step, whose S
+// rows of a sequence sit at positions pos0 … pos0 + S − 1; rope_qkv_forward takes it last):
 //   inv_freq_i = θ^(−2i/R),  φ = p·inv_freq_i,  c = cos φ,  s = sin φ
 //   forward:  out_i = x_i·c − x_{i+half}·s,   out_{i+half} = x_{i+half}·c + x_i·s
 //   backward: the transpose rotation (φ → −φ), din written (=)
@@ -47,6 +48,7 @@ struct rope_row_work {
   std::int64_t slots = 0;  ///< per head: half (+ D − R when copying)
   std::int64_t tail = 0;   ///< columns after heads·D copied per row (0 when in place)
   std::int64_t stride = 0; ///< row stride of in and out
+  std::int64_t pos0 = 0;   ///< position of each sequence's first row
 
   MEMALG_HOST_DEVICE constexpr std::int64_t half() const noexcept { return rotary_dim / 2; }
   MEMALG_HOST_DEVICE constexpr std::int64_t per_row() const noexcept { return heads * slots + tail; }
@@ -90,7 +92,7 @@ MEMALG_HOST_DEVICE inline void rope_item(T* out, const T* in, std::int64_t t, st
     return;
   }
   const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * j) / static_cast<float>(w.rotary_dim));
-  const float phi = static_cast<float>(n % S) * inv_freq;
+  const float phi = static_cast<float>(w.pos0 + n % S) * inv_freq;
   float s, c;
   sincosf(phi, &s, &c);
   s *= sign;
@@ -109,9 +111,10 @@ __global__ void rope_kernel(T* out, const T* in, std::int64_t items, std::int64_
 }
 
 inline void check_rope_args(std::int64_t N, std::int64_t S, std::int64_t heads, std::int64_t D,
-                            std::int64_t rotary_dim, float theta, const char* what) {
+                            std::int64_t rotary_dim, float theta, const char* what, std::int64_t pos0 = 0) {
   if (N < 0 || heads < 0 || D < 0)
     throw std::invalid_argument(std::string(what) + ": N, heads and D must not be negative");
+  if (pos0 < 0) throw std::invalid_argument(std::string(what) + ": pos0 must not be negative");
   if (S <= 0) throw std::invalid_argument(std::string(what) + ": sequence length S must be positive");
   if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > D)
     throw std::invalid_argument(std::string(what) + ": rotary_dim must be even and at most the head width D");
@@ -127,13 +130,14 @@ inline void check_rope_qkv_shape(const attention_shape& sh, const char* what) {
 }
 
 /// Rotates the first `heads` heads (D wide) of each of N rows `stride` apart (rows of out are
-/// `stride` apart too) and, when out != in, copies the rest of each row.
+/// `stride` apart too; row n at position pos0 + n % S) and, when out != in, copies the rest of each row.
 template <class T>
 void rope_apply(T* out, const T* in, std::int64_t N, std::int64_t S, std::int64_t heads, std::int64_t D,
                 std::int64_t rotary_dim, std::int64_t stride, float theta, float sign, cudaStream_t stream,
-                const char* what) {
-  check_rope_args(N, S, heads, D, rotary_dim, theta, what);
-  const rope_row_work w = make_rope_row_work(heads, D, rotary_dim, stride, out != in);
+                const char* what, std::int64_t pos0 = 0) {
+  check_rope_args(N, S, heads, D, rotary_dim, theta, what, pos0);
+  rope_row_work w = make_rope_row_work(heads, D, rotary_dim, stride, out != in);
+  w.pos0 = pos0;
   const std::int64_t items = N * w.per_row();
   const launch_1d l = grid_stride_launch(items);
   if (l.grid == 0) return;
@@ -161,13 +165,14 @@ void rope_backward(T* din, const T* dout, std::int64_t N, std::int64_t S, std::i
 
 // ---- fused qkv[N, (H + 2·Hkv)·D] of attention.cuh ---------------------------------------------
 
-/// out[N, (H + 2Hkv)·D]: q and k heads rotated, v copied; position n % sh.S; out may alias qkv.
+/// out[N, (H + 2Hkv)·D]: q and k heads rotated, v copied; position pos0 + n % sh.S (pos0: a
+/// generation step's first position); out may alias qkv.
 template <storage_type T>
 void rope_qkv_forward(T* out, const T* qkv, const attention_shape& sh, std::int64_t rotary_dim,
-                      float theta = rope_default_theta, cudaStream_t stream = nullptr) {
+                      float theta = rope_default_theta, cudaStream_t stream = nullptr, std::int64_t pos0 = 0) {
   detail::check_rope_qkv_shape(sh, "rope_qkv_forward");
   detail::rope_apply(out, qkv, sh.rows(), sh.S, sh.H + sh.Hkv, sh.D, rotary_dim, sh.qkv_width(), theta, 1.0f, stream,
-                     "rope_qkv_forward");
+                     "rope_qkv_forward", pos0);
 }
 
 /// dqkv_in[N, (H + 2Hkv)·D] written: dq and dk rotated back, dv copied; may alias dqkv_out.

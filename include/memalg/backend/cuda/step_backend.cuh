@@ -18,7 +18,9 @@
 //     partials, the embedding backward's sort keys and the step's token and target ids, fp32
 //     features and u8 masks (each micro-batch's at micro × per-micro-batch count + the operand's
 //     offset), per-channel batch-norm statistics (recomputed from the saved input in backward, as
-//     the norms') and sums.
+//     the norms') and sums, and a generation program's generated token ids (where::generated:
+//     grad_accum × generated_per_micro int32, uploaded from step_io::generated at begin_step,
+//     written by argmax, read by embedding_fwd, copied back into that span at end_step).
 //     Its size is step_backend_scratch_bytes(program): the largest of each over the program's ops;
 //   * the cuBLASLt handle and workspace (default_gemm_workspace_bytes: the workspace term of the
 //     plan's device reserve) and one compute stream.
@@ -52,6 +54,12 @@
 // speech_loss.cuh (the mel and stop losses divide by the op's fixed divisor, not the real count,
 // and add to its scalar slot as the loss op does); teacher-forced frames and mask_rows are small
 // kernels of their own here. linear_bwd's add_din is the input-gradient GEMM with beta = 1.
+//
+// The generation program's ops (kv_append, cached_attention_fwd, argmax; embedding_fwd's and
+// rotary_fwd's pos0; qk_norm_fwd without `pre`) run on the kernels of generation.cuh,
+// embedding.cuh, rotary.cuh and qk_norm.cuh. argmax writes its ids into the device copy of the
+// step's generated ids, which a later op of the step reads as tokens (the next decode step's
+// embedding); the host span sees them after end_step.
 //
 // Comm: an exec::communicator over device pointers with set_stream(cudaStream_t) —
 // nccl_communicator (backend/cuda/nccl_communicator.cuh; in-place reduce-scatter and all-gather
@@ -87,6 +95,7 @@
 #include "memalg/backend/cuda/dtype.cuh"
 #include "memalg/backend/cuda/embedding.cuh"
 #include "memalg/backend/cuda/gemm.cuh"
+#include "memalg/backend/cuda/generation.cuh"
 #include "memalg/backend/cuda/grad_norm.cuh"
 #include "memalg/backend/cuda/launch.cuh"
 #include "memalg/backend/cuda/layernorm.cuh"
@@ -131,6 +140,7 @@ struct step_scratch_shape {
   std::size_t features = 0;    ///< fp32 features of one step (where::features)
   std::size_t masks = 0;       ///< u8 mask entries of one step (where::masks)
   std::size_t bn_channels = 0; ///< batch norm channels: the backward's sums (2C + 1 floats)
+  std::size_t generated = 0;   ///< generated token ids of one step (where::generated)
 };
 
 inline step_scratch_shape step_scratch_of(const exec::program& p) {
@@ -139,6 +149,7 @@ inline step_scratch_shape step_scratch_of(const exec::program& p) {
   s.target_ids = p.grad_accum * p.targets_per_micro;
   s.features = p.grad_accum * p.features_per_micro;
   s.masks = p.grad_accum * p.masks_per_micro;
+  s.generated = p.grad_accum * p.generated_per_micro;
   const auto each = [&](const std::vector<exec::op>& ops) {
     for (const exec::op& o : ops)
       std::visit(
@@ -181,8 +192,8 @@ inline constexpr std::uint64_t scalar_slots = exec::scalars::count + 2;
 /// Bytes of the backend's scratch outside the arena for a program (each buffer rounded to 256
 /// bytes): norm (and batch-norm) mean and rstd, per-token losses, row dots, the vocabulary-parallel
 /// loss's row maxima and partials, gradient-norm partials, the scalar file, the embedding sort keys,
-/// the step's token and target ids, fp32 features and u8 masks and the batch-norm backward's sums.
-/// Host arithmetic only.
+/// the step's token and target ids, fp32 features and u8 masks, the batch-norm backward's sums and
+/// the step's generated ids. Host arithmetic only.
 inline std::size_t step_backend_scratch_bytes(const exec::program& p) {
   const step_scratch_shape s = step_scratch_of(p);
   return 2 * workspace_round(s.stat_rows * sizeof(float)) + workspace_round(s.loss_rows * sizeof(float)) +
@@ -192,7 +203,8 @@ inline std::size_t step_backend_scratch_bytes(const exec::program& p) {
          workspace_round(embedding_backward_workspace_bytes(static_cast<std::int64_t>(s.sort_rows))) +
          workspace_round(s.ids * sizeof(std::int32_t)) + workspace_round(s.target_ids * sizeof(std::int32_t)) +
          workspace_round(s.features * sizeof(float)) + workspace_round(s.masks) +
-         workspace_round(s.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(s.bn_channels)) : 0);
+         workspace_round(s.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(s.bn_channels)) : 0) +
+         workspace_round(s.generated * sizeof(std::int32_t));
 }
 
 /// What the backend allocated outside and for its arena, and what each allocation added to the
@@ -328,6 +340,7 @@ class step_backend {
         targets_per_micro_(p.targets_per_micro),
         features_per_micro_(p.features_per_micro),
         masks_per_micro_(p.masks_per_micro),
+        generated_per_micro_(p.generated_per_micro),
         dp_size_(p.dp),
         dp_rank_(p.dp_rank) {
     validate(p);
@@ -358,19 +371,30 @@ class step_backend {
       fail("expected grad_accum × tokens_per_micro token ids and grad_accum × targets_per_micro target ids");
     if (io.features.size() != p.grad_accum * p.features_per_micro || io.masks.size() != p.grad_accum * p.masks_per_micro)
       fail("expected grad_accum × features_per_micro features and grad_accum × masks_per_micro mask entries");
+    if (io.generated.size() != p.grad_accum * p.generated_per_micro)
+      fail("expected grad_accum × generated_per_micro generated ids");
     if (io.tokens.size() > ids_ || io.targets.size() > target_ids_ || io.features.size() > features_count_ ||
-        io.masks.size() > masks_count_)
+        io.masks.size() > masks_count_ || io.generated.size() > generated_count_)
       fail("more step inputs than the program's step holds (a program other than the backend's)");
+    if (p.generated_per_micro != generated_per_micro_)
+      fail("the step's program writes other generated ids per micro-batch than the backend's");
     upload_async(tokens_, io.tokens.data(), io.tokens.size_bytes());
     upload_async(targets_, io.targets.data(), io.targets.size_bytes());
     upload_async(features_, io.features.data(), io.features.size_bytes());
     upload_async(masks_, io.masks.data(), io.masks.size_bytes());
+    // The ids as the caller left them (ops may read before argmax writes, as on the CPU backend,
+    // which works on the span itself); end_step copies them back.
+    upload_async(generated_, io.generated.data(), io.generated.size_bytes());
+    generated_host_ = io.generated;
     MEMALG_CUDA_CHECK(cudaMemsetAsync(scalars_, 0, scalar_slots * sizeof(float), stream()));
     s.loss_scale = 1.0f;
   }
   exec::step_result end_step(const exec::program&, exec::run_state& s) {
     float host[exec::scalars::count] = {};
     MEMALG_CUDA_CHECK(cudaMemcpyAsync(host, scalars_, sizeof host, cudaMemcpyDeviceToHost, stream()));
+    if (!generated_host_.empty())
+      MEMALG_CUDA_CHECK(cudaMemcpyAsync(generated_host_.data(), generated_, generated_host_.size_bytes(),
+                                        cudaMemcpyDeviceToHost, stream()));
     compute_.synchronize();
     step_ = s.step;
     updates_ = s.updates;
@@ -388,7 +412,9 @@ class step_backend {
                                     std::int64_t{o.B} * o.S, o.C, stream());
       return;
     }
-    embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, stream());
+    if (!o.wpe.null() && o.wpe.count < (std::uint64_t{o.pos0} + o.S) * o.C)
+      fail("embedding_fwd: wpe has fewer than pos0 + S rows of C");
+    embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, stream(), o.pos0);
   }
   void operator()(const exec::ops::embedding_bwd& o, exec::run_state& s) {
     if (o.vocab_rows != 0) {
@@ -470,7 +496,7 @@ class step_backend {
     const attention_shape sh = shape(o.sh);
     if (o.qkv.count != static_cast<std::uint64_t>(sh.rows() * sh.qkv_width())) fail("rotary_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
     T* x = ptr<T>(o.qkv);
-    rope_qkv_forward(x, x, sh, o.rot_dim, o.theta, stream());
+    rope_qkv_forward(x, x, sh, o.rot_dim, o.theta, stream(), o.pos0);
   }
   void operator()(const exec::ops::rotary_bwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
@@ -482,7 +508,9 @@ class step_backend {
     const attention_shape sh = shape(o.sh);
     const auto rows = static_cast<std::uint64_t>(sh.rows());
     if (o.qkv.count != rows * static_cast<std::uint64_t>(sh.qkv_width())) fail("qk_norm_fwd: qkv is not [B·S, (H + 2Hkv)·D]");
-    if (o.pre.count != rows * (o.sh.H + o.sh.Hkv) * o.sh.D) fail("qk_norm_fwd: pre is not [B·S, (H + Hkv)·D]");
+    // A null pre keeps nothing (a generation program's forward: no backward follows).
+    if (!o.pre.null() && o.pre.count != rows * (o.sh.H + o.sh.Hkv) * o.sh.D)
+      fail("qk_norm_fwd: pre is not [B·S, (H + Hkv)·D]");
     if (o.wq.count != o.sh.D || o.wk.count != o.sh.D) fail("qk_norm_fwd: the weights are not [D]");
     if (!(o.eps > 0)) fail("qk_norm_fwd: the op carries no epsilon (> 0)");
     qk_rmsnorm_forward(ptr<T>(o.qkv), ptr<T>(o.pre), cptr<T>(o.wq), cptr<T>(o.wk), sh.rows(), o.sh.H, o.sh.Hkv, o.sh.D,
@@ -853,6 +881,31 @@ class step_backend {
     stop_loss_backward(grad, logits, o.ld, targets, o.N, dloss / o.divisor, stream());
   }
 
+  // ---- the generation program's ops (exec/program.hpp; the CPU backend's checks) ---------------
+  void operator()(const exec::ops::kv_append& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.qkv.count != static_cast<std::uint64_t>(sh.rows() * sh.qkv_width()))
+      fail("kv_append: qkv is not [B·q, (H + 2Hkv)·D]");
+    if (o.kv.count != std::uint64_t{o.sh.B} * o.L * 2 * o.sh.Hkv * o.sh.D)
+      fail("kv_append: the cache is not [B, L, 2·Hkv·D]");
+    kv_append(ptr<T>(o.kv), cptr<T>(o.qkv), sh, o.pos0, o.L, stream());
+  }
+  void operator()(const exec::ops::cached_attention_fwd& o, exec::run_state&) {
+    const attention_shape sh = shape(o.sh);
+    if (o.qkv.count != static_cast<std::uint64_t>(sh.rows() * sh.qkv_width()))
+      fail("cached_attention_fwd: qkv is not [B·q, (H + 2Hkv)·D]");
+    if (o.kv.count != std::uint64_t{o.sh.B} * o.L * 2 * o.sh.Hkv * o.sh.D)
+      fail("cached_attention_fwd: the cache is not [B, L, 2·Hkv·D]");
+    if (o.out.count != static_cast<std::uint64_t>(sh.rows() * sh.out_width()))
+      fail("cached_attention_fwd: out is not [B·q, H·D]");
+    cached_attention_forward(ptr<T>(o.out), cptr<T>(o.qkv), cptr<T>(o.kv), sh, o.pos0, o.L, stream());
+  }
+  void operator()(const exec::ops::argmax& o, exec::run_state& s) {
+    if (o.logits.count != std::uint64_t{o.N} * o.V || o.out.count != o.N)
+      fail("argmax: logits are not [N, V] or out not [N]");
+    argmax_rows(generated_of(o.out, s), cptr<T>(o.logits), o.N, o.V, stream());
+  }
+
   // ---- state, for tests and checkpoints -------------------------------------------------------
   std::size_t capacity() const { return capacity_; }
   float last_grad_norm() const { return last_grad_norm_; }
@@ -1004,6 +1057,7 @@ class step_backend {
     const std::size_t bn_bytes =
         sh.bn_channels != 0 ? batchnorm_backward_scratch_bytes(static_cast<std::int64_t>(sh.bn_channels)) : 0;
     take(bn_sums_, bn_bytes / sizeof(float));
+    take(generated_, sh.generated);
     if (at != report_.scratch) throw std::logic_error("cuda::step_backend: scratch layout disagrees with step_backend_scratch_bytes");
     stat_rows_ = sh.stat_rows;
     sort_rows_ = sh.sort_rows;
@@ -1015,6 +1069,7 @@ class step_backend {
     features_count_ = sh.features;
     masks_count_ = sh.masks;
     bn_channels_ = sh.bn_channels;
+    generated_count_ = sh.generated;
   }
 
   /// The program's parameters as they start, computed on the host (exec/init.hpp, as the CPU
@@ -1097,8 +1152,17 @@ class step_backend {
   const U* cptr(const exec::operand& o) const {
     return ptr<U>(o);
   }
-  /// This micro-batch's token or target ids, on the device.
+  /// This micro-batch's generated ids (where::generated: element offset in the micro-batch's
+  /// generated_per_micro), on the device; argmax writes them, a decode step's embedding reads them.
+  std::int32_t* generated_of(const exec::operand& o, const exec::run_state& s) const {
+    if (o.in != exec::where::generated || o.type != exec::elem::i32) fail("expected a generated-ids operand (i32)");
+    if (o.offset > generated_per_micro_ || o.count > generated_per_micro_ - o.offset)
+      fail("generated-ids operand outside the run's generated_per_micro");
+    return generated_ + s.micro * generated_per_micro_ + o.offset;
+  }
+  /// This micro-batch's token or target ids (or generated ids, which a decode step reads), on the device.
   const std::int32_t* ids(const exec::operand& o, const exec::run_state& s) const {
+    if (o.in == exec::where::generated) return generated_of(o, s);
     if (o.in != exec::where::tokens && o.in != exec::where::targets) fail("expected a token or target operand");
     const bool tok = o.in == exec::where::tokens;
     const std::size_t per = tok ? tokens_per_micro_ : targets_per_micro_;
@@ -1172,7 +1236,7 @@ class step_backend {
   std::vector<exec::persistent_tensor> checkpoint_;
   exec::hparams hp_;
   std::size_t grad_accum_, micro_batch_, tokens_per_micro_, targets_per_micro_, features_per_micro_, masks_per_micro_,
-      dp_size_, dp_rank_;
+      generated_per_micro_, dp_size_, dp_rank_;
   step_backend_memory report_{};
   // device resources, released in reverse order
   stream_pair compute_;
@@ -1182,7 +1246,9 @@ class step_backend {
   std::byte* base_ = nullptr;
   float *mean_ = nullptr, *rstd_ = nullptr, *token_losses_ = nullptr, *row_dots_ = nullptr, *norm_scratch_ = nullptr,
         *scalars_ = nullptr, *row_max_ = nullptr, *ce_parts_ = nullptr;
-  std::int32_t *tokens_ = nullptr, *targets_ = nullptr;
+  std::int32_t *tokens_ = nullptr, *targets_ = nullptr, *generated_ = nullptr;
+  std::size_t generated_count_ = 0;
+  std::span<std::int32_t> generated_host_;  ///< the step's io.generated, written back at end_step
   float *features_ = nullptr, *bn_sums_ = nullptr;
   std::uint8_t* masks_ = nullptr;
   std::size_t target_ids_ = 0, features_count_ = 0, masks_count_ = 0, bn_channels_ = 0;
