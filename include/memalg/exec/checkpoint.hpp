@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -150,9 +151,22 @@ inline void save_checkpoint(const std::filesystem::path& file, std::string_view 
   }
 }
 
-/// Reads `file` into `sections` (same names and sizes, same order); returns the saved step.
-inline std::uint64_t load_checkpoint(const std::filesystem::path& file, std::string_view fingerprint,
-                                     std::span<checkpoint_section> sections) {
+/// A checkpoint as written: which plan wrote it, at which step, and its sections in order.
+struct checkpoint_contents {
+  std::string fingerprint;
+  std::uint64_t step = 0;
+  std::vector<std::pair<std::string, std::vector<std::byte>>> sections;
+  /// The section called `name` (null if there is none).
+  const std::vector<std::byte>* find(std::string_view name) const {
+    for (const auto& [n, b] : sections)
+      if (n == name) return &b;
+    return nullptr;
+  }
+};
+
+/// Reads and checks `file` (magic, format version, checksum, lengths): what a caller that takes
+/// only some sections (the generation program takes the weights) reads.
+inline checkpoint_contents read_checkpoint(const std::filesystem::path& file) {
   std::FILE* f = std::fopen(file.c_str(), "rb");
   if (!f) throw checkpoint_error("cannot open checkpoint " + file.string() + ": " + std::strerror(errno));
   std::vector<unsigned char> bytes;
@@ -176,23 +190,40 @@ inline std::uint64_t load_checkpoint(const std::filesystem::path& file, std::str
   if (const auto v = r.get_value<std::uint32_t>(); v != detail::checkpoint_version)
     throw checkpoint_error("checkpoint " + name + " has format version " + std::to_string(v) + ", expected " +
                            std::to_string(detail::checkpoint_version));
-  const std::string saved_fp = r.get_string(1 << 16);
-  if (saved_fp != fingerprint)
-    throw checkpoint_error("checkpoint " + name + " was written by plan '" + saved_fp + "', not '" +
-                           std::string(fingerprint) + "'");
-  const auto step = r.get_value<std::uint64_t>();
-  if (const auto n = r.get_value<std::uint32_t>(); n != sections.size())
-    throw checkpoint_error("checkpoint " + name + " holds " + std::to_string(n) + " sections, expected " +
-                           std::to_string(sections.size()));
-  for (checkpoint_section& s : sections) {
-    const std::string sname = r.get_string(1 << 12);
+  checkpoint_contents c;
+  c.fingerprint = r.get_string(1 << 16);
+  c.step = r.get_value<std::uint64_t>();
+  const auto n = r.get_value<std::uint32_t>();
+  for (std::uint32_t i = 0; i < n; ++i) {
+    std::string sname = r.get_string(1 << 12);
     const auto size = r.get_value<std::uint64_t>();
-    if (sname != s.name || size != s.data.size())
-      throw checkpoint_error("checkpoint " + name + " section '" + sname + "' (" + std::to_string(size) +
-                             " bytes) does not match '" + s.name + "' (" + std::to_string(s.data.size()) + " bytes)");
-    r.get(s.data.data(), s.data.size());
+    std::vector<std::byte> data(size);
+    r.get(data.data(), data.size());
+    c.sections.emplace_back(std::move(sname), std::move(data));
   }
-  return step;
+  return c;
+}
+
+/// Reads `file` into `sections` (same names and sizes, same order); returns the saved step.
+inline std::uint64_t load_checkpoint(const std::filesystem::path& file, std::string_view fingerprint,
+                                     std::span<checkpoint_section> sections) {
+  const checkpoint_contents c = read_checkpoint(file);
+  const std::string name = file.string();
+  if (c.fingerprint != fingerprint)
+    throw checkpoint_error("checkpoint " + name + " was written by plan '" + c.fingerprint + "', not '" +
+                           std::string(fingerprint) + "'");
+  if (c.sections.size() != sections.size())
+    throw checkpoint_error("checkpoint " + name + " holds " + std::to_string(c.sections.size()) + " sections, expected " +
+                           std::to_string(sections.size()));
+  for (std::size_t i = 0; i < sections.size(); ++i) {
+    const auto& [sname, data] = c.sections[i];
+    checkpoint_section& s = sections[i];
+    if (sname != s.name || data.size() != s.data.size())
+      throw checkpoint_error("checkpoint " + name + " section '" + sname + "' (" + std::to_string(data.size()) +
+                             " bytes) does not match '" + s.name + "' (" + std::to_string(s.data.size()) + " bytes)");
+    std::memcpy(s.data.data(), data.data(), data.size());
+  }
+  return c.step;
 }
 
 }  // namespace memalg::exec

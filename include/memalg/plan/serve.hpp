@@ -12,7 +12,8 @@
 // the prefill's and the longest decode step's. The terms, each with its source, are in
 // docs/serving.md; `serve_stack::pytorch` follows Hugging Face's `generate` (transformers 5.17),
 // `serve_stack::paged` vLLM's block manager (v1 engine, planned from its source), and
-// `serve_stack::megatron` Megatron-core's dynamic inference context.
+// `serve_stack::megatron` Megatron-core's dynamic inference context, `serve_stack::memalg` the
+// runtime's generation program (one arena: the weights, the whole cache, one forward's stacks).
 #pragma once
 
 #include <concepts>
@@ -46,8 +47,10 @@ enum class kv_cache_kind : std::uint8_t {
   paged,
 };
 
-/// Which serving engine the plan follows.
-enum class serve_stack : std::uint8_t { pytorch, paged, megatron };
+/// Which serving engine the plan follows: Hugging Face's generate, vLLM's paged cache,
+/// Megatron-core's dynamic inference engine, or memalg's own runtime (its generation program,
+/// exec/gpt/build_generation.hpp, laid out in exactly the planned arena).
+enum class serve_stack : std::uint8_t { pytorch, paged, megatron, memalg };
 
 /// The attention kernel of a Hugging Face model (`attn_implementation`).
 enum class serve_attention : std::uint8_t { sdpa, eager };
@@ -117,6 +120,11 @@ struct serve_result {
   bytes block_bytes{};
   std::uint64_t concurrent_sequences = 0;
   std::string_view reason{};  ///< non-empty: the request is invalid (and nothing was planned)
+  /// memalg: where the runtime's arena holds the cache (layer l's at cache_offset +
+  /// l·cache_layer_bytes, after the weights) and the stacks' peak above the weights and the cache
+  bytes cache_offset{};
+  bytes cache_layer_bytes{};
+  bytes stack_peak{};
   constexpr bytes peak() const { return at_peak.total(); }
 };
 
@@ -670,6 +678,10 @@ constexpr void hf_block(tape& t, const layer_desc& l, const step_shape& s, const
 
 }  // namespace detail
 
+namespace detail {
+constexpr std::string_view memalg_serving_error(const model_desc& m, const serving_desc& d);
+}
+
 /// Why a serving request cannot be planned, or empty.
 constexpr std::string_view serving_error(const model_desc& m, const serving_desc& d) {
   if (d.batch == 0) return "a serving plan needs a batch of at least one sequence";
@@ -684,6 +696,7 @@ constexpr std::string_view serving_error(const model_desc& m, const serving_desc
   bool blocks = false;
   for (const layer_desc& l : m) blocks = blocks || l.kind == layer_kind::transformer_block;
   if (!blocks) return "a serving plan needs a model with transformer blocks (a preset, --config or the shape flags)";
+  if (d.stack == serve_stack::memalg) return detail::memalg_serving_error(m, d);
   return {};
 }
 
@@ -879,6 +892,111 @@ constexpr std::uint64_t vocab_of(const model_desc& m) {
   return v;
 }
 
+/// Bytes of `n` elements of `e` padded to 16 (the memalg runtime's arena alignment:
+/// exec/arena_layout.hpp; exec/gpt/build_generation.hpp, generation_bytes).
+constexpr bytes padded16(dtype e, std::uint64_t n) {
+  const std::uint64_t b = storage_bytes(e, n).value;
+  return bytes{(b + 15) / 16 * 16};
+}
+
+/// The block every transformer block of `m` is, for the memalg stack; `count` blocks.
+struct memalg_blocks {
+  layer_shape shape{};
+  std::uint64_t count = 0;
+  std::string_view error{};
+};
+constexpr memalg_blocks memalg_serving_blocks(const model_desc& m) {
+  memalg_blocks b{};
+  for (const layer_desc& l : m) {
+    if (l.kind != layer_kind::transformer_block) continue;
+    const layer_shape& s = l.shape;
+    if (b.count == 0) b.shape = s;
+    else if (s.hidden != b.shape.hidden || s.heads != b.shape.heads || kv_heads_of(s) != kv_heads_of(b.shape) ||
+             head_dim_of(s) != head_dim_of(b.shape) || s.ffn != b.shape.ffn || s.flags != b.shape.flags)
+      b.error = "the memalg runtime generates with identical blocks";
+    b.count += l.count;
+    constexpr std::uint32_t refused = layer_flags::moe | layer_flags::cross_attention | layer_flags::parallel_residual |
+                                      layer_flags::shared_norm | layer_flags::norms_after | layer_flags::norms_sandwich |
+                                      layer_flags::qk_norm_whole | layer_flags::adapted;
+    if ((s.flags & refused) != 0 || s.window != 0 || is_mla(s) || s.experts != 0 || s.attention_sinks || s.l2_qk_norm ||
+        s.complex_rotary)
+      b.error = "the memalg runtime generates with sequential dense blocks (GPT, Llama, Qwen2 and Qwen3 shapes: no "
+                "mixture of experts, latent attention, sliding window, parallel residual or post-norms)";
+  }
+  if (b.count == 0) b.error = "a serving plan needs a model with transformer blocks";
+  return b;
+}
+
+/// Why the memalg stack cannot plan a request, or empty.
+constexpr std::string_view memalg_serving_error(const model_desc& m, const serving_desc& d) {
+  if (d.tp != 1 || d.pp != 1) return "the memalg runtime generates on one device (no tensor or pipeline parallelism)";
+  if (!(d.compute == dtypes::fp32 || d.compute == dtypes::bf16 || d.compute == dtypes::fp16))
+    return "the memalg runtime generates in fp32, bf16 or fp16";
+  if (!(d.weights.is_none() || d.weights == d.compute) || !(d.kv.is_none() || d.kv == d.compute))
+    return "the memalg runtime keeps its weights and its cache in the compute dtype (no quantized weights or cache)";
+  if (d.cache == kv_cache_kind::paged) return "the memalg runtime's cache is one buffer per layer, not paged";
+  if (d.prefill_chunk != 0) return "the memalg runtime prefills the whole prompt in one forward (no --prefill-chunk)";
+  if (d.max_cache_len != 0 && d.max_cache_len != d.prompt + (d.new_tokens > 0 ? d.new_tokens - 1 : 0))
+    return "the memalg runtime's cache holds exactly the tokens fed (the prompt and the new tokens but the last)";
+  if (d.attention == serve_attention::eager) return "the memalg runtime's attention is the model's own (naive or flash), not eager";
+  if (d.new_tokens == 0) return "the memalg runtime generates at least one new token";
+  return memalg_serving_blocks(m).error;
+}
+
+/// The stacks of one forward of the memalg runtime's generation program over q new tokens per
+/// sequence, replayed tensor by tensor in its order (exec/gpt/build_generation.hpp: each tensor
+/// released after its last reader; the prefill runs the model's attention core, whose
+/// statistics are dropped at once; a decode step attends over the cache), and the logits' share
+/// at the peak.
+struct memalg_forward {
+  bytes peak{}, logits_at_peak{};
+};
+constexpr memalg_forward memalg_forward_stacks(const memalg_blocks& blk, std::uint64_t vocab, std::uint64_t batch,
+                                               std::uint64_t q, bool prefill, dtype e) {
+  const layer_shape& s = blk.shape;
+  const std::uint64_t C = s.hidden, H = s.heads, D = head_dim_of(s), Q = (H + 2 * kv_heads_of(s)) * D;
+  const std::uint64_t F = s.ffn, F1 = (s.flags & layer_flags::gated) != 0 ? 2 * F : F;
+  const std::uint64_t N = checked_mul(batch, q);
+  const auto act = [&](std::uint64_t width) { return padded16(e, checked_mul(N, width)); };
+  tape t{};
+  const bytes x = act(C);
+  t.alloc(x);  // the residual stream, from the embedding to the last block
+  for (int i = 0; i < (blk.count > 0 ? 1 : 0); ++i) {  // every block alike: one holds the peak
+    t.alloc(act(C));   // ln1_out
+    t.alloc(act(Q));   // qkv
+    t.free(act(C));
+    t.alloc(act(H * D));  // attention_out
+    if (prefill) {  // the core's statistics: flash's log-sum-exp (fp32) or naive's probabilities
+      const bytes core = (s.flags & layer_flags::flash) != 0
+                             ? padded16(dtypes::fp32, checked_mul(checked_mul(batch, H), q))
+                             : padded16(e, checked_mul(checked_mul(checked_mul(batch, H), q), q));
+      t.touch(core);
+    }
+    t.free(act(Q));
+    t.alloc(act(C));   // proj_out
+    t.free(act(H * D));
+    t.free(act(C));
+    t.alloc(act(C));   // ln2_out
+    t.alloc(act(F1));  // fc1_out
+    t.free(act(C));
+    t.alloc(act(F));   // the activation's output
+    t.free(act(F1));
+    t.alloc(act(C));   // fc2_out
+    t.free(act(F));
+    t.free(act(C));
+  }
+  // The last position of each sequence: its rows, the final norm, the logits.
+  const bytes row = padded16(e, checked_mul(batch, C)), logits = padded16(e, checked_mul(batch, vocab));
+  t.alloc(row);
+  t.free(x);
+  t.alloc(row);
+  t.free(row);
+  const bytes body = t.peak;
+  t.alloc(logits);
+  memalg_forward f{t.peak, body < t.peak ? logits : bytes{}};
+  return f;
+}
+
 }  // namespace detail
 
 /// The serving plan of `d` for `m` on `dev`: Hugging Face's generate with greedy decoding (the
@@ -890,6 +1008,41 @@ constexpr serve_result evaluate_serving(const model_desc& m, const serving_desc&
   r.reason = serving_error(m, d);
   if (!r.reason.empty()) return r;
   r.limit = dev.limit();
+  if (d.stack == serve_stack::memalg) {
+    // memalg's runtime (exec/gpt/build_generation.hpp): one arena of the weights (every parameter
+    // in the compute dtype, unit after unit, as training lays them out), then each layer's cache
+    // kv [B, L, 2·Hkv·D] for L = prompt + new tokens − 1 positions (allocated whole before the
+    // prefill; the last new token is never fed back), then the stacks of one forward at a time.
+    // The token ids live outside the arena, as training's do.
+    const detail::memalg_blocks blk = detail::memalg_serving_blocks(m);
+    const dtype e = d.compute;
+    bytes w{};
+    for (const layer_desc& l : m) w += storage_bytes(e, l.params) * l.count;
+    const std::uint64_t L = detail::static_length(d);
+    const std::uint64_t kv_width = 2 * detail::kv_heads_of(blk.shape) * detail::head_dim_of(blk.shape);
+    r.cache_layer_bytes = detail::padded16(e, checked_mul(checked_mul(d.batch, L), kv_width));
+    r.cache_offset = w;
+    r.cache_bytes = r.cache_layer_bytes * blk.count;
+    r.cache_per_token = storage_bytes(e, kv_width) * blk.count;
+    const std::uint64_t V = detail::vocab_of(m);
+    const detail::memalg_forward pre = detail::memalg_forward_stacks(blk, V, d.batch, d.prompt, true, e);
+    const detail::memalg_forward dec = d.new_tokens > 1 ? detail::memalg_forward_stacks(blk, V, d.batch, 1, false, e)
+                                                        : detail::memalg_forward{};
+    const bool decode = pre.peak < dec.peak;
+    const detail::memalg_forward& top = decode ? dec : pre;
+    r.stack_peak = top.peak;
+    r.at_peak.weights = w;
+    r.at_peak.kv_cache = r.cache_bytes;
+    r.at_peak.activations = top.peak - top.logits_at_peak;
+    r.at_peak.logits = top.logits_at_peak;
+    r.at_peak.reserve = dev.reserve;
+    r.prefill_peak = w + r.cache_bytes + pre.peak;
+    r.decode_peak = d.new_tokens > 1 ? w + r.cache_bytes + dec.peak : bytes{};
+    r.peak_phase = decode ? serve_phase::decode : serve_phase::prefill;
+    r.peak_length = decode ? L : d.prompt;
+    r.fits = r.peak() <= r.limit;
+    return r;
+  }
   const dtype kvt = d.kv.is_none() ? d.compute : d.kv;
   const std::uint64_t B = d.batch, P = d.prompt, N = d.new_tokens;
   const std::uint64_t fed = P + (N > 0 ? N - 1 : 0);  // the last forward's tokens per sequence
