@@ -407,7 +407,10 @@ std::string serving_literal(const serving_desc& d) {
     return k == kv_cache_kind::dynamic ? "dynamic" : k == kv_cache_kind::fixed ? "fixed" : "paged";
   };
   const auto stack = [](serve_stack k) {
-    return k == serve_stack::pytorch ? "pytorch" : k == serve_stack::paged ? "paged" : "megatron";
+    return k == serve_stack::pytorch  ? "pytorch"
+           : k == serve_stack::paged  ? "paged"
+           : k == serve_stack::memalg ? "memalg"
+                                      : "megatron";
   };
   std::ostringstream s;
   s << "struct serving {\n  static constexpr memalg::serving_desc value = [] {\n    memalg::serving_desc d{};\n"

@@ -114,7 +114,9 @@ void serve_flags::add_to(CLI::App& app) {
   app.add_option("--gpu-memory-utilization", utilization, "paged cache: fraction of the device the engine takes (default 0.9)");
   app.add_option("--max-num-batched-tokens", batched_tokens, "paged cache: tokens of vLLM's profiling forward (default 8192); --stack megatron: tokens per step (default 16384)");
   app.add_option("--max-num-seqs", max_seqs, "paged cache: vLLM's max_num_seqs, the sampler's profiled rows (default 256)");
-  app.add_option("--stack", stack, "pytorch (Hugging Face generate; default) or megatron (Megatron-core's dynamic inference engine)");
+  app.add_option("--stack", stack,
+                 "pytorch (Hugging Face generate; default), megatron (Megatron-core's dynamic inference engine) or memalg "
+                 "(memalg's runtime: examples/generate_cpu)");
   app.add_option("--kv-buffer", kv_buffer, "megatron: the dynamic context's key/value pool (--inference-dynamic-batching-buffer-size-gb), e.g. 20GiB");
   app.add_option("--attention", attention, "sdpa (default) or eager");
   app.add_option("--tp", tp, "tensor-parallel ranks (default 1)");
@@ -159,8 +161,12 @@ serve_inputs make_serve_inputs(const serve_flags& f) {
     d.kv_buffer_bytes = parse_memory_size(f.kv_buffer, "--kv-buffer").value;
     d.block_size = 256;               // --inference-dynamic-batching-block-size default
     d.max_num_batched_tokens = 16384;  // --inference-dynamic-batching-max-tokens default
+  } else if (f.stack == "memalg") {
+    if (f.cache != "dynamic") throw usage_error("--stack memalg keeps one cache buffer per layer: give no --cache");
+    if (!f.kv_buffer.empty()) throw usage_error("--kv-buffer sizes Megatron's block pool: it needs --stack megatron");
+    d.stack = serve_stack::memalg;
   } else if (f.stack != "pytorch") {
-    throw usage_error("unknown --stack '" + f.stack + "' (pytorch|megatron; vLLM's paged cache is --cache paged)");
+    throw usage_error("unknown --stack '" + f.stack + "' (pytorch|megatron|memalg; vLLM's paged cache is --cache paged)");
   } else if (!f.kv_buffer.empty()) {
     throw usage_error("--kv-buffer sizes Megatron's block pool: it needs --stack megatron");
   }
@@ -203,7 +209,10 @@ nlohmann::json serve_json(const serve_inputs& in, const serve_result& r, const s
   json j;
   j["model"] = std::string(in.base.model.name);
   if (!in.family.empty()) j["family"] = in.family;
-  j["stack"] = d.stack == serve_stack::paged ? "paged" : d.stack == serve_stack::megatron ? "megatron" : "pytorch";
+  j["stack"] = d.stack == serve_stack::paged      ? "paged"
+               : d.stack == serve_stack::megatron ? "megatron"
+               : d.stack == serve_stack::memalg   ? "memalg"
+                                                  : "pytorch";
   j["device"] = std::string(in.base.device.name);
   j["request"] = {{"batch", d.batch}, {"prompt", d.prompt}, {"new_tokens", d.new_tokens},
                   {"dtype", std::string(d.compute.name)},
@@ -275,6 +284,13 @@ serve_envelope serve_envelope_of(const serve_inputs& in) {
   serve_envelope e{};
   const serving_desc& d = in.serving;
   auto& out = e.outside;
+  if (d.stack == serve_stack::memalg) {
+    // memalg's runtime: its measured arena equals the plan on every run of examples/generate_cpu's
+    // tests (fp32 and bf16 models of the training table); fp16 is not run.
+    if (d.compute != dtypes::fp32 && d.compute != dtypes::bf16) out.push_back("dtype: " + std::string(d.compute.name));
+    e.validated = out.empty();
+    return e;
+  }
   const std::vector<std::string>& families = serve_measured_families();
   if (in.family.empty()) out.push_back("model: not read from a config.json of a measured family");
   else if (std::find(families.begin(), families.end(), in.family) == families.end()) out.push_back("family: " + in.family);
@@ -311,6 +327,8 @@ int run_serve(const serve_flags& f, std::string_view command) {
             << (d.stack == serve_stack::paged      ? "vLLM's paged cache (blocks of " + std::to_string(d.block_size) + " tokens)"
                 : d.stack == serve_stack::megatron ? "Megatron-core's dynamic inference engine (blocks of " +
                                                          std::to_string(d.block_size) + " tokens in a " + to_string(bytes{d.kv_buffer_bytes}) + " pool)"
+                : d.stack == serve_stack::memalg   ? std::string("memalg's runtime, one arena (the cache at ") +
+                                                         to_string(r.cache_offset) + ", " + to_string(r.cache_layer_bytes) + " a layer)"
                                                    : std::string("Hugging Face generate, ") +
                                                          (d.cache == kv_cache_kind::dynamic ? "dynamic" : "static") + " cache")
             << ", " << d.compute.name << (d.weights.is_none() ? "" : std::string(" with ") + std::string(d.weights.name) + " weights")
