@@ -142,6 +142,12 @@ memalg_cli_refused(serve_bad_weights "serve --preset llama3-8b --prompt 8 --weig
 memalg_cli_refused(serve_block_size "serve --preset llama3-8b --prompt 8 --block-size 32" "it needs --cache paged or --stack megatron")
 memalg_cli_refused(serve_megatron_buffer "serve --preset llama3-8b --prompt 8 --stack megatron" "needs --kv-buffer SIZE")
 memalg_cli_refused(serve_short_static "serve --preset llama3-8b --prompt 64 --cache static --max-cache-len 32" "max_cache_len is shorter")
+memalg_cli_refused(serve_memalg_tp "serve --preset llama3-8b --prompt 64 --new-tokens 8 --stack memalg --tp 2"
+  "^memalg: error: the memalg runtime generates on one device")
+memalg_cli_refused(serve_memalg_cache "serve --preset llama3-8b --prompt 64 --stack memalg --cache static"
+  "^memalg: error: --stack memalg keeps one cache buffer per layer: give no --cache")
+memalg_cli_refused(serve_memalg_moe "serve --config ${_hf_configs}/qwen3-30b-a3b.json --prompt 64 --new-tokens 8 --stack memalg"
+  "^memalg: error: the memalg runtime generates with sequential dense blocks")
 
 # What the single-GPU user sees.
 function(memalg_cli_ok name args match)
@@ -153,6 +159,10 @@ memalg_cli_ok(serve_table "serve --preset llama3-8b --prompt 2048 --new-tokens 5
   "peak: .* in prefill .*kv cache: +128.00 KiB per token and sequence.*largest batch at 2048 [+] 512 tokens: [0-9]+")
 memalg_cli_ok(serve_paged "serve --preset llama3-8b --prompt 2048 --new-tokens 512 --cache paged --device h100-80gb"
   "blocks: +[0-9]+ blocks of 2.00 MiB: [0-9]+ sequences of 2560 tokens at once.*validated: +no")
+# memalg's runtime: 32 layers of 4 × 2559 positions × 2 × 8 heads × 128 × bf16 = 39.98 MiB a
+# layer, after the 14.96 GiB of weights.
+memalg_cli_ok(serve_memalg "serve --preset llama3-8b --prompt 2048 --new-tokens 512 --batch 4 --stack memalg --device h100-80gb"
+  "engine: +memalg's runtime, one arena [(]the cache at 14.96 GiB, 39.98 MiB a layer[)].*kv cache +1.25 GiB")
 memalg_cli_ok(states_only "plan --preset gpt2-124m --device rtx4090 --states-only"
   "fits: yes.*note: model states only [(]--states-only[)]")
 memalg_cli_ok(states_alone_do_not_fit "plan --preset llama2-70b --device l4"

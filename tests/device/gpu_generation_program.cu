@@ -15,6 +15,7 @@
 #include "gpt_plans.hpp"
 #include "memalg/backend/cpu/gpt_run.hpp"
 #include "memalg/backend/cpu/local_communicator.hpp"
+#include "memalg/backend/cuda/gpt_run.cuh"
 #include "memalg/backend/cuda/local_communicator.cuh"
 #include "memalg/backend/cuda/step_backend.cuh"
 #include "memalg/exec/gpt/generation_plan.hpp"
@@ -49,7 +50,8 @@ template <class Named>
 void check_generation(const ex::generation_request& req, bool exact) {
   using plan = typename Named::plan;
   using run = ex::gpt_run<plan, cpu::local_communicator>;
-  using T = typename run::storage;
+  using T = typename run::storage;                                   // the CPU's storage type
+  using D = typename cu::detail::plan_storage<plan>::type;          // the device's, of the same width
   CAPTURE(Named::name);
   CAPTURE(req.batch);
   CAPTURE(req.prompt);
@@ -65,7 +67,7 @@ void check_generation(const ex::generation_request& req, bool exact) {
   cpu::step_backend<T, cpu::local_communicator> host(p, hdp, htp);
   const generated_run on_cpu = generate(p, host, prompt);
   cu::local_device_communicator ddp, dtp;
-  cu::step_backend<T, cu::local_device_communicator> device(p, ddp, dtp);
+  cu::step_backend<D, cu::local_device_communicator> device(p, ddp, dtp);
   const generated_run on_gpu = generate(p, device, prompt);
 
   CHECK(on_cpu.measured == g.arena_bytes());
