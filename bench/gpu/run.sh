@@ -13,7 +13,8 @@
 #      sequence-parallel ones in device.gpu.parallel: every memalg_device_* target is built and
 #      every device.* test run, so a new test file is picked up), and the CUDA step backend
 #      against the CPU step backend on the same step programs (GPT-2 and Llama-shaped, fp32 and
-#      mixed-bf16; the speech model's, with batch norm and dropout, in device.gpu.speech_program),
+#      mixed-bf16; the speech model's, with batch norm and dropout, in device.gpu.speech_program;
+#      the generation program's, in the serving plan's arena, in device.gpu.generation_program),
 #      the plan's arena against the program's high-water mark (ctest, JUnit XML in $OUT/ctest.xml);
 #   3. trains with train_gpt_cuda (the plan's step program on the CUDA step backend) the GPT-2
 #      124M plan (mixed-bf16 AdamW, 16x1024 tokens a step) for MEMALG_BENCH_STEPS steps (default
