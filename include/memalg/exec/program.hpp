@@ -88,9 +88,15 @@ inline constexpr std::uint64_t count = 8;
 constexpr operand slot(std::uint64_t s, std::uint64_t n = 1) { return {s, n, elem::f32, where::scalar}; }
 }  // namespace scalars
 
+/// A self-attention's shape. Gemma 2's variants: `window` > 0 — local attention, query t reads
+/// only the last `window` positions up to its own (sliding_window); `softcap` > 0 — the scores are
+/// softcap·tanh(score / softcap) before the softmax (attn_logit_softcapping); `scale` > 0 — the
+/// scores' scale instead of 1/√D (query_pre_attn_scalar^−½).
 struct attn_shape {
   std::uint32_t B = 0, S = 0, H = 0, Hkv = 0, D = 0;
   bool causal = true, flash = false;
+  std::uint32_t window = 0;
+  float softcap = 0, scale = 0;
   friend constexpr bool operator==(const attn_shape&, const attn_shape&) = default;
 };
 
@@ -103,12 +109,21 @@ namespace ops {  // one struct per operation: operands first, then shapes
 // vocabulary-parallel lookup — wte holds rows [vocab_begin, vocab_begin + vocab_rows) of the
 // vocabulary, other tokens write zero (forward, wpe null: the positions are a position_add after
 // the tensor-parallel sum) and add nothing (backward, which still accumulates dwpe when given).
+// scale > 0: the token embedding times scale, rounded to the storage type first (Gemma's
+// normalizer √hidden, `torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)`); backward
+// accumulates scale · dout.
 struct embedding_fwd {
   operand out, tok, wte, wpe;
   std::uint32_t B, S, C;
   std::uint32_t vocab_begin = 0, vocab_rows = 0, pos0 = 0;
+  float scale = 0;
 };
-struct embedding_bwd { operand dwte, dwpe, dout, tok; std::uint32_t B, S, C; std::uint32_t vocab_begin = 0, vocab_rows = 0; };
+struct embedding_bwd {
+  operand dwte, dwpe, dout, tok;
+  std::uint32_t B, S, C;
+  std::uint32_t vocab_begin = 0, vocab_rows = 0;
+  float scale = 0;
+};
 // x[N, C] += wpe[(row0 + n) % S]: the replicated position embedding of N token rows that start at
 // flat row row0 of the micro-batch (a sequence-parallel rank's rows).
 struct position_add { operand x, wpe; std::uint64_t row0; std::uint32_t N, S, C; };
@@ -144,7 +159,8 @@ struct qk_norm_bwd { operand dqkv, dwq, dwk, pre, wq, wk; attn_shape sh; double 
 // [N, 2F] and may run in place over a dout [N, F] that is din's first N·F elements.
 // relu, tanh: elementwise, and their backward reads the forward's output y (f'(x) from y: y > 0,
 // 1 − y²) in `in`, so they run in place and keep only their output.
-enum class activation_kind : std::uint8_t { gelu, swiglu, relu, tanh };
+// geglu: as swiglu with GeLU's tanh form on the gate (Gemma's gelu_pytorch_tanh): out = gelu(gate)·up.
+enum class activation_kind : std::uint8_t { gelu, swiglu, relu, tanh, geglu };
 struct activation_fwd { operand out, in; activation_kind k = activation_kind::gelu; std::uint32_t N = 0, F = 0; };
 struct activation_bwd { operand din, dout, in; activation_kind k = activation_kind::gelu; std::uint32_t N = 0, F = 0; };
 // Per sequence b of `rows`: mask and out over row_len elements; the seed comes from the step,
@@ -201,12 +217,15 @@ struct residual_add { operand out, a, b; };  ///< out = a + b, rounded once (out
 struct bias_add { operand x, bias; std::uint32_t N, C; };  ///< x[N, C] += bias[C]
 // Cross-entropy of N rows: Σ loss / rows_total accumulates into `acc`; the logits become their
 // gradient in place with dloss = loss scale / (grad_accum · rows_total). rows_total = 0 means N;
-// a chunked loss runs one op per chunk of the micro-batch's rows_total rows.
+// a chunked loss runs one op per chunk of the micro-batch's rows_total rows. softcap > 0: the
+// logits are softcap·tanh(logit / softcap) first (Gemma 2's final_logit_softcapping), and their
+// gradient is carried back through it.
 struct loss {
   operand logits, targets;
   std::uint32_t N, V, grad_accum;
   std::uint64_t acc = scalars::loss_sum;
   std::uint32_t rows_total = 0;
+  float softcap = 0;
 };
 // Vocabulary-parallel cross-entropy (Megatron-LM's vocab_parallel_cross_entropy): logits [N, V]
 // are columns [vocab_begin, vocab_begin + V) of a vocabulary of `vocab`; the backend all-reduces

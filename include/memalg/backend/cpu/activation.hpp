@@ -6,6 +6,9 @@
 //   gelu'(x) = 0.5·(1 + tanh(u)) + 0.5·x·(1 − tanh²(u))·√(2/π)·(1 + 3·0.044715·x²)
 // SwiGLU (Shazeer 2020): in[N, 2F] = [gate ‖ up] per row, out[N, F] = silu(gate)·up with
 //   silu(g) = g·σ(g),  silu'(g) = σ(g)·(1 + g·(1 − σ(g))).
+// GeGLU (Shazeer 2020; Gemma's MLP, `gelu_pytorch_tanh` on the gate): the same layout with the
+// tanh-form GELU above in place of silu: out = gelu(gate)·up, dgate = dout·up·gelu'(gate),
+// dup = dout·gelu(gate).
 // ReLU and tanh (the speech model's convolutional pre- and post-nets, Shen et al. 2018): their
 // backward reads the forward's *output* (relu' = [y > 0], tanh' = 1 − y²), so the forward may run
 // in place and the input need not be kept.
@@ -83,6 +86,50 @@ void swiglu_backward(T* din, const T* dout, const T* in, std::size_t N, std::siz
       const A s = detail::sigmoid(g);
       dgate[f] = from_float<T>(d * u * s * (A(1) + g * (A(1) - s)));
       dup[f] = from_float<T>(d * g * s);
+    }
+  }
+}
+
+namespace detail {
+template <class A>
+A gelu_value(A x) {
+  const A u = gelu_k<A> * (x + gelu_c<A> * x * x * x);
+  return A(0.5) * x * (A(1) + std::tanh(u));
+}
+template <class A>
+A gelu_slope(A x) {
+  const A u = gelu_k<A> * (x + gelu_c<A> * x * x * x);
+  const A t = std::tanh(u);
+  const A du = gelu_k<A> * (A(1) + A(3) * gelu_c<A> * x * x);
+  return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * du;
+}
+}  // namespace detail
+
+/// in[N, 2F] = [gate ‖ up]; out[N, F] = gelu(gate)·up.
+template <storage_type T>
+void geglu_forward(T* out, const T* in, std::size_t N, std::size_t F) {
+  using A = accum_t<T>;
+  for (std::size_t n = 0; n < N; ++n) {
+    const T* gate = in + n * 2 * F;
+    const T* up = gate + F;
+    for (std::size_t f = 0; f < F; ++f)
+      out[n * F + f] = from_float<T>(detail::gelu_value(to_float(gate[f])) * to_float(up[f]));
+  }
+}
+
+/// din[N, 2F] = [dgate ‖ dup] (written); dout[N, F].
+template <storage_type T>
+void geglu_backward(T* din, const T* dout, const T* in, std::size_t N, std::size_t F) {
+  using A = accum_t<T>;
+  for (std::size_t n = 0; n < N; ++n) {
+    const T* gate = in + n * 2 * F;
+    const T* up = gate + F;
+    T* dgate = din + n * 2 * F;
+    T* dup = dgate + F;
+    for (std::size_t f = 0; f < F; ++f) {
+      const A g = to_float(gate[f]), u = to_float(up[f]), d = to_float(dout[n * F + f]);
+      dgate[f] = from_float<T>(d * u * detail::gelu_slope(g));
+      dup[f] = from_float<T>(d * detail::gelu_value(g));
     }
   }
 }

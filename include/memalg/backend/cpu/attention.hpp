@@ -27,6 +27,12 @@
 // row whose keys are all padding gets out = 0, zero probabilities, lse = −∞ and no gradient.
 // Both layouts are described to the shared implementation by an attention_io (row strides and
 // head offsets of q, k, v).
+//
+// Gemma 2's variants (modeling_gemma2.py, eager_attention_forward): `scale` replaces 1/√D
+// (query_pre_attn_scalar^−½); `softcap` > 0 caps each scaled score s to c·tanh(s/c) before the
+// mask and the softmax (attn_logit_softcapping), so the backward multiplies the score's gradient by
+// 1 − tanh²(s/c); `window` > 0 lets query t (at position p) read only keys p − window < j ≤ p
+// (sliding_window: its sliding layers' mask, masking_utils.py sliding_window_overlay).
 #pragma once
 
 #include <algorithm>
@@ -48,6 +54,9 @@ struct attention_shape {
   std::size_t Hkv;  // key/value heads, H % Hkv == 0
   std::size_t D;    // head width
   bool causal = true;
+  std::size_t window = 0;  // > 0: each query reads only the last `window` positions up to its own
+  double softcap = 0;      // > 0: scores capped to softcap·tanh(score / softcap)
+  double scale = 0;        // > 0: the scores' scale instead of 1/√D
 
   constexpr std::size_t rows() const noexcept { return B * S; }
   constexpr std::size_t qkv_width() const noexcept { return (H + 2 * Hkv) * D; }
@@ -89,6 +98,8 @@ struct attention_io {
   std::size_t q_ld, q_col;       // q rows
   std::size_t kv_ld, k_col, v_col;  // k and v rows
   std::size_t q_pos0 = 0;           // causal: query t sits at key position q_pos0 + t (a cache's)
+  std::size_t window = 0;           // > 0: query t reads only keys j with q_pos0 + t − window < j
+  double softcap = 0, scale = 0;    // attention_shape's
 
   std::size_t q_at(std::size_t b, std::size_t t, std::size_t h) const noexcept { return (b * Sq + t) * q_ld + q_col + h * D; }
   std::size_t k_at(std::size_t b, std::size_t j, std::size_t h) const noexcept {
@@ -101,12 +112,35 @@ struct attention_io {
   std::size_t stat_at(std::size_t b, std::size_t h, std::size_t t) const noexcept { return (b * H + h) * Sq + t; }
   /// Keys [0, key_end(t)) may be visible to query t; visible() also applies the key mask.
   std::size_t key_end(std::size_t t) const noexcept { return causal ? std::min(q_pos0 + t + 1, Sk) : Sk; }
-  bool visible(std::size_t b, std::size_t j) const noexcept { return !key_mask || key_mask[b * Sk + j] != 0; }
+  /// Whether query t may read key j: inside its window (if any) and not padding.
+  bool visible(std::size_t b, std::size_t t, std::size_t j) const noexcept {
+    return (window == 0 || j + window > q_pos0 + t) && (!key_mask || key_mask[b * Sk + j] != 0);
+  }
+  /// The scores' scale: 1/√D unless the shape gives one.
+  template <class A>
+  A score_scale() const {
+    return scale > 0 ? static_cast<A>(scale) : A(1) / std::sqrt(static_cast<A>(D));
+  }
+  /// A scaled score s as the softmax reads it: softcap·tanh(s / softcap) with a cap, s without.
+  template <class A>
+  A capped(A s) const {
+    return softcap > 0 ? static_cast<A>(softcap) * std::tanh(s / static_cast<A>(softcap)) : s;
+  }
+  /// d capped(s) / ds = 1 − tanh²(s / softcap).
+  template <class A>
+  A cap_slope(A s) const {
+    const A t = std::tanh(s / static_cast<A>(softcap));
+    return A(1) - t * t;
+  }
 };
 
 inline attention_io self_attention_io(const attention_shape& sh) {
-  return {sh.B, sh.S, sh.S, sh.H, sh.Hkv, sh.D, sh.causal, nullptr, sh.qkv_width(), 0, sh.qkv_width(),
-          sh.H * sh.D, (sh.H + sh.Hkv) * sh.D};
+  attention_io io{sh.B, sh.S, sh.S, sh.H, sh.Hkv, sh.D, sh.causal, nullptr, sh.qkv_width(), 0, sh.qkv_width(),
+                  sh.H * sh.D, (sh.H + sh.Hkv) * sh.D};
+  io.window = sh.window;
+  io.softcap = sh.softcap;
+  io.scale = sh.scale;
+  return io;
 }
 
 /// out and att[B, H, Sq, Sk] (may be null).
@@ -114,7 +148,7 @@ template <storage_type T>
 void attention_naive_forward_io(T* out, T* att, const T* q, const T* kv, const attention_io& io) {
   using A = accum_t<T>;
   const std::size_t D = io.D;
-  const A scale = A(1) / std::sqrt(static_cast<A>(D));
+  const A scale = io.score_scale<A>();
   std::vector<A> p(io.Sk), o(D);
   for (std::size_t b = 0; b < io.B; ++b)
     for (std::size_t h = 0; h < io.H; ++h)
@@ -123,19 +157,19 @@ void attention_naive_forward_io(T* out, T* att, const T* q, const T* kv, const a
         const std::size_t nk = io.key_end(t);
         A mx = -std::numeric_limits<A>::infinity();
         for (std::size_t j = 0; j < nk; ++j) {
-          if (!io.visible(b, j)) continue;
-          p[j] = scale * detail::dot(qt, kv + io.k_at(b, j, h), D);
+          if (!io.visible(b, t, j)) continue;
+          p[j] = io.capped(scale * detail::dot(qt, kv + io.k_at(b, j, h), D));
           mx = std::max(mx, p[j]);
         }
         A sum = 0;
         for (std::size_t j = 0; j < nk; ++j) {
-          if (!io.visible(b, j)) continue;
+          if (!io.visible(b, t, j)) continue;
           p[j] = std::exp(p[j] - mx);
           sum += p[j];
         }
         std::fill(o.begin(), o.end(), A(0));
         for (std::size_t j = 0; j < nk; ++j) {
-          if (!io.visible(b, j)) continue;
+          if (!io.visible(b, t, j)) continue;
           p[j] /= sum;
           const T* v = kv + io.v_at(b, j, h);
           for (std::size_t d = 0; d < D; ++d) o[d] += p[j] * to_float(v[d]);
@@ -143,7 +177,7 @@ void attention_naive_forward_io(T* out, T* att, const T* q, const T* kv, const a
         for (std::size_t d = 0; d < D; ++d) out[io.out_at(b, t, h) + d] = from_float<T>(o[d]);
         if (att) {
           T* row = att + io.stat_at(b, h, t) * io.Sk;
-          for (std::size_t j = 0; j < io.Sk; ++j) row[j] = from_float<T>(j < nk && io.visible(b, j) ? p[j] : A(0));
+          for (std::size_t j = 0; j < io.Sk; ++j) row[j] = from_float<T>(j < nk && io.visible(b, t, j) ? p[j] : A(0));
         }
       }
 }
@@ -154,7 +188,7 @@ void attention_naive_backward_io(accum_t<T>* acc_q, accum_t<T>* acc_kv, const T*
                                  const T* att, const attention_io& io) {
   using A = accum_t<T>;
   const std::size_t D = io.D;
-  const A scale = A(1) / std::sqrt(static_cast<A>(D));
+  const A scale = io.score_scale<A>();
   std::vector<A> dp(io.Sk);
   for (std::size_t b = 0; b < io.B; ++b)
     for (std::size_t h = 0; h < io.H; ++h)
@@ -166,16 +200,17 @@ void attention_naive_backward_io(accum_t<T>* acc_q, accum_t<T>* acc_kv, const T*
         // dP_tj = dout_t · v_j; dS_tj = P_tj (dP_tj − Σ_k P_tk dP_tk)  (softmax Jacobian)
         A pdp = 0;
         for (std::size_t j = 0; j < nk; ++j) {
-          if (!io.visible(b, j)) continue;
+          if (!io.visible(b, t, j)) continue;
           dp[j] = detail::dot(dy, kv + io.v_at(b, j, h), D);
           pdp += to_float(prow[j]) * dp[j];
         }
         A* dq = acc_q + io.q_at(b, t, h);
         for (std::size_t j = 0; j < nk; ++j) {
-          if (!io.visible(b, j)) continue;
+          if (!io.visible(b, t, j)) continue;
           const A pj = to_float(prow[j]);
-          const A ds = pj * (dp[j] - pdp) * scale;
           const T* k = kv + io.k_at(b, j, h);
+          A ds = pj * (dp[j] - pdp) * scale;
+          if (io.softcap > 0) ds *= io.cap_slope(scale * detail::dot(qt, k, D));
           A* dk = acc_kv + io.k_at(b, j, h);
           A* dv = acc_kv + io.v_at(b, j, h);
           for (std::size_t d = 0; d < D; ++d) {
@@ -193,7 +228,7 @@ void attention_flash_forward_io(T* out, accum_t<T>* lse, const T* q, const T* kv
                                 std::size_t block) {
   using A = accum_t<T>;
   const std::size_t D = io.D;
-  const A scale = A(1) / std::sqrt(static_cast<A>(D));
+  const A scale = io.score_scale<A>();
   const A ninf = -std::numeric_limits<A>::infinity();
   std::vector<A> s(block), o(D);
   for (std::size_t b = 0; b < io.B; ++b)
@@ -207,7 +242,7 @@ void attention_flash_forward_io(T* out, accum_t<T>* lse, const T* q, const T* kv
           const std::size_t j1 = std::min(j0 + block, nk);
           A bm = ninf;
           for (std::size_t j = j0; j < j1; ++j) {
-            s[j - j0] = io.visible(b, j) ? scale * detail::dot(qt, kv + io.k_at(b, j, h), D) : ninf;
+            s[j - j0] = io.visible(b, t, j) ? io.capped(scale * detail::dot(qt, kv + io.k_at(b, j, h), D)) : ninf;
             bm = std::max(bm, s[j - j0]);
           }
           if (bm == ninf) continue;  // every key of the block is padding
@@ -216,7 +251,7 @@ void attention_flash_forward_io(T* out, accum_t<T>* lse, const T* q, const T* kv
           l *= corr;
           for (auto& x : o) x *= corr;
           for (std::size_t j = j0; j < j1; ++j) {
-            if (!io.visible(b, j)) continue;
+            if (!io.visible(b, t, j)) continue;
             const A pj = std::exp(s[j - j0] - m_new);
             l += pj;
             const T* v = kv + io.v_at(b, j, h);
@@ -235,7 +270,7 @@ void attention_flash_backward_io(accum_t<T>* acc_q, accum_t<T>* acc_kv, const T*
                                  const T* out, const accum_t<T>* lse, const attention_io& io, std::size_t block) {
   using A = accum_t<T>;
   const std::size_t D = io.D;
-  const A scale = A(1) / std::sqrt(static_cast<A>(D));
+  const A scale = io.score_scale<A>();
   const A ninf = -std::numeric_limits<A>::infinity();
   std::vector<A> Dt(io.Sq);
   for (std::size_t b = 0; b < io.B; ++b)
@@ -254,11 +289,13 @@ void attention_flash_backward_io(accum_t<T>* acc_q, accum_t<T>* acc_kv, const T*
           A* dq = acc_q + io.q_at(b, t, h);
           const std::size_t je = std::min(j1, io.key_end(t));
           for (std::size_t j = j0; j < je; ++j) {
-            if (!io.visible(b, j)) continue;
+            if (!io.visible(b, t, j)) continue;
             const T* k = kv + io.k_at(b, j, h);
             const T* v = kv + io.v_at(b, j, h);
-            const A pj = std::exp(scale * detail::dot(qt, k, D) - lse_t);
-            const A ds = pj * (detail::dot(dy, v, D) - Dt[t]) * scale;
+            const A raw = scale * detail::dot(qt, k, D);
+            const A pj = std::exp(io.capped(raw) - lse_t);
+            A ds = pj * (detail::dot(dy, v, D) - Dt[t]) * scale;
+            if (io.softcap > 0) ds *= io.cap_slope(raw);
             A* dk = acc_kv + io.k_at(b, j, h);
             A* dv = acc_kv + io.v_at(b, j, h);
             for (std::size_t d = 0; d < D; ++d) {

@@ -5,6 +5,11 @@
 //             (accum_t<T>: float, double for T = double); returns mean_n loss[n]
 //   backward: dlogits = (softmax − onehot(target))·dloss/N   (written; may alias logits)
 //
+// Gemma 2's final logit softcapping (modeling_gemma2.py, Gemma2ForCausalLM.forward:
+// `logits = torch.tanh(logits / cap) * cap`): logit_softcap caps the logits in place, rounded to
+// T; the loss then reads the capped logits c, and the backward given `softcap` carries the
+// gradient back through the cap, d/dx = (1 − (c/softcap)²)·d/dc, reading c before it writes.
+//
 // Vocabulary-parallel (Megatron-LM's vocab_parallel_cross_entropy, megatron/core/tensor_parallel/
 // cross_entropy.py): each tensor-parallel rank holds the logits of columns [vocab_begin,
 // vocab_begin + V) of the whole vocabulary. Per row, three all-reduces over the ranks give the
@@ -54,10 +59,11 @@ void cross_entropy_rows(accum_t<T>* loss, const T* logits, const std::int32_t* t
   }
 }
 
-/// dlogits = (softmax − onehot)·g, g = dloss/N of the whole batch.
+/// dlogits = (softmax − onehot)·g, g = dloss/N of the whole batch; softcap > 0: the logits are
+/// capped ones and the gradient is carried back through the cap.
 template <storage_type T>
 void cross_entropy_grad_rows(T* dlogits, const T* logits, const std::int32_t* targets,
-                             accum_t<T> g, std::size_t N, std::size_t V) {
+                             accum_t<T> g, std::size_t N, std::size_t V, accum_t<T> softcap = 0) {
   using A = accum_t<T>;
   for (std::size_t n = 0; n < N; ++n) {
     const T* row = logits + n * V;
@@ -65,8 +71,11 @@ void cross_entropy_grad_rows(T* dlogits, const T* logits, const std::int32_t* ta
     const std::size_t tgt = checked_target(targets[n], V);
     const A lse = row_lse(row, V);  // before any write: dlogits may alias logits
     for (std::size_t v = 0; v < V; ++v) {
-      const A p = std::exp(to_float(row[v]) - lse);
-      drow[v] = from_float<T>((p - (v == tgt ? A(1) : A(0))) * g);
+      const A c = to_float(row[v]);
+      const A p = std::exp(c - lse);
+      A d = (p - (v == tgt ? A(1) : A(0))) * g;
+      if (softcap > 0) d *= A(1) - (c / softcap) * (c / softcap);
+      drow[v] = from_float<T>(d);
     }
   }
 }
@@ -88,11 +97,20 @@ accum_t<T> cross_entropy_forward(accum_t<T>* loss, const T* logits, const std::i
   return detail::mean_of(loss, N);
 }
 
-/// dlogits[N, V] written (may alias logits); dloss is the gradient of the mean loss.
+/// dlogits[N, V] written (may alias logits); dloss is the gradient of the mean loss. softcap > 0:
+/// `logits` were capped by logit_softcap(softcap), and dlogits is the gradient of the logits
+/// before the cap.
 template <storage_type T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
-                            accum_t<T> dloss, std::size_t N, std::size_t V) {
-  detail::cross_entropy_grad_rows(dlogits, logits, targets, dloss / static_cast<accum_t<T>>(N), N, V);
+                            accum_t<T> dloss, std::size_t N, std::size_t V, accum_t<T> softcap = 0) {
+  detail::cross_entropy_grad_rows(dlogits, logits, targets, dloss / static_cast<accum_t<T>>(N), N, V, softcap);
+}
+
+/// x[n] ← softcap·tanh(x / softcap), rounded to T (Gemma 2's final logit softcapping).
+template <storage_type T>
+void logit_softcap(T* x, std::size_t n, accum_t<T> softcap) {
+  if (!(softcap > 0)) throw std::invalid_argument("logit_softcap: the cap must be positive");
+  for (std::size_t i = 0; i < n; ++i) x[i] = from_float<T>(softcap * std::tanh(to_float(x[i]) / softcap));
 }
 
 /// Per row of this rank's logits[N, V]: the largest logit (to be max-reduced over the ranks).

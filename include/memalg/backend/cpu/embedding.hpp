@@ -27,29 +27,46 @@
 
 namespace memalg::backend::cpu {
 
+namespace detail {
+/// Gemma's normalizer in the storage type (`torch.tensor(hidden_size**0.5, dtype=...)`); 0: none.
+template <storage_type T>
+accum_t<T> storage_scale(double scale) {
+  return scale > 0 ? to_float(from_float<T>(static_cast<accum_t<T>>(scale))) : accum_t<T>(0);
+}
+/// x · s rounded to T as a product of two T tensors is (x itself without a scale).
+template <storage_type T>
+accum_t<T> scaled(const T& x, accum_t<T> s) {
+  return s > 0 ? to_float(from_float<T>(to_float(x) * s)) : to_float(x);
+}
+}  // namespace detail
+
 /// out[B*S, C]; tok[B*S] in [0, V); wte[V, C]; wpe[pos0 + S, C] or null (token s of a sequence
-/// at position pos0 + s: a generation step's).
+/// at position pos0 + s: a generation step's). scale > 0: the token's row times scale (both
+/// rounded to T, Gemma's embedding normalizer) before the position is added.
 template <storage_type T>
 void embedding_forward(T* out, const std::int32_t* tok, const T* wte, const T* wpe, std::size_t B,
-                       std::size_t S, std::size_t C, std::size_t pos0 = 0) {
+                       std::size_t S, std::size_t C, std::size_t pos0 = 0, double scale = 0) {
   using A = accum_t<T>;
+  const A sc = detail::storage_scale<T>(scale);
   for (std::size_t n = 0; n < B * S; ++n) {
     if (tok[n] < 0) throw std::out_of_range("embedding_forward: negative token id");
     const T* e = wte + static_cast<std::size_t>(tok[n]) * C;
     const T* p = wpe ? wpe + (pos0 + n % S) * C : nullptr;
     for (std::size_t c = 0; c < C; ++c) {
-      A v = to_float(e[c]);
+      A v = detail::scaled(e[c], sc);
       if (p) v += to_float(p[c]);
       out[n * C + c] = from_float<T>(v);
     }
   }
 }
 
-/// dwte[V, C] += ...; dwpe[S, C] += ... (either may be null to skip it); dout[B*S, C].
+/// dwte[V, C] += ...; dwpe[S, C] += ... (either may be null to skip it); dout[B*S, C]. scale > 0:
+/// the token embedding's gradient is dout · scale, each product rounded to T (the forward's).
 template <storage_type T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tok, std::size_t B,
-                        std::size_t S, std::size_t C) {
+                        std::size_t S, std::size_t C, double scale = 0) {
   using A = accum_t<T>;
+  const A sc = detail::storage_scale<T>(scale);
   const std::size_t N = B * S;
   std::vector<A> acc(C);
   if (dwte) {
@@ -65,7 +82,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tok
       std::size_t j = i;
       for (; j < N && tok[order[j]] == tok[order[i]]; ++j) {
         const T* g = dout + order[j] * C;
-        for (std::size_t c = 0; c < C; ++c) acc[c] += to_float(g[c]);
+        for (std::size_t c = 0; c < C; ++c) acc[c] += detail::scaled(g[c], sc);
       }
       for (std::size_t c = 0; c < C; ++c) row[c] = from_float<T>(acc[c]);
       i = j;
@@ -85,25 +102,28 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tok
 }
 
 /// out[N, C]: wte_part[tok[n] − vocab_begin, :] for tokens in [vocab_begin, vocab_begin + rows),
-/// zero for the others. wte_part[rows, C] is this rank's slice of the vocabulary.
+/// zero for the others. wte_part[rows, C] is this rank's slice of the vocabulary. scale > 0: times
+/// scale, as embedding_forward.
 template <storage_type T>
 void embedding_forward_vocab_range(T* out, const std::int32_t* tok, const T* wte_part, std::size_t vocab_begin,
-                                   std::size_t rows, std::size_t N, std::size_t C) {
+                                   std::size_t rows, std::size_t N, std::size_t C, double scale = 0) {
+  const accum_t<T> sc = detail::storage_scale<T>(scale);
   for (std::size_t n = 0; n < N; ++n) {
     if (tok[n] < 0) throw std::out_of_range("embedding_forward_vocab_range: negative token id");
     const std::size_t t = static_cast<std::size_t>(tok[n]);
     const bool mine = t >= vocab_begin && t < vocab_begin + rows;
     const T* e = mine ? wte_part + (t - vocab_begin) * C : nullptr;
-    for (std::size_t c = 0; c < C; ++c) out[n * C + c] = mine ? e[c] : from_float<T>(accum_t<T>(0));
+    for (std::size_t c = 0; c < C; ++c) out[n * C + c] = from_float<T>(mine ? detail::scaled(e[c], sc) : accum_t<T>(0));
   }
 }
 
 /// dwte_part[rows, C] += the gradients of the tokens in [vocab_begin, vocab_begin + rows), grouped
-/// by token and rounded once per row as embedding_backward does; dout[N, C].
+/// by token and rounded once per row as embedding_backward does; dout[N, C]; scale as there.
 template <storage_type T>
 void embedding_backward_vocab_range(T* dwte_part, const T* dout, const std::int32_t* tok, std::size_t vocab_begin,
-                                    std::size_t rows, std::size_t N, std::size_t C) {
+                                    std::size_t rows, std::size_t N, std::size_t C, double scale = 0) {
   using A = accum_t<T>;
+  const A sc = detail::storage_scale<T>(scale);
   std::vector<std::size_t> order;
   for (std::size_t n = 0; n < N; ++n) {
     if (tok[n] < 0) throw std::out_of_range("embedding_backward_vocab_range: negative token id");
@@ -118,7 +138,7 @@ void embedding_backward_vocab_range(T* dwte_part, const T* dout, const std::int3
     std::size_t j = i;
     for (; j < order.size() && tok[order[j]] == tok[order[i]]; ++j) {
       const T* g = dout + order[j] * C;
-      for (std::size_t c = 0; c < C; ++c) acc[c] += to_float(g[c]);
+      for (std::size_t c = 0; c < C; ++c) acc[c] += detail::scaled(g[c], sc);
     }
     for (std::size_t c = 0; c < C; ++c) row[c] = from_float<T>(acc[c]);
     i = j;

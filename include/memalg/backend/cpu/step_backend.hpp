@@ -255,21 +255,21 @@ class step_backend {
       if (!o.wpe.null()) fail("embedding_fwd: a vocabulary-parallel lookup adds its positions after the sum");
       if (o.wte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_fwd: wte is not [vocab_rows, C]");
       embedding_forward_vocab_range(out<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), o.vocab_begin, o.vocab_rows,
-                                    std::size_t{o.B} * o.S, o.C);
+                                    std::size_t{o.B} * o.S, o.C, o.scale);
       return;
     }
-    embedding_forward(out<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, o.pos0);
+    embedding_forward(out<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, o.pos0, o.scale);
   }
   void execute(const exec::ops::embedding_bwd& o, exec::run_state& s) {
     if (o.vocab_rows != 0) {
       if (o.dwte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_bwd: dwte is not [vocab_rows, C]");
       const T* dout = cptr<T>(o.dout);
       embedding_backward_vocab_range(inout<T>(o.dwte), dout, ids(o.tok, s), o.vocab_begin, o.vocab_rows,
-                                     std::size_t{o.B} * o.S, o.C);
+                                     std::size_t{o.B} * o.S, o.C, o.scale);
       if (!o.dwpe.null()) embedding_backward(static_cast<T*>(nullptr), inout<T>(o.dwpe), dout, ids(o.tok, s), o.B, o.S, o.C);
       return;
     }
-    embedding_backward(inout<T>(o.dwte), inout<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C);
+    embedding_backward(inout<T>(o.dwte), inout<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C, o.scale);
   }
   void execute(const exec::ops::position_add& o, exec::run_state&) {
     if (o.x.count != std::size_t{o.N} * o.C || o.wpe.count < std::size_t{o.S} * o.C)
@@ -358,10 +358,11 @@ class step_backend {
                         cptr<T>(o.wk), sh.rows(), sh.H, sh.Hkv, sh.D, o.eps);
   }
   void execute(const exec::ops::activation_fwd& o, exec::run_state&) {
-    if (o.k == exec::ops::activation_kind::swiglu) {
+    if (o.k == exec::ops::activation_kind::swiglu || o.k == exec::ops::activation_kind::geglu) {
       const std::size_t nf = std::size_t{o.N} * o.F;
-      if (o.out.count != nf || o.in.count != 2 * nf) fail("activation_fwd: swiglu takes [N, 2F] to [N, F]");
-      swiglu_forward(out<T>(o.out), cptr<T>(o.in), o.N, o.F);
+      if (o.out.count != nf || o.in.count != 2 * nf) fail("activation_fwd: a gated unit takes [N, 2F] to [N, F]");
+      if (o.k == exec::ops::activation_kind::swiglu) swiglu_forward(out<T>(o.out), cptr<T>(o.in), o.N, o.F);
+      else geglu_forward(out<T>(o.out), cptr<T>(o.in), o.N, o.F);
       return;
     }
     same_count(o.out, o.in);
@@ -374,18 +375,20 @@ class step_backend {
     }
   }
   void execute(const exec::ops::activation_bwd& o, exec::run_state&) {
-    if (o.k == exec::ops::activation_kind::swiglu) {
+    if (o.k == exec::ops::activation_kind::swiglu || o.k == exec::ops::activation_kind::geglu) {
       const std::size_t nf = std::size_t{o.N} * o.F;
       if (o.dout.count != nf || o.din.count != 2 * nf || o.in.count != 2 * nf)
-        fail("activation_bwd: swiglu takes d[N, F] to d[N, 2F]");
+        fail("activation_bwd: a gated unit takes d[N, F] to d[N, 2F]");
       T* din = out<T>(o.din);
       const T* dout = cptr<T>(o.dout);
       const T* in = cptr<T>(o.in);
       // Row by row from the last: row n writes din[2nF, 2nF + 2F), which holds dout's rows 2n and
       // 2n + 1 (already consumed) when dout is din's first half; row 0 reads each element before
       // writing it. So dout may be the first N·F elements of din.
-      for (std::size_t r = o.N; r-- > 0;)
-        swiglu_backward(din + r * 2 * o.F, dout + r * o.F, in + r * 2 * o.F, 1, o.F);
+      for (std::size_t r = o.N; r-- > 0;) {
+        if (o.k == exec::ops::activation_kind::swiglu) swiglu_backward(din + r * 2 * o.F, dout + r * o.F, in + r * 2 * o.F, 1, o.F);
+        else geglu_backward(din + r * 2 * o.F, dout + r * o.F, in + r * 2 * o.F, 1, o.F);
+      }
       return;
     }
     same_count(o.din, o.dout);
@@ -431,16 +434,18 @@ class step_backend {
     token_losses_.resize(o.N);
     T* logits = inout<T>(o.logits);
     const std::int32_t* tgt = ids(o.targets, s);
+    const A cap = static_cast<A>(o.softcap);
+    if (o.softcap > 0) logit_softcap(logits, std::size_t{o.N} * o.V, cap);
     const A loss = cross_entropy_forward(token_losses_.data(), logits, tgt, o.N, o.V);
     A dloss = loss_scale() / static_cast<A>(o.grad_accum);
     if (o.rows_total == 0 || o.rows_total == o.N) {
-      cross_entropy_backward(logits, logits, tgt, dloss, o.N, o.V);
+      cross_entropy_backward(logits, logits, tgt, dloss, o.N, o.V, cap);
       scalar(o.acc) += loss;
       return;
     }
     // One chunk of rows_total rows: its share of the mean, and of the mean's gradient.
     const A share = static_cast<A>(o.N) / static_cast<A>(o.rows_total);
-    cross_entropy_backward(logits, logits, tgt, dloss * share, o.N, o.V);
+    cross_entropy_backward(logits, logits, tgt, dloss * share, o.N, o.V, cap);
     scalar(o.acc) += loss * share;
   }
   void execute(const exec::ops::vocab_parallel_loss& o, exec::run_state& s) {
@@ -785,7 +790,9 @@ class step_backend {
 
   Comm& group(exec::group g) { return g == exec::group::dp ? dp_ : g == exec::group::tp ? tp_ : pp(); }
   A loss_scale() const { return loss_scaling_ ? static_cast<A>(scaler_.scale()) : A(1); }
-  static attention_shape shape(const exec::attn_shape& s) { return {s.B, s.S, s.H, s.Hkv, s.D, s.causal}; }
+  static attention_shape shape(const exec::attn_shape& s) {
+    return {s.B, s.S, s.H, s.Hkv, s.D, s.causal, s.window, static_cast<double>(s.softcap), static_cast<double>(s.scale)};
+  }
   void stats(std::size_t N) {
     mean_.resize(N);
     rstd_.resize(N);
