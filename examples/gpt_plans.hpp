@@ -106,6 +106,30 @@ struct qwen3_bf16 {
   }();
 };
 
+/// The same size, Gemma-2-shaped (modeling_gemma2.py, Gemma 2's config.json): RMSNorms before and
+/// after each sub-layer scaling by 1 + w, GeGLU (gelu_pytorch_tanh on the gate), rotary positions,
+/// 4 heads of 32 for a width of 64 with 2 key/value heads, query_pre_attn_scalar 24 (not the head
+/// width, as Gemma 2 27B's 144 for 128), attention scores capped at 50 and logits at 30, local
+/// attention over the last 16 positions on layers 0 and 2, the embedding times √64, no biases, a
+/// tied output, ε 1e-6, flash attention.
+struct gemma2_fp32 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = llama_fp32::value;
+    c.name = "gemma2-bytes";
+    c.head_dim = 32;
+    c.norm_eps = 1e-6;
+    c.sandwich_norms = true;
+    c.geglu = true;
+    c.embed_scale = true;
+    c.attn_softcap = 50.0;
+    c.final_softcap = 30.0;
+    c.sliding_window = 16;
+    c.query_scalar = 24.0;
+    c.tied = true;
+    return c;
+  }();
+};
+
 /// The same size, GPT-NeoX-shaped: parallel residual (y = x + attn(ln1(x)) + mlp(ln2(x))),
 /// LayerNorm with biases, GeLU MLP, rotary positions over a quarter of each head (Pythia's
 /// rotary_pct 0.25), an untied output layer, flash attention (modeling_gpt_neox.py).
@@ -227,6 +251,10 @@ struct on {
                     "bf16 weights and gradients, fp32 master weights and AdamW states, Qwen3-shaped (as qwen3-fp32), "
                     "1 rank",
                     vocab_plan<qwen3_bf16, recipe<m::precision::mixed_bf16, m::optim::adamw<>>, single, Device>);
+  MEMALG_NAMED_PLAN(gemma2_fp32_plan, "gemma2-fp32",
+                    "fp32 AdamW, Gemma-2-shaped (norms before and after each sub-layer, GeGLU, attention and logit "
+                    "softcapping, alternating sliding windows, scaled tied embedding), 1 rank",
+                    vocab_plan<gemma2_fp32, fp32_adamw, single, Device>);
   MEMALG_NAMED_PLAN(neox_fp32_plan, "neox-fp32",
                     "fp32 AdamW, GPT-NeoX-shaped (parallel residual, LayerNorm with biases, GeLU, partial rotary, "
                     "untied output), 1 rank",
@@ -283,7 +311,8 @@ struct on {
                                m::parallel::mesh<m::parallel::data<2>, m::parallel::pipeline<2>>, Device>);
 
   using all = std::tuple<tiny_fp32, tiny_bf16, tiny_fp16, tiny_selective, tiny_recompute, llama_fp32_plan, llama_bf16_plan,
-                         qwen2_fp32_plan, qwen3_fp32_plan, qwen3_bf16_plan, neox_fp32_plan, falcon_fp32_plan, dp2_zero1,
+                         qwen2_fp32_plan, qwen3_fp32_plan, qwen3_bf16_plan, gemma2_fp32_plan, neox_fp32_plan,
+                         falcon_fp32_plan, dp2_zero1,
                          dp2_zero2_bf16, dp4_zero3, tp2, tp2_replicated, tp2_sp, tp2_sp_dropout, dp2_tp2_zero2,
                          llama_bf16_dp2, qwen3_tp2, gpt2_124m_plan, pp2, pp2_dp2>;
 };

@@ -8,6 +8,7 @@
 #include <memalg/backend/cpu/local_communicator.hpp>
 
 #include <cmath>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -99,6 +100,41 @@ struct sandwich {
   }();
 };
 
+// Gemma 2: Gemma's norms with GeGLU, attention scores capped at 50 and logits at 30, local
+// attention over the last 4 of 16 positions on the even layers, query_pre_attn_scalar 12 (not the
+// head width 16), the embedding times √32; flash or naive.
+template <bool Flash, bool Bf16 = false>
+struct gemma2 {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = sandwich<Flash, Bf16>::value;
+    c.layers = 3;
+    c.geglu = true;
+    c.embed_scale = true;
+    c.attn_softcap = 50.0;
+    c.final_softcap = 30.0;
+    c.sliding_window = 4;
+    c.query_scalar = 12.0;
+    return c;
+  }();
+};
+
+// One of Gemma 2's variants at a time on Gemma's norms (Which: 0 GeGLU, 1 the scaled embedding,
+// 2 the attention softcap, 3 the logit softcap, 4 the sliding window, 5 the query scalar; 6 none).
+template <int Which>
+struct gemma2_only {
+  static constexpr m::lm_config value = [] {
+    m::lm_config c = sandwich<true>::value;
+    c.layers = 3;
+    c.geglu = Which == 0;
+    c.embed_scale = Which == 1;
+    c.attn_softcap = Which == 2 ? 50.0 : 0.0;
+    c.final_softcap = Which == 3 ? 30.0 : 0.0;
+    c.sliding_window = Which == 4 ? 4 : 0;
+    c.query_scalar = Which == 5 ? 12.0 : 0.0;
+    return c;
+  }();
+};
+
 template <class Plan>
 void check_llama() {
   using run = m::exec::gpt_run<Plan, comm>;
@@ -152,7 +188,8 @@ void check_llama() {
       CHECK(r->sh.D == run::config.head_dim);
     }
     if (std::holds_alternative<m::exec::ops::rotary_bwd>(o.body)) ++rot_b;
-    if (const auto* a = std::get_if<m::exec::ops::activation_fwd>(&o.body); a && a->k == m::exec::ops::activation_kind::swiglu)
+    if (const auto* a = std::get_if<m::exec::ops::activation_fwd>(&o.body);  // Gemma's gate: GeGLU
+        a && a->k == (run::config.geglu ? m::exec::ops::activation_kind::geglu : m::exec::ops::activation_kind::swiglu))
       ++swiglu;
     if (const auto* nf = std::get_if<m::exec::ops::norm_fwd>(&o.body); nf && nf->rms) ++rms;
   }
@@ -181,6 +218,25 @@ void check_llama() {
   }
   CHECK(offset_b == (run::config.sandwich_norms ? 4 * run::config.layers + 1 : 0));
   CHECK(offset_f >= offset_b);
+  // Gemma 2: the even blocks' attention is local, every block's capped and scaled; the embedding
+  // is scaled in both directions and the loss caps the logits.
+  std::size_t local_b = 0, attn_b = 0;
+  for (const m::exec::op& o : trainer.step_program().micro) {
+    if (const auto* a = std::get_if<m::exec::ops::attention_bwd>(&o.body)) {
+      ++attn_b;
+      local_b += a->sh.window != 0 ? 1 : 0;
+      CHECK(a->sh.window == (a->sh.window != 0 ? run::config.sliding_window : 0));
+      CHECK(a->sh.softcap == run::config.attn_softcap);
+      CHECK(a->sh.scale == (run::config.query_scalar > 0 ? 1.0f / std::sqrt(run::config.query_scalar) : 0.0f));
+    }
+    if (const auto* e = std::get_if<m::exec::ops::embedding_fwd>(&o.body))
+      CHECK(e->scale == (run::config.embed_scale ? std::sqrt(static_cast<float>(run::config.hidden)) : 0.0f));
+    if (const auto* e = std::get_if<m::exec::ops::embedding_bwd>(&o.body))
+      CHECK(e->scale == (run::config.embed_scale ? std::sqrt(static_cast<float>(run::config.hidden)) : 0.0f));
+    if (const auto* l = std::get_if<m::exec::ops::loss>(&o.body)) CHECK(l->softcap == run::config.final_softcap);
+  }
+  CHECK(attn_b == run::config.layers);
+  CHECK(local_b == (run::config.sliding_window != 0 ? (run::config.layers + 1) / 2 : 0));
 }
 }  // namespace
 
@@ -216,8 +272,45 @@ TEST_CASE_TEMPLATE("a Llama-shaped model trains with the arena's high-water mark
                    plan_for<sandwich<false>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<sandwich<true, false, true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
                    plan_for<sandwich<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>,
-                   plan_for<sandwich<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>) {
+                   plan_for<sandwich<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<gemma2<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<gemma2<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>,
+                   plan_for<gemma2<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<1, 32>, m::train::grad_accum<2>, m::train::recompute::full>,
+                   plan_for<gemma2<false>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>,
+                   plan_for<gemma2<true, true>, m::precision::mixed_bf16, m::optim::adamw<>, m::train::batch<2, 16>>) {
   check_llama<Plan>();
+}
+
+TEST_CASE("Gemma 2's arithmetic reaches the step: each of its variants moves the losses, recomputation does not") {
+  // Each variant alone, on the Gemma-norm block, changes the trajectory; recomputing the blocks
+  // (and selectively the attention cores, with their windows and caps) replays it exactly.
+  using base = plan_for<gemma2_only<6>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  const auto [lb, mb] = losses_and_peak<base, comm>(3);
+  const auto moves = [&]<int Which>(std::integral_constant<int, Which>) {
+    CAPTURE(Which);
+    const auto [l, mem] = losses_and_peak<plan_for<gemma2_only<Which>, m::precision::fp32, m::optim::adamw<>,
+                                                   m::train::batch<2, 16>>, comm>(3);
+    CHECK(l != lb);
+    CHECK(mem == mb);
+  };
+  moves(std::integral_constant<int, 0>{});
+  moves(std::integral_constant<int, 1>{});
+  moves(std::integral_constant<int, 2>{});
+  moves(std::integral_constant<int, 3>{});
+  moves(std::integral_constant<int, 4>{});
+  moves(std::integral_constant<int, 5>{});
+  using all = plan_for<gemma2<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>>;
+  using sel = plan_for<gemma2<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::selective>;
+  using full = plan_for<gemma2<true>, m::precision::fp32, m::optim::adamw<>, m::train::batch<2, 16>, m::train::recompute::full>;
+  const auto [la, ma] = losses_and_peak<all, comm>(3);
+  const auto [ls, ms] = losses_and_peak<sel, comm>(3);
+  const auto [lf, mf] = losses_and_peak<full, comm>(3);
+  CHECK(la != lb);
+  CHECK(ma == mb);  // none of them holds a byte more
+  CHECK(ls == la);
+  CHECK(lf == la);
+  CHECK(ms < ma);
+  CHECK(mf < ma);
 }
 
 TEST_CASE("recomputation changes a Llama-shaped model's memory, not its numbers") {

@@ -48,7 +48,7 @@ constexpr int steps = 8;
 
 enum class prec { fp32, bf16, fp16 };
 
-exec::gpt_config model(bool llama, prec p, bool dropout, bool qwen3 = false, bool sandwich = false) {
+exec::gpt_config model(bool llama, prec p, bool dropout, bool qwen3 = false, bool sandwich = false, bool gemma2 = false) {
   exec::gpt_config c{};
   c.vocab = 64;
   c.positions = llama ? 0 : 16;
@@ -80,6 +80,15 @@ exec::gpt_config model(bool llama, prec p, bool dropout, bool qwen3 = false, boo
   if (sandwich) {  // Gemma's norms before and after each sub-layer, scaling by 1 + w
     c.sandwich_norms = true;
     c.tied = true;
+  }
+  if (gemma2) {  // and Gemma 2's arithmetic: GeGLU, attention softcapping, a sliding window on the even
+                 // layers, query_pre_attn_scalar, the scaled embedding (the logit softcap runs on one
+                 // tensor-parallel rank only: not here)
+    c.geglu = true;
+    c.attn_softcap = 50.0f;
+    c.sliding_window = 5;
+    c.query_scalar = 6.0f;
+    c.embed_scale = true;
   }
   c.master_weights = p != prec::fp32;
   c.loss_scaling = p == prec::fp16;
@@ -143,6 +152,7 @@ struct variant {
   bool dropout;
   bool qwen3 = false;
   bool sandwich = false;
+  bool gemma2 = false;
 };
 
 /// The one-rank losses of a variant on the global batch of `dp` ranks (computed once per dp).
@@ -151,7 +161,7 @@ const std::vector<float>& one_rank(const variant& v, std::size_t dp) {
   static std::vector<std::pair<std::pair<const variant*, std::size_t>, std::vector<float>>> cache;
   for (const auto& [key, l] : cache)
     if (key.first == &v && key.second == dp) return l;
-  exec::gpt_config one = model(v.llama, v.p, v.dropout, v.qwen3, v.sandwich);
+  exec::gpt_config one = model(v.llama, v.p, v.dropout, v.qwen3, v.sandwich, v.gemma2);
   one.micro_batch *= dp;  // the same global batch in one micro-batch of dp × B sequences
   cpu::local_communicator solo_dp, solo_tp;
   cache.push_back({{&v, dp}, losses<T>(one, {}, storage(v.p), solo_dp, solo_tp, dp)});
@@ -164,7 +174,7 @@ std::string compare(const variant& v, const layout& l, cpu::mpi_communicator& wo
   const int tp_rank = me % static_cast<int>(l.tp), dp_rank = me / static_cast<int>(l.tp);  // Megatron order
   cpu::mpi_communicator tp = world.split(dp_rank, me);
   cpu::mpi_communicator dp = world.split(tp_rank, me);
-  exec::gpt_config c = model(v.llama, v.p, v.dropout, v.qwen3, v.sandwich);
+  exec::gpt_config c = model(v.llama, v.p, v.dropout, v.qwen3, v.sandwich, v.gemma2);
   c.dp = l.dp;
   c.tp = l.tp;
   c.zero_stage = l.zero;
@@ -208,6 +218,7 @@ int main(int argc, char** argv) {
         {"gpt2 bf16", false, prec::bf16, false},  {"llama bf16", true, prec::bf16, false},
         {"gpt2 fp16", false, prec::fp16, false},  {"qwen3 fp32", true, prec::fp32, false, true},
         {"qwen3 bf16", true, prec::bf16, false, true},    {"gemma norms fp32", true, prec::fp32, false, false, true},
+        {"gemma2 fp32", true, prec::fp32, false, false, true, true},
     };
     for (const variant& v : variants)
       for (const layout& l : layouts) {

@@ -104,6 +104,14 @@ struct lm_config {
   bool sandwich_norms = false;
   bool flash = false;
   bool causal = true;
+  /// Gemma 2's arithmetic (modeling_gemma2.py), what memalg's runtime computes; none changes a
+  /// byte its stack plans (the pytorch stack reads Gemma 2 from its config.json, model/families.hpp):
+  bool geglu = false;                ///< with `gated`: GeLU's tanh form on the gate (gelu_pytorch_tanh)
+  bool embed_scale = false;          ///< the token embedding times √hidden (the model's normalizer)
+  double attn_softcap = 0;           ///< attn_logit_softcapping: scores capped to c·tanh(s/c) (0: none)
+  double final_softcap = 0;          ///< final_logit_softcapping: logits capped likewise (0: none)
+  std::uint64_t sliding_window = 0;  ///< layers 0, 2, 4, … attend to the last sliding_window positions
+  double query_scalar = 0;           ///< query_pre_attn_scalar: scores scaled by its −½ power (0: head width's)
   std::uint64_t dropout_permille = 0;
   std::uint64_t experts = 0;    ///< > 0: the MLP is a mixture of experts
   std::uint64_t top_k = 0;

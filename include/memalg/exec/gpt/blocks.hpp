@@ -35,17 +35,22 @@ class gpt_blocks : public gpt_parallel {
 
   struct block_saved {
     operand ln1_out, qkv, qk_pre, att, atty, proj_out, x_mid, ln2_out, fc1_out, gelu_out, mlp_out, x_out, lse, mask1, mask2;
+    attn_shape sh{};  ///< the block's attention (its layer's window)
   };
   operand w_at(const operand& W, std::size_t at, std::size_t n) const { return sub(W, at, n); }
+  /// The MLP's activation: GeLU, or the gated unit's (SwiGLU, Gemma's GeGLU).
+  ops::activation_kind gate_kind() const {
+    return !c_.gated ? ops::activation_kind::gelu : c_.geglu ? ops::activation_kind::geglu : ops::activation_kind::swiglu;
+  }
   /// A bias (or LayerNorm shift) of n elements at `at`, null when the model has none.
   operand b_at(const operand& W, std::size_t at, std::size_t n, bool present) const {
     return present ? sub(W, at, n) : operand{};
   }
-  void rope(const operand& x, bool backward) {
+  void rope(const operand& x, bool backward, const attn_shape& sh) {
     if (!rotary()) return;
     const std::uint32_t rot = u32(c_.rotary_dim != 0 ? c_.rotary_dim : head_dim());
-    if (backward) emit(ops::rotary_bwd{x, shape(), rot, c_.rope_theta});
-    else emit(ops::rotary_fwd{x, shape(), rot, c_.rope_theta});
+    if (backward) emit(ops::rotary_bwd{x, sh, rot, c_.rope_theta});
+    else emit(ops::rotary_fwd{x, sh, rot, c_.rope_theta});
   }
 
   /// A row-parallel product of a block (the out-projection, FC2) into `out`, this rank's rows:
@@ -73,8 +78,7 @@ class gpt_blocks : public gpt_parallel {
       release_rows(in, mlp_in);
     }
     s.gelu_out = push("gelu_out", N * F, T_, kind);
-    emit(ops::activation_fwd{s.gelu_out, s.fc1_out, c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu,
-                             u32(N), u32(F)});
+    emit(ops::activation_fwd{s.gelu_out, s.fc1_out, gate_kind(), u32(N), u32(F)});
     if (c_.dropout > 0) s.mask2 = push("dropout_mask", rows() * C, elem::u8, kind);
   }
 
@@ -91,6 +95,7 @@ class gpt_blocks : public gpt_parallel {
     const std::size_t R = rows();  // residual-stream rows (N / tp under sequence parallelism)
     const std::uint32_t nr = u32(R);
     block_saved s{};
+    s.sh = shape(l);
     s.ln1_out = push("ln1_out", R * C, T_, kind);
     emit(ops::norm_fwd{s.ln1_out, x_in, w_at(W, b.ln1_w, C), b_at(W, b.ln1_b, C, nb), nr, cc, rms, norm_eps(), norm_offset()});
     s.qkv = push("qkv", N * Q, T_, kind);
@@ -102,9 +107,9 @@ class gpt_blocks : public gpt_parallel {
     if (c_.qk_norm) {  // Qwen3: each query and key head normed before the rotary positions; backward reads them as they were
       const std::size_t D = head_dim();
       s.qk_pre = push("qk_pre_norm", N * (local_heads() + local_kv_heads()) * D, T_, kind);
-      emit(ops::qk_norm_fwd{s.qkv, s.qk_pre, w_at(W, b.q_norm_w, D), w_at(W, b.k_norm_w, D), shape(), norm_eps()});
+      emit(ops::qk_norm_fwd{s.qkv, s.qk_pre, w_at(W, b.q_norm_w, D), w_at(W, b.k_norm_w, D), s.sh, norm_eps()});
     }
-    rope(s.qkv, false);
+    rope(s.qkv, false, s.sh);
     const std::size_t scores = c_.micro_batch * local_heads() * c_.sequence * c_.sequence;
     const std::size_t lse_n = c_.micro_batch * local_heads() * c_.sequence;
     operand att_tmp{}, lse_tmp{};
@@ -117,7 +122,7 @@ class gpt_blocks : public gpt_parallel {
     }
     s.atty = push("attention_out", N * Wd, T_, kind);
     const operand core = !c_.flash ? (keeps_core() ? s.att : att_tmp) : (keeps_core() ? s.lse : lse_tmp);
-    emit(ops::attention_fwd{s.atty, core, s.qkv, shape()});
+    emit(ops::attention_fwd{s.atty, core, s.qkv, s.sh});
     if (!lse_tmp.null()) pop(lse_tmp);
     if (!att_tmp.null()) pop(att_tmp);
     if (drop) s.mask1 = push("dropout_mask", R * C, elem::u8, kind);
@@ -208,12 +213,12 @@ class gpt_blocks : public gpt_parallel {
       core = c_.flash ? transient("attention_lse", lse_n, A_, category::temporaries)
                       : transient("attention_probs", scores, T_, category::temporaries);
       out_tmp = transient("attention_out_recomputed", N * Wd, T_, category::temporaries);
-      emit(ops::attention_fwd{out_tmp, core, s.qkv, shape()});
+      emit(ops::attention_fwd{out_tmp, core, s.qkv, s.sh});
     }
-    emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, shape()});
+    emit(ops::attention_bwd{dqkv, datty, s.qkv, c_.flash ? s.atty : operand{}, core, s.sh});
     if (!out_tmp.null()) pop(out_tmp);
     if (!keeps_core()) pop(core);
-    rope(dqkv, true);
+    rope(dqkv, true, s.sh);
   }
   /// The MLP branch's backward from the residual gradient `dres` (through its dropout mask) into
   /// `slot`, the gradient of the MLP's input `mlp_in` (the second norm's output, or the shared one's).
@@ -238,7 +243,7 @@ class gpt_blocks : public gpt_parallel {
                            w_at(W, b.fc2_w, C * F), n, f, cc});
       release_rows(g, dfc2);
     }
-    if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, ops::activation_kind::swiglu, n, f});
+    if (c_.gated) emit(ops::activation_bwd{dgelu, dact, s.fc1_out, gate_kind(), n, f});
     else emit(ops::activation_bwd{dgelu, dgelu, s.fc1_out});
     column_parallel_bwd(slot, w_at(G, b.fc1_w, F1 * C), b_at(G, b.fc1_b, F1, c_.bias), dgelu, mlp_in,
                         w_at(W, b.fc1_w, F1 * C), cc, u32(F1));
@@ -271,7 +276,7 @@ class gpt_blocks : public gpt_parallel {
     if (c_.qk_norm) {  // in place on dqkv's query and key heads, after the rotary positions are undone
       const std::size_t D = head_dim();
       emit(ops::qk_norm_bwd{dqkv, w_at(G, b.q_norm_w, D), w_at(G, b.k_norm_w, D), s.qk_pre, w_at(W, b.q_norm_w, D),
-                            w_at(W, b.k_norm_w, D), shape(), norm_eps()});
+                            w_at(W, b.k_norm_w, D), s.sh, norm_eps()});
     }
     column_parallel_bwd(din, w_at(G, b.qkv_w, Q * C), b_at(G, b.qkv_b, Q, c_.bias || c_.qkv_bias), dqkv, s.ln1_out,
                         w_at(W, b.qkv_w, Q * C), u32(C), u32(Q));

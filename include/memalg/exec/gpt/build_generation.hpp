@@ -118,6 +118,9 @@ class gpt_generation : gpt_state {
     if (given_.positions != 0 && req_.cache_length() > given_.positions)
       fail("the prompt and the new tokens but the last (" + std::to_string(req_.cache_length()) +
            ") are more positions than the position embedding holds (" + std::to_string(given_.positions) + ")");
+    if (given_.geglu || given_.embed_scale || given_.attn_softcap != 0 || given_.final_softcap != 0 ||
+        given_.sliding_window != 0 || given_.query_scalar != 0)
+      fail("the generation program runs GPT, Llama, Qwen2 and Qwen3 blocks, not Gemma 2's arithmetic");
     if (given_.parallel_residual || given_.sandwich_norms)
       fail("the generation program runs sequential blocks with norms before the sub-layers (no parallel residual, "
            "no post-norms)");

@@ -53,6 +53,12 @@ struct gpt_config {
                                 ///< rotary positions (Qwen3's q_norm, k_norm: weights [D] each, ones at start)
   bool sandwich_norms = false;  ///< Gemma's block: RMSNorms before and after each sub-layer, every norm
                                 ///< (the final one too) scaling by 1 + w, weights zero at start
+  bool geglu = false;           ///< with `gated`: GeGLU (Gemma's gelu_pytorch_tanh on the gate), not SwiGLU
+  bool embed_scale = false;     ///< the token embedding times √hidden, rounded to the storage type (Gemma)
+  float attn_softcap = 0;       ///< attention scores capped to c·tanh(s/c) (Gemma 2; 0: none)
+  float final_softcap = 0;      ///< logits capped likewise before the loss (Gemma 2; 0: none)
+  std::size_t sliding_window = 0;  ///< layers 0, 2, 4, … attend to the last sliding_window positions (Gemma 2)
+  float query_scalar = 0;       ///< scores scaled by query_scalar^−½ (Gemma 2's query_pre_attn_scalar; 0: 1/√D)
   bool tied = true;             ///< the output layer shares the token embedding (else an `lm_head` unit)
   float rope_theta = 10000.0f;  ///< positions == 0: rotary positions (RoPE base θ)
   std::size_t rotary_dim = 0;   ///< rotated dimensions per head (0: the whole head; GPT-NeoX's rotary_pct)

@@ -39,11 +39,12 @@ class gpt_micro_batch : public gpt_blocks {
       weights_in_use pe{};
       if (wpe) pe = use_weights(*wpe);
       if (!vp()) {
-        emit(ops::embedding_fwd{x0, tok(), we.data, pe.data, u32(c_.micro_batch), u32(c_.sequence), cc});
+        emit(ops::embedding_fwd{x0, tok(), we.data, pe.data, u32(c_.micro_batch), u32(c_.sequence), cc, 0, 0, 0,
+                                embed_scale()});
       } else {  // this rank's vocabulary rows, summed over tp (reduce-scattered under SP), then the positions
         const operand part = partial_rows(x0, "sp_partial");
         emit(ops::embedding_fwd{part, tok(), we.data, operand{}, u32(c_.micro_batch), u32(c_.sequence), cc,
-                                u32(vocab_begin()), u32(vocab_rows())});
+                                u32(vocab_begin()), u32(vocab_rows()), 0, embed_scale()});
         finish_rows(part, x0);
         if (wpe) emit(ops::position_add{x0, pe.data, row0(), nr, u32(c_.sequence), cc});
       }
@@ -63,11 +64,11 @@ class gpt_micro_batch : public gpt_blocks {
     operand gw = grad_buffer(wte);
     operand gp = wpe ? grad_buffer(*wpe) : operand{};
     if (!vp()) {
-      emit(ops::embedding_bwd{gw, gp, dres, tok(), u32(c_.micro_batch), u32(c_.sequence), cc});
+      emit(ops::embedding_bwd{gw, gp, dres, tok(), u32(c_.micro_batch), u32(c_.sequence), cc, 0, 0, embed_scale()});
     } else {  // every token's gradient (all-gathered under SP): this rank's rows, and the whole wpe
       const operand d = gathered_rows(dres, "sp_gathered");
       emit(ops::embedding_bwd{gw, gp, d, tok(), u32(c_.micro_batch), u32(c_.sequence), cc, u32(vocab_begin()),
-                              u32(vocab_rows())});
+                              u32(vocab_rows()), embed_scale()});
       release_rows(d, dres);
     }
     if (wpe) finish_grad(*wpe, gp);
@@ -105,7 +106,7 @@ class gpt_micro_batch : public gpt_blocks {
           const operand lg = sub(logits, 0, rows * V), h = sub(lnf_out, r0 * C, rows * C);
           emit(ops::linear_fwd{lg, h, we.data, operand{}, u32(rows), cc, v});
           emit(ops::loss{lg, RL == N ? tgt() : tgt(r0, rows), u32(rows), v, u32(c_.grad_accum), scalars::loss_sum,
-                         RL == N ? 0u : n});
+                         RL == N ? 0u : n, c_.final_softcap});
           if (RL == N) gw = grad_buffer(head);  // unchunked: as the trainer, after the loss
           emit(ops::linear_bwd{sub(slot, r0 * C, rows * C), gw, operand{}, lg, h, we.data, u32(rows), cc, v});
         }

@@ -99,13 +99,19 @@ constexpr runtime_issue find_runtime_issue(const lm_config& c, const training_de
   return runtime_issue::none;
 }
 
+/// Whether a configuration computes as Gemma 2 does anywhere (lm_config's Gemma 2 fields).
+constexpr bool gemma2_arithmetic(const lm_config& c) {
+  return c.geglu || c.embed_scale || c.attn_softcap != 0 || c.final_softcap != 0 || c.sliding_window != 0 ||
+         c.query_scalar != 0;
+}
+
 /// Whether a configuration leaves GPT-2's block (the step program's variants: RMSNorm, SwiGLU, no
 /// biases, untied output, rotary positions, grouped-query attention, another head width, parallel
 /// residual and a shared norm).
 constexpr bool llama_style(const lm_config& c) {
   return c.rms_norm || c.gated || !c.bias || !c.tied || c.positions == 0 || (c.kv_heads != 0 && c.kv_heads != c.heads) ||
          (c.head_dim != 0 && c.head_dim * c.heads != c.hidden) || c.parallel_residual || c.shared_norm || c.qk_norm ||
-         c.sandwich_norms;
+         c.sandwich_norms || gemma2_arithmetic(c);
 }
 
 /// The first reason the CPU runtime (the step program on the CPU step backend) cannot run a
@@ -174,10 +180,15 @@ constexpr runtime_issue find_cpu_runtime_issue(const lm_config& c, const trainin
   g.shared_norm = false;
   g.qk_norm = false;
   g.sandwich_norms = false;
+  g.geglu = g.embed_scale = false;
+  g.attn_softcap = g.final_softcap = g.query_scalar = 0;
+  g.sliding_window = 0;
   const runtime_issue rest = find_runtime_issue(g, t, m);
   if (rest != runtime_issue::none) return rest;
   if (c.experts != 0 || (c.shared_norm && !c.parallel_residual) || (c.qk_norm && !c.rms_norm) ||
-      (c.sandwich_norms && (!c.rms_norm || c.parallel_residual || c.dropout_permille != 0)))
+      (c.sandwich_norms && (!c.rms_norm || c.parallel_residual || c.dropout_permille != 0)) || (c.geglu && !c.gated) ||
+      c.attn_softcap < 0 || c.final_softcap < 0 || c.query_scalar < 0 ||
+      (c.final_softcap != 0 && m.tp > 1))
     return runtime_issue::architecture;
   const std::uint64_t D = c.head_dim != 0 ? c.head_dim : (c.heads != 0 ? c.hidden / c.heads : 0);
   if (c.positions == 0 && (D % 2 != 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > D)) return runtime_issue::architecture;
@@ -262,6 +273,12 @@ constexpr gpt_config gpt_config_of(const lm_config& c) {
   g.qkv_bias = c.qkv_bias && !c.bias;
   g.qk_norm = c.qk_norm;
   g.sandwich_norms = c.sandwich_norms;
+  g.geglu = c.geglu;
+  g.embed_scale = c.embed_scale;
+  g.attn_softcap = static_cast<float>(c.attn_softcap);
+  g.final_softcap = static_cast<float>(c.final_softcap);
+  g.sliding_window = c.sliding_window;
+  g.query_scalar = static_cast<float>(c.query_scalar);
   g.rotary_dim = c.positions == 0 && c.rotary_dim != 0 ? c.rotary_dim : 0;
   g.loss_chunk = c.loss_chunk;
   g.tied = c.tied;

@@ -40,6 +40,11 @@ class gpt_state : public lowering_base {
       fail("a shared norm feeds the two branches of a parallel block: set parallel_residual too");
     if (c_.qk_norm && (!c_.rms_norm || c_.sequence_parallel))
       fail("the per-head QK-norm (Qwen3's) runs in RMSNorm blocks without sequence parallelism");
+    if (c_.geglu && !c_.gated) fail("GeGLU is a gated MLP: set gated too");
+    if (c_.attn_softcap < 0 || c_.final_softcap < 0 || c_.query_scalar < 0)
+      fail("softcaps and the query scalar are positive (0: none)");
+    if (c_.final_softcap > 0 && (vp() || sp()))
+      fail("final-logit softcapping runs on a replicated output layer (no vocabulary or sequence parallelism)");
     if (c_.sandwich_norms && (!c_.rms_norm || c_.parallel_residual || c_.sequence_parallel || c_.dropout > 0))
       fail("norms before and after the sub-layers (Gemma's) run in sequential RMSNorm blocks without dropout or "
            "sequence parallelism");
@@ -102,10 +107,19 @@ class gpt_state : public lowering_base {
   /// model/transformer.hpp, transformer_block_params).
   bool block_norm_bias() const { return !c_.rms_norm && (c_.bias || c_.shared_norm); }
   std::size_t norm_elements() const { return norm_bias() ? 2 * c_.hidden : c_.hidden; }
-  attn_shape shape() const {
-    return {u32(c_.micro_batch), u32(c_.sequence), u32(local_heads()), u32(local_kv_heads()), u32(head_dim()), true,
-            c_.flash};
+  /// Block `layer`'s attention: Gemma 2's sliding window on its even layers (`sliding_window`,
+  /// modeling_gemma2.py: layer_types alternate sliding_attention, full_attention from layer 0),
+  /// its score softcapping and query_pre_attn_scalar's scale on all.
+  attn_shape shape(std::size_t layer) const {
+    attn_shape sh{u32(c_.micro_batch), u32(c_.sequence), u32(local_heads()), u32(local_kv_heads()), u32(head_dim()), true,
+                  c_.flash};
+    sh.window = c_.sliding_window != 0 && layer % 2 == 0 ? u32(c_.sliding_window) : 0;
+    sh.softcap = c_.attn_softcap;
+    sh.scale = c_.query_scalar > 0 ? 1.0f / std::sqrt(c_.query_scalar) : 0.0f;
+    return sh;
   }
+  /// Gemma's embedding normalizer √hidden (0: none).
+  float embed_scale() const { return c_.embed_scale ? std::sqrt(static_cast<float>(c_.hidden)) : 0.0f; }
   bool keeps_core() const { return c_.recompute != recompute_kind::selective; }
   std::size_t segment() const {
     return c_.recompute == recompute_kind::every_k ? c_.recompute_every
