@@ -211,6 +211,27 @@ TEST_CASE("CUDA step backend: Qwen3-shaped fp32 and mixed-bf16 follow the CPU st
   check_against_cpu<memalg::bf16, cu::bf16>("Qwen3-shaped mixed-bf16", c, bf16_tolerance, bf16_tolerance);
 }
 
+TEST_CASE("CUDA step backend: Gemma-2-shaped fp32 (flash and naive) and mixed-bf16 follow the CPU step backend") {
+  ex::gpt_config c = llama_config();  // with Gemma's norms and the rest of Gemma 2's arithmetic
+  c.sandwich_norms = true;
+  c.geglu = true;
+  c.embed_scale = true;
+  c.attn_softcap = 50.0f;
+  c.final_softcap = 30.0f;
+  c.sliding_window = 8;  // the even layers attend to the last 8 of 32 positions
+  c.query_scalar = 12.0f;
+  c.head_dim = 16;
+  c.norm_eps = 1e-6;
+  c.tied = true;
+  check_against_cpu<float, float>("Gemma 2: post-norms, GeGLU, softcaps, sliding window, query scalar, flash", c,
+                                  first_loss_tolerance, cpu_tolerance);
+  c.flash = false;
+  check_against_cpu<float, float>("Gemma 2, naive attention", c, first_loss_tolerance, cpu_tolerance);
+  c.flash = true;
+  c.master_weights = true;
+  check_against_cpu<memalg::bf16, cu::bf16>("Gemma-2-shaped mixed-bf16", c, bf16_tolerance, bf16_tolerance);
+}
+
 TEST_CASE("CUDA step backend: mixed-bf16 follows the CPU step backend within a relative 2e-2") {
   ex::gpt_config c = tiny_config();
   c.master_weights = true;  // the mixed-bf16 policy: fp32 master weights next to the bf16 ones

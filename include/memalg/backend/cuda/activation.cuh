@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: BSL-1.0
-// memalg/backend/cuda/activation.cuh — GeLU (tanh approximation), SwiGLU, ReLU and tanh, forward
-// and backward.
+// memalg/backend/cuda/activation.cuh — GeLU (tanh approximation), SwiGLU, GeGLU, ReLU and tanh,
+// forward and backward.
 //
 //   gelu:    out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))          din = dout·gelu'(x)  (=)
 //   swiglu:  in[N,2F] = [gate ‖ up], out[N,F] = silu(gate)·up            din[N,2F]          (=)
+//   geglu:   in[N,2F] = [gate ‖ up], out[N,F] = gelu(gate)·up             din[N,2F]          (=)
+//            (Gemma's MLP; din = [dout·up·gelu'(gate) ‖ dout·gelu(gate)])
 //   relu:    out = max(x, 0)                                             din = dout·[out > 0]  (=)
 //   tanh:    out = tanh(x)                                               din = dout·(1 − out²) (=)
 // Element-wise; out may alias in (forward) and din may alias dout (gelu, relu, tanh backward).
@@ -125,6 +127,57 @@ struct swiglu_backward_op {
   }
 };
 
+// GeGLU: swiglu's layout and vectors with the tanh-form GeLU above on the gate.
+template <class T>
+struct geglu_forward_op {
+  T* out;
+  const T* in;
+  std::int64_t f;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t e = i * W;
+    const std::int64_t n = e / f;
+    const std::int64_t c = e - n * f;
+    const T* gate = in + n * 2 * f + c;
+    const packed<T, W> g = load_packed<W>(gate, 0);
+    const packed<T, W> u = load_packed<W>(gate + f, 0);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(gelu_value(to_float(g.v[k])) * to_float(u.v[k]));
+    store_packed<W>(out, i, y);
+  }
+};
+
+template <class T>
+struct geglu_backward_op {
+  T* din;
+  const T* in;
+  const T* dout;
+  std::int64_t f;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t e = i * W;
+    const std::int64_t n = e / f;
+    const std::int64_t c = e - n * f;
+    const std::int64_t base = n * 2 * f + c;
+    const packed<T, W> g = load_packed<W>(in + base, 0);
+    const packed<T, W> u = load_packed<W>(in + base + f, 0);
+    const packed<T, W> d = load_packed<W>(dout, i);
+    packed<T, W> dg;
+    packed<T, W> du;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float gv = to_float(g.v[k]);
+      const float uv = to_float(u.v[k]);
+      const float dv = to_float(d.v[k]);
+      dg.v[k] = from_float<T>(dv * uv * gelu_grad(gv));
+      du.v[k] = from_float<T>(dv * gelu_value(gv));
+    }
+    store_packed<W>(din + base, 0, dg);
+    store_packed<W>(din + base + f, 0, du);
+  }
+};
+
 // ReLU and tanh: y = f(x); backward dx = dy·f'(y) from the output y.
 struct relu_fn {
   __device__ static float forward(float x) { return x > 0.0f ? x : 0.0f; }
@@ -214,6 +267,35 @@ void swiglu_backward_in_place(T* d, const T* in, std::int64_t rows, std::int64_t
   for (std::int64_t hi = rows; hi > 0;) {
     const std::int64_t lo = hi == 1 ? 0 : (hi + 1) / 2;
     swiglu_backward(d + lo * 2 * f, d + lo * f, in + lo * 2 * f, hi - lo, f, stream);
+    hi = lo;
+  }
+}
+
+/// out[N,F] = gelu(in[:, :F])·in[:, F:] for in[N,2F] (GeGLU, Gemma's MLP).
+template <storage_type T>
+void geglu_forward(T* out, const T* in, std::int64_t rows, std::int64_t f, cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(rows * f, common_vec_width(w, f, out, in), detail::geglu_forward_op<T>{out, in, f}, stream,
+                      "geglu_forward");
+}
+
+/// din[N,2F] = [dout·up·gelu'(gate) ‖ dout·gelu(gate)] from dout[N,F] and the forward input in[N,2F];
+/// din must not alias in or dout.
+template <storage_type T>
+void geglu_backward(T* din, const T* dout, const T* in, std::int64_t rows, std::int64_t f,
+                    cudaStream_t stream = nullptr) {
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(rows * f, common_vec_width(w, f, din, in, dout), detail::geglu_backward_op<T>{din, in, dout, f},
+                      stream, "geglu_backward");
+}
+
+/// geglu_backward in place over d (dout[N,F] in its first N·F elements on entry, din[N,2F] on
+/// exit), in the waves of swiglu_backward_in_place.
+template <storage_type T>
+void geglu_backward_in_place(T* d, const T* in, std::int64_t rows, std::int64_t f, cudaStream_t stream = nullptr) {
+  for (std::int64_t hi = rows; hi > 0;) {
+    const std::int64_t lo = hi == 1 ? 0 : (hi + 1) / 2;
+    geglu_backward(d + lo * 2 * f, d + lo * f, in + lo * 2 * f, hi - lo, f, stream);
     hi = lo;
   }
 }

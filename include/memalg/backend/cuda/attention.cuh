@@ -25,6 +25,14 @@
 //         atomics). Needs out and dout: the row dots Σ_d dO·O are computed in both kernels with
 //         the same code, hence the same bits.
 //
+// Gemma 2's variants (attention_variant, the CPU attention_shape's window, softcap and scale):
+// `scale` > 0 replaces 1/√D; `softcap` > 0 caps each scaled score s to c·tanh(s/c) before the
+// softmax (the backward multiplies the score's gradient by 1 − tanh²(s/c), recomputing s);
+// `window` > 0 lets query i read only keys i − window < j (the flash kernels also skip the tiles
+// outside the band). Every kernel is instantiated twice: Variant = false is the plain kernel
+// (window and softcap compiled out; a scale is only a different float argument), chosen whenever
+// window = softcap = 0, so the plain results keep their bits.
+//
 // The flash kernels are scalar (no tensor cores): they reproduce the memory behaviour of flash
 // attention (O(s) saved state, O(tile) working set) with float accumulation, and are checked
 // against the CPU reference. Head width is limited to flash_max_head_dim (128) for flash and
@@ -74,6 +82,9 @@ struct attention_io {
   bool causal = false;                     ///< query i sees keys j ≤ i (needs Sq == Sk)
   const std::uint8_t* key_mask = nullptr;  ///< [B·Sk], null: every key is real
   std::int64_t q_ld = 0, q_col = 0, kv_ld = 0, k_col = 0, v_col = 0;
+  std::int64_t window = 0;  ///< > 0: query i reads only keys j with i − window < j (sliding window)
+  float softcap = 0.0f;     ///< > 0: each scaled score s becomes softcap·tanh(s / softcap)
+  float scale = 0.0f;       ///< > 0: the scores' scale instead of 1/√D
 
   MEMALG_HOST_DEVICE constexpr std::int64_t out_width() const noexcept { return H * D; }
   MEMALG_HOST_DEVICE constexpr std::int64_t group() const noexcept { return H / Hkv; }
@@ -85,6 +96,20 @@ struct attention_io {
   MEMALG_HOST_DEVICE constexpr bool real_key(std::int64_t b, std::int64_t j) const noexcept {
     return key_mask == nullptr || key_mask[b * Sk + j] != 0;
   }
+  /// Whether key j lies inside query i's window (always without a window).
+  MEMALG_HOST_DEVICE constexpr bool in_window(std::int64_t i, std::int64_t j) const noexcept {
+    return window <= 0 || j + window > i;
+  }
+  /// The first key query i may read: the start of its window.
+  MEMALG_HOST_DEVICE constexpr std::int64_t first_key(std::int64_t i) const noexcept {
+    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+  }
+  /// Queries [.., query_end(j)) may read key j: those whose window still holds it.
+  MEMALG_HOST_DEVICE constexpr std::int64_t query_end(std::int64_t j) const noexcept {
+    return window > 0 ? min_i64(j + window, Sq) : Sq;
+  }
+  /// Whether any of Gemma 2's variants that change the kernels' code (window, softcap) is on.
+  MEMALG_HOST_DEVICE constexpr bool variant() const noexcept { return window > 0 || softcap > 0.0f; }
   MEMALG_HOST_DEVICE constexpr bool valid() const noexcept {
     return B > 0 && Sq > 0 && Sk > 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0 && (!causal || Sq == Sk);
   }
@@ -109,10 +134,26 @@ struct attention_io {
   MEMALG_HOST_DEVICE constexpr std::int64_t stat_elements() const noexcept { return B * H * Sq; }
 };
 
+/// Gemma 2's variants of a self-attention (the CPU attention_shape's fields; all 0: plain attention).
+struct attention_variant {
+  std::int64_t window = 0;  ///< > 0: query i reads only the last `window` positions up to its own
+  float softcap = 0.0f;     ///< > 0: scores capped to softcap·tanh(score / softcap)
+  float scale = 0.0f;       ///< > 0: the scores' scale instead of 1/√D
+};
+
 /// Self-attention over one qkv[B·S, (H + 2Hkv)·D] (q, kv and the gradients all point at it).
 constexpr attention_io self_attention_io(const attention_shape& s, const std::uint8_t* key_mask = nullptr) noexcept {
   return {s.B, s.S, s.S, s.H, s.Hkv, s.D, s.causal, key_mask, s.qkv_width(), 0, s.qkv_width(), s.H * s.D,
           (s.H + s.Hkv) * s.D};
+}
+/// The same with Gemma 2's variants.
+constexpr attention_io self_attention_io(const attention_shape& s, const attention_variant& v,
+                                         const std::uint8_t* key_mask = nullptr) noexcept {
+  attention_io io = self_attention_io(s, key_mask);
+  io.window = v.window;
+  io.softcap = v.softcap;
+  io.scale = v.scale;
+  return io;
 }
 /// Cross-attention over q[B·Sq, H·D] and kv[B·Sk, 2·Hkv·D].
 constexpr attention_io cross_attention_io(const cross_attention_shape& s, const std::uint8_t* key_mask) noexcept {
@@ -132,6 +173,8 @@ constexpr std::size_t cross_attention_naive_backward_scratch_bytes(const cross_a
 
 /// The softmax scale 1/√D, computed the same way on every backend.
 inline float attention_scale(std::int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+/// The scores' scale of one call: io.scale when given, else 1/√D.
+inline float attention_scale(const attention_io& io) { return io.scale > 0.0f ? io.scale : attention_scale(io.D); }
 
 namespace detail {
 
@@ -162,12 +205,43 @@ __device__ __forceinline__ float row_dot_warp(const T* dout_row, const T* out_ro
   return warp_sum(s);
 }
 
+// Gemma 2's variants, compiled in only where Variant is true (the plain kernels keep their code).
+/// Whether key j lies in query i's window.
+template <bool Variant>
+__device__ __forceinline__ bool in_window(const attention_io& io, std::int64_t i, std::int64_t j) {
+  if constexpr (Variant) return io.in_window(i, j);
+  else return true;
+}
+/// Whether query i of sequence b reads key j (j < keys(i) is the caller's): in its window, and real.
+template <bool Variant>
+__device__ __forceinline__ bool sees(const attention_io& io, std::int64_t b, std::int64_t i, std::int64_t j) {
+  if constexpr (Variant) return io.in_window(i, j) && io.real_key(b, j);
+  else return io.real_key(b, j);
+}
+/// A scaled score s as the softmax reads it: softcap·tanh(s / softcap) with a cap, s without.
+template <bool Variant>
+__device__ __forceinline__ float capped_score(float s, float softcap) {
+  if constexpr (Variant) return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+  else return s;
+}
+/// d capped_score / ds = 1 − tanh²(s / softcap).
+__device__ __forceinline__ float cap_slope(float s, float softcap) {
+  const float t = tanhf(s / softcap);
+  return 1.0f - t * t;
+}
+/// The first key tile query tile q0.. may read (its first row's window start).
+template <bool Variant>
+__device__ __forceinline__ std::int64_t flash_kv_tile_begin(const attention_io& io, std::int64_t q0) {
+  if constexpr (Variant) return io.first_key(q0) / flash_bc;
+  else return 0;
+}
+
 // ---- naive -------------------------------------------------------------------------------------
 
 // One warp per (b, h, i): softmax statistics over the scores; then, 32 keys at a time, lane j
 // writes probability p_j to att while the warp (lanes over the head dimension) accumulates
 // out = Σ_j p_j v_j from the float probabilities (as the CPU reference does).
-template <class T>
+template <class T, bool Variant>
 __global__ void __launch_bounds__(naive_warps * warp_size)
     naive_forward_kernel(T* out, T* att, const T* q, const T* kv, attention_io io, float scale) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * naive_warps + threadIdx.x / warp_size;
@@ -178,10 +252,14 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
   const std::int64_t b = r / (io.Sq * io.H);
   const std::int64_t hk = io.kv_head_of(h);
   const std::int64_t end = io.keys(i);
+  const std::int64_t first = Variant ? io.first_key(i) : 0;
   const T* qi = q + io.q_index(b, i, h, 0);
   softmax_stats st = softmax_empty();
-  for (std::int64_t j = lane; j < end; j += warp_size)
-    if (io.real_key(b, j)) st = softmax_push(st, dot_global(qi, kv + io.k_index(b, j, hk, 0), io.D) * scale);
+  for (std::int64_t j = first + lane; j < end; j += warp_size)
+    if (sees<Variant>(io, b, i, j)) {
+      const float s = dot_global(qi, kv + io.k_index(b, j, hk, 0), io.D) * scale;
+      st = softmax_push(st, capped_score<Variant>(s, io.softcap));
+    }
   st = warp_softmax(st);
   const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;  // 0: no real key
   T* row = att != nullptr ? att + io.att_index(b, h, i, 0) : nullptr;
@@ -191,7 +269,10 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
   for (std::int64_t j0 = 0; j0 < io.Sk; j0 += warp_size) {
     const std::int64_t j = j0 + lane;
     float p = 0.0f;
-    if (j < end && io.real_key(b, j)) p = expf(dot_global(qi, kv + io.k_index(b, j, hk, 0), io.D) * scale - st.m) * inv;
+    if (j < end && sees<Variant>(io, b, i, j)) {
+      const float s = dot_global(qi, kv + io.k_index(b, j, hk, 0), io.D) * scale;
+      p = expf(capped_score<Variant>(s, io.softcap) - st.m) * inv;
+    }
     if (row != nullptr && j < io.Sk) row[j] = from_float<T>(p);
     const int count = static_cast<int>(min_i64(warp_size, end - j0));  // ≤ 0 past the last key
     for (int jj = 0; jj < count; ++jj) {
@@ -213,8 +294,8 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
 }
 
 // One warp per (b, h, i): row dot ρ_i = Σ_j p_ij (dO_i·v_j), saved, then
-// dq_i = scale·Σ_j p_ij (dO_i·v_j − ρ_i) k_j.
-template <class T>
+// dq_i = scale·Σ_j p_ij (dO_i·v_j − ρ_i) k_j (times cap_slope(s_ij) with a softcap).
+template <class T, bool Variant>
 __global__ void __launch_bounds__(naive_warps * warp_size)
     naive_backward_q_kernel(T* dq, float* row_dots, const T* dout, const T* q, const T* kv, const T* att,
                             attention_io io, float scale) {
@@ -226,21 +307,28 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
   const std::int64_t b = r / (io.Sq * io.H);
   const std::int64_t hk = io.kv_head_of(h);
   const std::int64_t end = io.keys(i);
+  const std::int64_t first = Variant ? io.first_key(i) : 0;
   const T* d_o = dout + io.out_index(b, i, h, 0);
   const T* row = att + io.att_index(b, h, i, 0);
   float rho = 0.0f;
-  for (std::int64_t j = lane; j < end; j += warp_size)
-    if (io.real_key(b, j)) rho += to_float(row[j]) * dot_global(d_o, kv + io.v_index(b, j, hk, 0), io.D);
+  for (std::int64_t j = first + lane; j < end; j += warp_size)
+    if (sees<Variant>(io, b, i, j)) rho += to_float(row[j]) * dot_global(d_o, kv + io.v_index(b, j, hk, 0), io.D);
   rho = warp_sum(rho);
   if (lane == 0) row_dots[r] = rho;
   float acc[naive_dpl];
 #pragma unroll
   for (int t = 0; t < naive_dpl; ++t) acc[t] = 0.0f;
-  for (std::int64_t j0 = 0; j0 < end; j0 += warp_size) {
+  for (std::int64_t j0 = first; j0 < end; j0 += warp_size) {
     const std::int64_t j = j0 + lane;
     float ds = 0.0f;
-    if (j < end && io.real_key(b, j))
+    if (j < end && sees<Variant>(io, b, i, j)) {
       ds = to_float(row[j]) * (dot_global(d_o, kv + io.v_index(b, j, hk, 0), io.D) - rho);
+      if constexpr (Variant)
+        if (io.softcap > 0.0f) {
+          const float s = dot_global(q + io.q_index(b, i, h, 0), kv + io.k_index(b, j, hk, 0), io.D) * scale;
+          ds *= cap_slope(s, io.softcap);
+        }
+    }
     const int count = static_cast<int>(min_i64(warp_size, end - j0));
     for (int jj = 0; jj < count; ++jj) {
       const float dsj = __shfl_sync(full_warp_mask, ds, jj);
@@ -260,8 +348,9 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
 }
 
 // One warp per (b, hk, j): dk_j = scale·Σ_{h∈group} Σ_i p_ij (dO_i·v_j − ρ_i) q_i,
-// dv_j = Σ_{h∈group} Σ_i p_ij dO_i (zero for a padded key: its probabilities are zero).
-template <class T>
+// dv_j = Σ_{h∈group} Σ_i p_ij dO_i (zero for a padded key: its probabilities are zero); with a
+// window only the queries [j, j + window) that read key j.
+template <class T, bool Variant>
 __global__ void __launch_bounds__(naive_warps * warp_size)
     naive_backward_kv_kernel(T* dkv, const float* row_dots, const T* dout, const T* q, const T* kv, const T* att,
                              attention_io io, float scale) {
@@ -276,18 +365,24 @@ __global__ void __launch_bounds__(naive_warps * warp_size)
   float dv[naive_dpl];
 #pragma unroll
   for (int t = 0; t < naive_dpl; ++t) dk[t] = dv[t] = 0.0f;
-  const std::int64_t first = io.causal ? j : 0;  // queries that attend to key j
+  const std::int64_t first = io.causal ? j : 0;            // queries [first, last) attend to key j
+  const std::int64_t last = Variant ? io.query_end(j) : io.Sq;
   if (io.real_key(b, j)) {
     for (std::int64_t h = hk * io.group(); h < (hk + 1) * io.group(); ++h) {
-      for (std::int64_t i0 = first; i0 < io.Sq; i0 += warp_size) {
+      for (std::int64_t i0 = first; i0 < last; i0 += warp_size) {
         const std::int64_t i = i0 + lane;
         float p = 0.0f;
         float ds = 0.0f;
-        if (i < io.Sq) {
+        if (i < last) {
           p = to_float(att[io.att_index(b, h, i, j)]);
           ds = p * (dot_global(dout + io.out_index(b, i, h, 0), v, io.D) - row_dots[io.stat_index(b, h, i)]);
+          if constexpr (Variant)
+            if (io.softcap > 0.0f) {
+              const float s = dot_global(q + io.q_index(b, i, h, 0), kv + io.k_index(b, j, hk, 0), io.D) * scale;
+              ds *= cap_slope(s, io.softcap);
+            }
         }
-        const int count = static_cast<int>(min_i64(warp_size, io.Sq - i0));
+        const int count = static_cast<int>(min_i64(warp_size, last - i0));
         for (int ii = 0; ii < count; ++ii) {
           const float pi = __shfl_sync(full_warp_mask, p, ii);
           const float dsi = __shfl_sync(full_warp_mask, ds, ii);
@@ -332,7 +427,7 @@ __device__ __forceinline__ void load_tile(float* tile, const T* src, std::int64_
 }
 
 // Block (q tile, h, b). Warp w owns query row w of the tile; lane j owns key j of the key tile.
-template <class T>
+template <class T, bool Variant>
 __global__ void __launch_bounds__(flash_threads)
     flash_forward_kernel(T* out, float* lse, const T* q, const T* kv, attention_io io, float scale) {
   extern __shared__ float smem[];
@@ -358,7 +453,7 @@ __global__ void __launch_bounds__(flash_threads)
   for (int t = 0; t < flash_dpl; ++t) o[t] = 0.0f;
 
   const std::int64_t kv_end = flash_kv_tile_end(qt, io.Sk, io.causal);
-  for (std::int64_t kt = 0; kt < kv_end; ++kt) {
+  for (std::int64_t kt = flash_kv_tile_begin<Variant>(io, q0); kt < kv_end; ++kt) {
     const std::int64_t k0 = kt * flash_bc;
     __syncthreads();  // previous tile fully consumed
     load_tile(ks, kv + io.k_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
@@ -366,8 +461,9 @@ __global__ void __launch_bounds__(flash_threads)
     __syncthreads();
     if (qpos >= io.Sq) continue;  // uniform over the warp; the barriers above stay matched
     const std::int64_t kpos = k0 + lane;
-    const bool valid = kpos < io.Sk && attends(qpos, kpos, io.causal) && io.real_key(b, kpos);
-    const float sc = valid ? dot_shared(qs + ri * ld, ks + lane * ld, hd) * scale : -INFINITY;
+    const bool valid = kpos < io.Sk && attends(qpos, kpos, io.causal) && sees<Variant>(io, b, qpos, kpos);
+    const float sc = valid ? capped_score<Variant>(dot_shared(qs + ri * ld, ks + lane * ld, hd) * scale, io.softcap)
+                           : -INFINITY;
     const float m_new = fmaxf(m, warp_max(sc));
     if (m_new == -INFINITY) continue;  // no key of this tile visible to the row
     const float p = valid ? expf(sc - m_new) : 0.0f;
@@ -398,7 +494,7 @@ __global__ void __launch_bounds__(flash_threads)
 }
 
 // dQ: block (q tile, h, b); warp w owns query row w of the tile; lane j owns key j of the key tile.
-template <class T>
+template <class T, bool Variant>
 __global__ void __launch_bounds__(flash_threads)
     flash_backward_dq_kernel(T* dq, const T* dout, const T* q, const T* kv, const T* out, const float* lse,
                              attention_io io, float scale) {
@@ -431,7 +527,7 @@ __global__ void __launch_bounds__(flash_threads)
   for (int t = 0; t < flash_dpl; ++t) acc[t] = 0.0f;
 
   const std::int64_t kv_end = flash_kv_tile_end(qt, io.Sk, io.causal);
-  for (std::int64_t kt = 0; kt < kv_end; ++kt) {
+  for (std::int64_t kt = flash_kv_tile_begin<Variant>(io, q0); kt < kv_end; ++kt) {
     const std::int64_t k0 = kt * flash_bc;
     __syncthreads();
     load_tile(ks, kv + io.k_index(b, 0, hk, 0), io.kv_ld, k0, io.Sk, hd);
@@ -440,10 +536,13 @@ __global__ void __launch_bounds__(flash_threads)
     if (qpos >= io.Sq || row_lse == -INFINITY) continue;  // uniform over the warp
     const std::int64_t kpos = k0 + lane;
     float ds = 0.0f;
-    if (kpos < io.Sk && attends(qpos, kpos, io.causal) && io.real_key(b, kpos)) {
-      const float p = expf(dot_shared(qs + ri * ld, ks + lane * ld, hd) * scale - row_lse);
+    if (kpos < io.Sk && attends(qpos, kpos, io.causal) && sees<Variant>(io, b, qpos, kpos)) {
+      const float s = dot_shared(qs + ri * ld, ks + lane * ld, hd) * scale;
+      const float p = expf(capped_score<Variant>(s, io.softcap) - row_lse);
       const float dp = dot_shared(dos + ri * ld, vs + lane * ld, hd);
       ds = p * (dp - rho);
+      if constexpr (Variant)
+        if (io.softcap > 0.0f) ds *= cap_slope(s, io.softcap);
     }
     for (int jj = 0; jj < flash_bc; ++jj) {
       const float dsj = __shfl_sync(full_warp_mask, ds, jj);
@@ -465,8 +564,9 @@ __global__ void __launch_bounds__(flash_threads)
 }
 
 // dK, dV: block (key tile, hk, b); warp w owns key row w of the tile; lane i owns query i of the
-// query tile. Loops over the query heads of the group and the query tiles that see the key tile.
-template <class T>
+// query tile. Loops over the query heads of the group and the query tiles that see the key tile
+// (with a window, only those up to the last query whose window holds the tile's last key).
+template <class T, bool Variant>
 __global__ void __launch_bounds__(flash_threads)
     flash_backward_dkv_kernel(T* dkv, const T* dout, const T* q, const T* kv, const T* out, const float* lse,
                               attention_io io, float scale) {
@@ -495,7 +595,8 @@ __global__ void __launch_bounds__(flash_threads)
 #pragma unroll
   for (int t = 0; t < flash_dpl; ++t) dk[t] = dv[t] = 0.0f;
 
-  const std::int64_t q_tiles = flash_q_tiles(io.Sq);
+  const std::int64_t q_tiles = Variant ? flash_q_tiles(io.query_end(min_i64(k0 + flash_bc, io.Sk) - 1))
+                                       : flash_q_tiles(io.Sq);
   for (std::int64_t h = hk * io.group(); h < (hk + 1) * io.group(); ++h) {
     for (std::int64_t qt = flash_q_tile_begin(kt, io.causal); qt < q_tiles; ++qt) {
       const std::int64_t q0 = qt * flash_br;
@@ -521,10 +622,14 @@ __global__ void __launch_bounds__(flash_threads)
       const std::int64_t qpos = q0 + lane;
       float p = 0.0f;
       float ds = 0.0f;
-      if (qpos < io.Sq && attends(qpos, kpos, io.causal) && lse_s[lane] != -INFINITY) {
-        p = expf(dot_shared(qs + lane * ld, ks + rj * ld, hd) * scale - lse_s[lane]);
+      if (qpos < io.Sq && attends(qpos, kpos, io.causal) && in_window<Variant>(io, qpos, kpos) &&
+          lse_s[lane] != -INFINITY) {
+        const float s = dot_shared(qs + lane * ld, ks + rj * ld, hd) * scale;
+        p = expf(capped_score<Variant>(s, io.softcap) - lse_s[lane]);
         const float dp = dot_shared(dos + lane * ld, vs + rj * ld, hd);
         ds = p * (dp - rho_s[lane]);
+        if constexpr (Variant)
+          if (io.softcap > 0.0f) ds *= cap_slope(s, io.softcap);
       }
       for (int ii = 0; ii < flash_br; ++ii) {
         const float pi = __shfl_sync(full_warp_mask, p, ii);
@@ -561,6 +666,9 @@ inline void check_attention_io(const attention_io& io, int max_head_dim, const c
   if (io.D > max_head_dim)
     throw std::invalid_argument(std::string(what) + ": head_dim " + std::to_string(io.D) + " exceeds " +
                                 std::to_string(max_head_dim));
+  if (io.window < 0 || !(io.softcap >= 0.0f) || !(io.scale >= 0.0f) || !std::isfinite(io.softcap) ||
+      !std::isfinite(io.scale))
+    throw std::invalid_argument(std::string(what) + ": window, softcap and scale must be finite and not negative");
   if (flash_q_tiles(io.Sq) > 2147483647LL || flash_kv_tiles(io.Sk) > 2147483647LL || io.H > max_grid_yz ||
       io.B > max_grid_yz)
     throw std::invalid_argument(std::string(what) + ": grid too large");
@@ -585,8 +693,13 @@ void attention_naive_forward(T* out, T* att, const T* q, const T* kv, const atte
                              cudaStream_t stream = nullptr) {
   detail::check_attention_io(io, attention_max_head_dim, "attention_naive_forward");
   const unsigned blocks = static_cast<unsigned>(ceil_div(io.stat_elements(), detail::naive_warps));
-  detail::naive_forward_kernel<<<blocks, detail::naive_warps * warp_size, 0, stream>>>(out, att, q, kv, io,
-                                                                                      attention_scale(io.D));
+  const float scale = attention_scale(io);
+  if (io.variant())
+    detail::naive_forward_kernel<T, true><<<blocks, detail::naive_warps * warp_size, 0, stream>>>(out, att, q, kv, io,
+                                                                                                 scale);
+  else
+    detail::naive_forward_kernel<T, false><<<blocks, detail::naive_warps * warp_size, 0, stream>>>(out, att, q, kv, io,
+                                                                                                  scale);
   MEMALG_CUDA_CHECK_LAUNCH("naive_forward_kernel");
 }
 
@@ -596,27 +709,62 @@ void attention_naive_backward(T* dq, T* dkv, const T* dout, const T* q, const T*
                               const attention_io& io, float* scratch, cudaStream_t stream = nullptr) {
   detail::check_attention_io(io, attention_max_head_dim, "attention_naive_backward");
   if (scratch == nullptr) throw std::invalid_argument("attention_naive_backward: scratch is null");
-  const float scale = attention_scale(io.D);
+  const float scale = attention_scale(io);
+  const bool variant = io.variant();
   const unsigned q_blocks = static_cast<unsigned>(ceil_div(io.stat_elements(), detail::naive_warps));
-  detail::naive_backward_q_kernel<<<q_blocks, detail::naive_warps * warp_size, 0, stream>>>(dq, scratch, dout, q, kv,
-                                                                                           att, io, scale);
+  if (variant)
+    detail::naive_backward_q_kernel<T, true><<<q_blocks, detail::naive_warps * warp_size, 0, stream>>>(
+        dq, scratch, dout, q, kv, att, io, scale);
+  else
+    detail::naive_backward_q_kernel<T, false><<<q_blocks, detail::naive_warps * warp_size, 0, stream>>>(
+        dq, scratch, dout, q, kv, att, io, scale);
   MEMALG_CUDA_CHECK_LAUNCH("naive_backward_q_kernel");
   const unsigned kv_blocks = static_cast<unsigned>(ceil_div(io.B * io.Hkv * io.Sk, detail::naive_warps));
-  detail::naive_backward_kv_kernel<<<kv_blocks, detail::naive_warps * warp_size, 0, stream>>>(
-      dkv, scratch, dout, q, kv, att, io, scale);
+  if (variant)
+    detail::naive_backward_kv_kernel<T, true><<<kv_blocks, detail::naive_warps * warp_size, 0, stream>>>(
+        dkv, scratch, dout, q, kv, att, io, scale);
+  else
+    detail::naive_backward_kv_kernel<T, false><<<kv_blocks, detail::naive_warps * warp_size, 0, stream>>>(
+        dkv, scratch, dout, q, kv, att, io, scale);
   MEMALG_CUDA_CHECK_LAUNCH("naive_backward_kv_kernel");
 }
+
+namespace detail {
+template <class T, bool Variant>
+void flash_forward(T* out, float* lse, const T* q, const T* kv, const attention_io& io, cudaStream_t stream) {
+  const std::size_t smem = flash_forward_smem_bytes(io.D);
+  prepare_dynamic_smem(flash_forward_kernel<T, Variant>, smem, "attention_flash_forward");
+  const dim3 grid(static_cast<unsigned>(flash_q_tiles(io.Sq)), static_cast<unsigned>(io.H), static_cast<unsigned>(io.B));
+  flash_forward_kernel<T, Variant><<<grid, flash_threads, smem, stream>>>(out, lse, q, kv, io, attention_scale(io));
+  MEMALG_CUDA_CHECK_LAUNCH("flash_forward_kernel");
+}
+
+template <class T, bool Variant>
+void flash_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* out, const float* lse,
+                    const attention_io& io, cudaStream_t stream) {
+  const std::size_t smem = flash_backward_smem_bytes(io.D);
+  const float scale = attention_scale(io);
+  prepare_dynamic_smem(flash_backward_dq_kernel<T, Variant>, smem, "attention_flash_backward");
+  prepare_dynamic_smem(flash_backward_dkv_kernel<T, Variant>, smem, "attention_flash_backward");
+  const dim3 q_grid(static_cast<unsigned>(flash_q_tiles(io.Sq)), static_cast<unsigned>(io.H),
+                    static_cast<unsigned>(io.B));
+  flash_backward_dq_kernel<T, Variant><<<q_grid, flash_threads, smem, stream>>>(dq, dout, q, kv, out, lse, io, scale);
+  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
+  const dim3 kv_grid(static_cast<unsigned>(flash_kv_tiles(io.Sk)), static_cast<unsigned>(io.Hkv),
+                     static_cast<unsigned>(io.B));
+  flash_backward_dkv_kernel<T, Variant><<<kv_grid, flash_threads, smem, stream>>>(dkv, dout, q, kv, out, lse, io,
+                                                                                  scale);
+  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
+}
+}  // namespace detail
 
 /// out[B·Sq, H·D] and lse[B, H, Sq] (float; may be null: no backward follows).
 template <storage_type T>
 void attention_flash_forward(T* out, float* lse, const T* q, const T* kv, const attention_io& io,
                              cudaStream_t stream = nullptr) {
   detail::check_attention_io(io, flash_max_head_dim, "attention_flash_forward");
-  const std::size_t smem = flash_forward_smem_bytes(io.D);
-  detail::prepare_dynamic_smem(detail::flash_forward_kernel<T>, smem, "attention_flash_forward");
-  const dim3 grid(static_cast<unsigned>(flash_q_tiles(io.Sq)), static_cast<unsigned>(io.H), static_cast<unsigned>(io.B));
-  detail::flash_forward_kernel<T><<<grid, flash_threads, smem, stream>>>(out, lse, q, kv, io, attention_scale(io.D));
-  MEMALG_CUDA_CHECK_LAUNCH("flash_forward_kernel");
+  if (io.variant()) detail::flash_forward<T, true>(out, lse, q, kv, io, stream);
+  else detail::flash_forward<T, false>(out, lse, q, kv, io, stream);
 }
 
 /// dq and dkv (=) from dout, q, kv and the forward's out and lse.
@@ -624,18 +772,8 @@ template <storage_type T>
 void attention_flash_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* out, const float* lse,
                               const attention_io& io, cudaStream_t stream = nullptr) {
   detail::check_attention_io(io, flash_max_head_dim, "attention_flash_backward");
-  const std::size_t smem = flash_backward_smem_bytes(io.D);
-  const float scale = attention_scale(io.D);
-  detail::prepare_dynamic_smem(detail::flash_backward_dq_kernel<T>, smem, "attention_flash_backward");
-  detail::prepare_dynamic_smem(detail::flash_backward_dkv_kernel<T>, smem, "attention_flash_backward");
-  const dim3 q_grid(static_cast<unsigned>(flash_q_tiles(io.Sq)), static_cast<unsigned>(io.H),
-                    static_cast<unsigned>(io.B));
-  detail::flash_backward_dq_kernel<T><<<q_grid, flash_threads, smem, stream>>>(dq, dout, q, kv, out, lse, io, scale);
-  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
-  const dim3 kv_grid(static_cast<unsigned>(flash_kv_tiles(io.Sk)), static_cast<unsigned>(io.Hkv),
-                     static_cast<unsigned>(io.B));
-  detail::flash_backward_dkv_kernel<T><<<kv_grid, flash_threads, smem, stream>>>(dkv, dout, q, kv, out, lse, io, scale);
-  MEMALG_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
+  if (io.variant()) detail::flash_backward<T, true>(dq, dkv, dout, q, kv, out, lse, io, stream);
+  else detail::flash_backward<T, false>(dq, dkv, dout, q, kv, out, lse, io, stream);
 }
 
 // ---- self-attention over a fused qkv --------------------------------------------------------------
@@ -664,6 +802,36 @@ template <storage_type T>
 void attention_flash_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                               const attention_shape& sh, cudaStream_t stream = nullptr) {
   attention_flash_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, self_attention_io(sh), stream);
+}
+
+// ---- self-attention with Gemma 2's variants (window, softcap, scale) ------------------------------
+
+/// As attention_naive_forward over qkv, with the variants v.
+template <storage_type T>
+void attention_naive_forward(T* out, T* att, const T* qkv, const attention_shape& sh, const attention_variant& v,
+                             cudaStream_t stream = nullptr) {
+  attention_naive_forward(out, att, qkv, qkv, self_attention_io(sh, v), stream);
+}
+
+/// As attention_naive_backward over qkv, with the variants v (the forward's).
+template <storage_type T>
+void attention_naive_backward(T* dqkv, const T* dout, const T* qkv, const T* att, const attention_shape& sh,
+                              const attention_variant& v, float* scratch, cudaStream_t stream = nullptr) {
+  attention_naive_backward(dqkv, dqkv, dout, qkv, qkv, att, self_attention_io(sh, v), scratch, stream);
+}
+
+/// As attention_flash_forward over qkv, with the variants v.
+template <storage_type T>
+void attention_flash_forward(T* out, float* lse, const T* qkv, const attention_shape& sh, const attention_variant& v,
+                             cudaStream_t stream = nullptr) {
+  attention_flash_forward(out, lse, qkv, qkv, self_attention_io(sh, v), stream);
+}
+
+/// As attention_flash_backward over qkv, with the variants v (the forward's).
+template <storage_type T>
+void attention_flash_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                              const attention_shape& sh, const attention_variant& v, cudaStream_t stream = nullptr) {
+  attention_flash_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, self_attention_io(sh, v), stream);
 }
 
 // ---- cross-attention over q and kv, with a key mask -------------------------------------------------

@@ -10,6 +10,12 @@
 // dlogits may alias logits (the gradient overwrites the logits in place). A target outside
 // [0, V) yields a NaN loss so that the error cannot go unnoticed.
 //
+// Gemma 2's final logit softcapping (the CPU's logit_softcap and cross_entropy_backward's softcap):
+// logit_softcap caps the logits in place, c = round_T(cap·tanh(x / cap)); the loss then reads c, and
+// given `softcap` the backward (or fused) kernel multiplies each gradient by 1 − (c / cap)², the
+// derivative of the cap, from the c it reads before writing over it (a separate instantiation:
+// without a cap the kernel is the plain one).
+//
 // Vocabulary-parallel cross-entropy (the CPU's vocab_parallel_ce_*, backend/cpu/cross_entropy.hpp):
 // this rank holds columns [vocab_begin, vocab_begin + V) of a vocabulary of `vocab`; the caller
 // puts its collectives between the three steps, on the same stream:
@@ -23,7 +29,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 
 #include "memalg/backend/cuda/check.cuh"
@@ -38,10 +46,10 @@ inline constexpr int cross_entropy_block = 512;
 
 namespace detail {
 
-template <int W, class T>
+template <int W, class T, bool Capped>
 __global__ void __launch_bounds__(cross_entropy_block)
     cross_entropy_kernel(float* loss, T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t vocab,
-                         float grad_scale) {
+                         float grad_scale, float softcap) {
   __shared__ float scratch[64];
   const std::int64_t row = blockIdx.x;
   const T* x = logits + row * vocab;
@@ -69,7 +77,12 @@ __global__ void __launch_bounds__(cross_entropy_block)
     for (int k = 0; k < W; ++k) {
       const float prob = expf(to_float(p.v[k]) - lse);
       const float onehot = (v * W + k == target) ? 1.0f : 0.0f;
-      g.v[k] = from_float<T>((prob - onehot) * grad_scale);
+      if constexpr (Capped) {
+        const float r = to_float(p.v[k]) / softcap;
+        g.v[k] = from_float<T>((prob - onehot) * grad_scale * (1.0f - r * r));
+      } else {
+        g.v[k] = from_float<T>((prob - onehot) * grad_scale);
+      }
     }
     store_packed<W>(dx, v, g);
   }
@@ -95,6 +108,21 @@ __device__ inline float block_max(float v, float* scratch) {
   v = lane < warps ? scratch[lane] : -INFINITY;
   return warp_max(v);
 }
+
+// x ← softcap·tanh(x / softcap), rounded to T.
+template <class T>
+struct logit_softcap_op {
+  T* x;
+  float softcap;
+  template <int W>
+  __device__ void operator()(std::int64_t i) const {
+    const packed<T, W> a = load_packed<W>(x, i);
+    packed<T, W> y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(softcap * tanhf(to_float(a.v[k]) / softcap));
+    store_packed<W>(x, i, y);
+  }
+};
 
 template <int W, class T>
 __global__ void __launch_bounds__(cross_entropy_block)
@@ -217,19 +245,40 @@ inline void mean_reduce(float* out, const float* values, std::int64_t n, cudaStr
   MEMALG_CUDA_CHECK_LAUNCH("mean_kernel");
 }
 
-/// Per-row loss (may be null) and, when dlogits is not null, dlogits = (softmax − onehot)·grad_scale.
+/// x[0..n) ← softcap·tanh(x / softcap), rounded to T, in place (Gemma 2's final logit softcapping).
+template <storage_type T>
+void logit_softcap(T* x, std::int64_t n, float softcap, cudaStream_t stream = nullptr) {
+  if (!(softcap > 0.0f) || !std::isfinite(softcap))
+    throw std::invalid_argument("logit_softcap: the cap must be positive and finite");
+  if (n <= 0) return;
+  constexpr int w = max_vec_width(sizeof(T));
+  launch_pointwise<w>(n, common_vec_width(w, n, x), detail::logit_softcap_op<T>{x, softcap}, stream, "logit_softcap");
+}
+
+/// Per-row loss (may be null) and, when dlogits is not null, dlogits = (softmax − onehot)·grad_scale;
+/// softcap > 0: the logits are capped ones (logit_softcap) and each gradient is also multiplied by
+/// 1 − (logit / softcap)², the gradient of the logits before the cap.
 template <storage_type T>
 void cross_entropy_scaled(float* loss, T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t rows,
-                          std::int64_t vocab, float grad_scale, cudaStream_t stream = nullptr) {
+                          std::int64_t vocab, float grad_scale, cudaStream_t stream = nullptr, float softcap = 0.0f) {
+  if (!(softcap >= 0.0f)) throw std::invalid_argument("cross_entropy: the softcap must not be negative");
   if (rows <= 0 || vocab <= 0) return;
   constexpr int w = max_vec_width(sizeof(T));
   const int width = dlogits != nullptr ? common_vec_width(w, vocab, logits, dlogits) : common_vec_width(w, vocab, logits);
-  if (width == w) {
-    detail::cross_entropy_kernel<w><<<static_cast<unsigned>(rows), cross_entropy_block, 0, stream>>>(
-        loss, dlogits, logits, targets, vocab, grad_scale);
+  const unsigned grid = static_cast<unsigned>(rows);
+  if (softcap > 0.0f && dlogits != nullptr) {
+    if (width == w)
+      detail::cross_entropy_kernel<w, T, true><<<grid, cross_entropy_block, 0, stream>>>(loss, dlogits, logits, targets,
+                                                                                         vocab, grad_scale, softcap);
+    else
+      detail::cross_entropy_kernel<1, T, true><<<grid, cross_entropy_block, 0, stream>>>(loss, dlogits, logits, targets,
+                                                                                         vocab, grad_scale, softcap);
+  } else if (width == w) {
+    detail::cross_entropy_kernel<w, T, false><<<grid, cross_entropy_block, 0, stream>>>(
+        loss, dlogits, logits, targets, vocab, grad_scale, 0.0f);
   } else {
-    detail::cross_entropy_kernel<1><<<static_cast<unsigned>(rows), cross_entropy_block, 0, stream>>>(
-        loss, dlogits, logits, targets, vocab, grad_scale);
+    detail::cross_entropy_kernel<1, T, false><<<grid, cross_entropy_block, 0, stream>>>(
+        loss, dlogits, logits, targets, vocab, grad_scale, 0.0f);
   }
   MEMALG_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
 }
@@ -242,21 +291,23 @@ void cross_entropy_forward(float* loss, const T* logits, const std::int32_t* tar
   if (mean_loss != nullptr) mean_reduce(mean_loss, loss, rows, stream);
 }
 
-/// dlogits = (softmax − onehot)·dloss/N (may alias logits).
+/// dlogits = (softmax − onehot)·dloss/N (may alias logits); softcap > 0: `logits` were capped by
+/// logit_softcap(softcap), and dlogits is the gradient of the logits before the cap.
 template <storage_type T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets, float dloss, std::int64_t rows,
-                            std::int64_t vocab, cudaStream_t stream = nullptr) {
+                            std::int64_t vocab, cudaStream_t stream = nullptr, float softcap = 0.0f) {
   if (rows <= 0) return;
   cross_entropy_scaled(static_cast<float*>(nullptr), dlogits, logits, targets, rows, vocab,
-                       dloss / static_cast<float>(rows), stream);
+                       dloss / static_cast<float>(rows), stream, softcap);
 }
 
-/// Forward and backward in one pass over the logits (dlogits may alias logits).
+/// Forward and backward in one pass over the logits (dlogits may alias logits); softcap as
+/// cross_entropy_backward's (the loss is that of the capped logits it reads).
 template <storage_type T>
 void cross_entropy_fused(float* loss, T* dlogits, const T* logits, const std::int32_t* targets, float dloss,
-                         std::int64_t rows, std::int64_t vocab, cudaStream_t stream = nullptr) {
+                         std::int64_t rows, std::int64_t vocab, cudaStream_t stream = nullptr, float softcap = 0.0f) {
   if (rows <= 0) return;
-  cross_entropy_scaled(loss, dlogits, logits, targets, rows, vocab, dloss / static_cast<float>(rows), stream);
+  cross_entropy_scaled(loss, dlogits, logits, targets, rows, vocab, dloss / static_cast<float>(rows), stream, softcap);
 }
 
 }  // namespace memalg::backend::cuda

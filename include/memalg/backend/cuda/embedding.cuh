@@ -18,6 +18,9 @@
 //             same sort (out-of-range rows get the padding key and sort last)
 //   position_add: x[n,:] += wpe[(row0 + n) % s,:], rounded once (the positions added after that
 //             all-reduce, at flat row row0 of the micro-batch under sequence parallelism)
+// scale > 0 (Gemma's normalizer √C, a trailing argument; 0: none), as the CPU's: with s = round_T(scale)
+// the token's row is round_T(wte[tok]·s) before the position is added, and the backward adds
+// round_T(dout·s) to dwte (dwpe still gets dout). The products are __fmul_rn: never contracted.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,12 +39,24 @@ namespace memalg::backend::cuda {
 
 inline constexpr int embedding_backward_block = 128;
 
+/// The embedding scale in the storage type, widened (scale_T = round_T(scale)); 0: no scale.
+template <storage_type T>
+inline float embedding_storage_scale(float scale) {
+  return scale > 0.0f ? to_float(from_float<T>(scale)) : 0.0f;
+}
+
 /// Workspace of embedding_backward for `rows` = B·S tokens: the sort keys, padded to a power of two.
 MEMALG_HOST_DEVICE constexpr std::size_t embedding_backward_workspace_bytes(std::int64_t rows) noexcept {
   return rows <= 0 ? 0 : static_cast<std::size_t>(next_pow2(rows)) * sizeof(std::uint64_t);
 }
 
 namespace detail {
+
+/// x·s rounded to T, widened (the product of two T tensors).
+template <class T>
+__device__ __forceinline__ float embedding_scaled(T x, float s) {
+  return to_float(from_float<T>(__fmul_rn(to_float(x), s)));
+}
 
 template <class T>
 struct embedding_forward_op {
@@ -52,6 +67,7 @@ struct embedding_forward_op {
   std::int64_t seq;
   std::int64_t channels;
   std::int64_t pos0;
+  float scale;  // embedding_storage_scale: 0 none
   template <int W>
   __device__ void operator()(std::int64_t i) const {
     const std::int64_t e = i * W;
@@ -59,7 +75,14 @@ struct embedding_forward_op {
     const std::int64_t c = e - n * channels;
     const packed<T, W> t = load_packed<W>(wte + static_cast<std::int64_t>(tokens[n]) * channels + c, 0);
     packed<T, W> y;
-    if (wpe != nullptr) {
+    if (scale > 0.0f && wpe != nullptr) {
+      const packed<T, W> p = load_packed<W>(wpe + (pos0 + n % seq) * channels + c, 0);
+#pragma unroll
+      for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(embedding_scaled(t.v[k], scale) + to_float(p.v[k]));
+    } else if (scale > 0.0f) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(embedding_scaled(t.v[k], scale));
+    } else if (wpe != nullptr) {
       const packed<T, W> p = load_packed<W>(wpe + (pos0 + n % seq) * channels + c, 0);
 #pragma unroll
       for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(to_float(t.v[k]) + to_float(p.v[k]));
@@ -78,6 +101,7 @@ struct embedding_vocab_range_op {
   std::int64_t vocab_begin;
   std::int64_t vocab_rows;
   std::int64_t channels;
+  float scale;  // embedding_storage_scale: 0 none
   template <int W>
   __device__ void operator()(std::int64_t i) const {
     const std::int64_t e = i * W;
@@ -87,6 +111,10 @@ struct embedding_vocab_range_op {
     packed<T, W> y;
     if (t >= 0 && t < vocab_rows) {
       y = load_packed<W>(wte_part + t * channels + c, 0);
+      if (scale > 0.0f) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(embedding_scaled(y.v[k], scale));
+      }
     } else {
 #pragma unroll
       for (int k = 0; k < W; ++k) y.v[k] = from_float<T>(0.0f);
@@ -194,11 +222,12 @@ inline void bitonic_sort(std::uint64_t* a, std::int64_t n, cudaStream_t stream) 
 }
 
 // Block (x: sorted position, y: channel tile); only the first position of each run of equal
-// tokens does work, summing the whole run in ascending row order.
+// tokens does work, summing the whole run in ascending row order (each row times scale, rounded
+// to T, when scale > 0).
 template <class T>
 __global__ void __launch_bounds__(embedding_backward_block)
     embedding_backward_wte_kernel(T* dwte, const T* dout, const std::uint64_t* keys, std::int64_t rows,
-                                  std::int64_t channels) {
+                                  std::int64_t channels, float scale) {
   const std::int64_t i = blockIdx.x;
   if (keys[i] == sort_pad_key) return;  // a token outside a vocabulary-parallel rank's rows
   const std::uint64_t token = keys[i] >> 32;
@@ -206,9 +235,16 @@ __global__ void __launch_bounds__(embedding_backward_block)
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   float acc = 0.0f;
-  for (std::int64_t j = i; j < rows && (keys[j] >> 32) == token; ++j) {
-    const std::int64_t row = static_cast<std::int64_t>(keys[j] & 0xffffffffu);
-    acc += to_float(dout[row * channels + c]);
+  if (scale > 0.0f) {
+    for (std::int64_t j = i; j < rows && (keys[j] >> 32) == token; ++j) {
+      const std::int64_t row = static_cast<std::int64_t>(keys[j] & 0xffffffffu);
+      acc += embedding_scaled(dout[row * channels + c], scale);
+    }
+  } else {
+    for (std::int64_t j = i; j < rows && (keys[j] >> 32) == token; ++j) {
+      const std::int64_t row = static_cast<std::int64_t>(keys[j] & 0xffffffffu);
+      acc += to_float(dout[row * channels + c]);
+    }
   }
   T* w = dwte + static_cast<std::int64_t>(token) * channels + c;
   *w = from_float<T>(to_float(*w) + acc);
@@ -230,29 +266,36 @@ __global__ void embedding_backward_wpe_kernel(T* dwpe, const T* dout, std::int64
 }  // namespace detail
 
 /// out[B·S, C] from tokens[B·S] (int32 ids in [0, V)), wte[V, C] and wpe[pos0 + S, C] (may be
-/// null; token s of a sequence reads row pos0 + s, as the CPU's embedding_forward).
+/// null; token s of a sequence reads row pos0 + s, as the CPU's embedding_forward). scale > 0: the
+/// token's row times scale, both rounded to T, before the position is added.
 template <storage_type T>
 void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, std::int64_t batch,
-                       std::int64_t seq, std::int64_t channels, cudaStream_t stream = nullptr, std::int64_t pos0 = 0) {
+                       std::int64_t seq, std::int64_t channels, cudaStream_t stream = nullptr, std::int64_t pos0 = 0,
+                       float scale = 0.0f) {
   if (pos0 < 0) throw std::invalid_argument("embedding_forward: pos0 must not be negative");
+  if (!(scale >= 0.0f)) throw std::invalid_argument("embedding_forward: scale must not be negative");
   const std::int64_t rows = batch * seq;
   constexpr int w = max_vec_width(sizeof(T));
   const int width =
       wpe != nullptr ? common_vec_width(w, channels, out, wte, wpe) : common_vec_width(w, channels, out, wte);
   launch_pointwise<w>(rows * channels, width,
-                      detail::embedding_forward_op<T>{out, tokens, wte, wpe, seq, channels, pos0}, stream,
-                      "embedding_forward");
+                      detail::embedding_forward_op<T>{out, tokens, wte, wpe, seq, channels, pos0,
+                                                      embedding_storage_scale<T>(scale)},
+                      stream, "embedding_forward");
 }
 
-/// out[N, C]: wte_part[tok − vocab_begin] for tokens in [vocab_begin, vocab_begin + vocab_rows), else 0.
+/// out[N, C]: wte_part[tok − vocab_begin] for tokens in [vocab_begin, vocab_begin + vocab_rows), else 0;
+/// scale > 0: times scale, as embedding_forward.
 template <storage_type T>
 void embedding_forward_vocab_range(T* out, const std::int32_t* tokens, const T* wte_part, std::int64_t vocab_begin,
                                    std::int64_t vocab_rows, std::int64_t rows, std::int64_t channels,
-                                   cudaStream_t stream = nullptr) {
+                                   cudaStream_t stream = nullptr, float scale = 0.0f) {
+  if (!(scale >= 0.0f)) throw std::invalid_argument("embedding_forward_vocab_range: scale must not be negative");
   constexpr int w = max_vec_width(sizeof(T));
   launch_pointwise<w>(rows * channels, common_vec_width(w, channels, out, wte_part),
-                      detail::embedding_vocab_range_op<T>{out, tokens, wte_part, vocab_begin, vocab_rows, channels}, stream,
-                      "embedding_forward_vocab_range");
+                      detail::embedding_vocab_range_op<T>{out, tokens, wte_part, vocab_begin, vocab_rows, channels,
+                                                          embedding_storage_scale<T>(scale)},
+                      stream, "embedding_forward_vocab_range");
 }
 
 /// x[N, C] += wpe[(row0 + n) % seq, :], rounded once per element.
@@ -267,10 +310,12 @@ void position_add(T* x, const T* wpe, std::int64_t row0, std::int64_t rows, std:
 
 /// dwte += scatter of dout by token, dwpe += sum over the batch (either may be null). `workspace`
 /// holds embedding_backward_workspace_bytes(B·S) bytes, 8-byte aligned (only needed for dwte).
+/// scale > 0: dwte gets round_T(dout·round_T(scale)) (the forward's scale); dwpe is unscaled.
 template <storage_type T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, std::int64_t batch,
                         std::int64_t seq, std::int64_t channels, void* workspace, std::size_t workspace_bytes,
-                        cudaStream_t stream = nullptr) {
+                        cudaStream_t stream = nullptr, float scale = 0.0f) {
+  if (!(scale >= 0.0f)) throw std::invalid_argument("embedding_backward: scale must not be negative");
   const std::int64_t rows = batch * seq;
   if (rows <= 0 || channels <= 0) return;
   if (rows > INT_MAX) throw std::invalid_argument("embedding_backward: more than INT_MAX token rows");
@@ -292,18 +337,19 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tok
   MEMALG_CUDA_CHECK_LAUNCH("embedding_keys_kernel");
   detail::bitonic_sort(keys, padded, stream);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div(channels, embedding_backward_block)));
-  detail::embedding_backward_wte_kernel<<<grid, embedding_backward_block, 0, stream>>>(dwte, dout, keys, rows,
-                                                                                      channels);
+  detail::embedding_backward_wte_kernel<<<grid, embedding_backward_block, 0, stream>>>(
+      dwte, dout, keys, rows, channels, embedding_storage_scale<T>(scale));
   MEMALG_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
 }
 
 /// dwte_part[vocab_rows, C] += the rows of dout[N, C] whose tokens lie in [vocab_begin,
 /// vocab_begin + vocab_rows), grouped by token (ascending rows) and rounded once per row;
-/// `workspace` as embedding_backward's for N rows.
+/// `workspace` as embedding_backward's for N rows; scale as embedding_backward's.
 template <storage_type T>
 void embedding_backward_vocab_range(T* dwte_part, const T* dout, const std::int32_t* tokens, std::int64_t vocab_begin,
                                     std::int64_t vocab_rows, std::int64_t rows, std::int64_t channels, void* workspace,
-                                    std::size_t workspace_bytes, cudaStream_t stream = nullptr) {
+                                    std::size_t workspace_bytes, cudaStream_t stream = nullptr, float scale = 0.0f) {
+  if (!(scale >= 0.0f)) throw std::invalid_argument("embedding_backward_vocab_range: scale must not be negative");
   if (rows <= 0 || channels <= 0 || vocab_rows <= 0) return;
   if (rows > INT_MAX) throw std::invalid_argument("embedding_backward_vocab_range: more than INT_MAX token rows");
   if (workspace == nullptr || workspace_bytes < embedding_backward_workspace_bytes(rows) ||
@@ -318,8 +364,8 @@ void embedding_backward_vocab_range(T* dwte_part, const T* dout, const std::int3
   MEMALG_CUDA_CHECK_LAUNCH("embedding_keys_kernel");
   detail::bitonic_sort(keys, padded, stream);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div(channels, embedding_backward_block)));
-  detail::embedding_backward_wte_kernel<<<grid, embedding_backward_block, 0, stream>>>(dwte_part, dout, keys, rows,
-                                                                                      channels);
+  detail::embedding_backward_wte_kernel<<<grid, embedding_backward_block, 0, stream>>>(
+      dwte_part, dout, keys, rows, channels, embedding_storage_scale<T>(scale));
   MEMALG_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
 }
 

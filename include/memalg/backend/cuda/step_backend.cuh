@@ -409,12 +409,13 @@ class step_backend {
       if (o.wte.count != std::size_t{o.vocab_rows} * o.C) fail("embedding_fwd: wte is not [vocab_rows, C]");
       if (o.out.count < std::size_t{o.B} * o.S * o.C) fail("embedding_fwd: out holds fewer than B·S rows of C");
       embedding_forward_vocab_range(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), o.vocab_begin, o.vocab_rows,
-                                    std::int64_t{o.B} * o.S, o.C, stream());
+                                    std::int64_t{o.B} * o.S, o.C, stream(), on(o.scale));
       return;
     }
     if (!o.wpe.null() && o.wpe.count < (std::uint64_t{o.pos0} + o.S) * o.C)
       fail("embedding_fwd: wpe has fewer than pos0 + S rows of C");
-    embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, stream(), o.pos0);
+    embedding_forward(ptr<T>(o.out), ids(o.tok, s), cptr<T>(o.wte), cptr<T>(o.wpe), o.B, o.S, o.C, stream(), o.pos0,
+                      on(o.scale));
   }
   void operator()(const exec::ops::embedding_bwd& o, exec::run_state& s) {
     if (o.vocab_rows != 0) {
@@ -422,14 +423,14 @@ class step_backend {
       if (std::size_t{o.B} * o.S > sort_rows_) fail("embedding_bwd: more token rows than the scratch sorts");
       const T* dout = cptr<T>(o.dout);
       embedding_backward_vocab_range(ptr<T>(o.dwte), dout, ids(o.tok, s), o.vocab_begin, o.vocab_rows,
-                                     std::int64_t{o.B} * o.S, o.C, sort_keys_, sort_bytes_, stream());
+                                     std::int64_t{o.B} * o.S, o.C, sort_keys_, sort_bytes_, stream(), on(o.scale));
       if (!o.dwpe.null())
         embedding_backward(static_cast<T*>(nullptr), ptr<T>(o.dwpe), dout, ids(o.tok, s), o.B, o.S, o.C, sort_keys_,
                            sort_bytes_, stream());
       return;
     }
     embedding_backward(ptr<T>(o.dwte), ptr<T>(o.dwpe), cptr<T>(o.dout), ids(o.tok, s), o.B, o.S, o.C, sort_keys_,
-                       sort_bytes_, stream());
+                       sort_bytes_, stream(), on(o.scale));
   }
   void operator()(const exec::ops::norm_fwd& o, exec::run_state&) {
     stats(o.N);
@@ -478,18 +479,20 @@ class step_backend {
   }
   void operator()(const exec::ops::attention_fwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
-    if (o.sh.flash) attention_flash_forward(ptr<T>(o.out), ptr<A>(o.probs_or_lse), cptr<T>(o.qkv), sh, stream());
-    else attention_naive_forward(ptr<T>(o.out), ptr<T>(o.probs_or_lse), cptr<T>(o.qkv), sh, stream());
+    const attention_variant v = variant(o.sh);
+    if (o.sh.flash) attention_flash_forward(ptr<T>(o.out), ptr<A>(o.probs_or_lse), cptr<T>(o.qkv), sh, v, stream());
+    else attention_naive_forward(ptr<T>(o.out), ptr<T>(o.probs_or_lse), cptr<T>(o.qkv), sh, v, stream());
   }
   void operator()(const exec::ops::attention_bwd& o, exec::run_state&) {
     const attention_shape sh = shape(o.sh);
+    const attention_variant v = variant(o.sh);
     if (o.sh.flash) {
       attention_flash_backward(ptr<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.out), cptr<A>(o.probs_or_lse),
-                               sh, stream());
+                               sh, v, stream());
       return;
     }
     if (static_cast<std::size_t>(sh.stat_elements()) > row_dots_count_) fail("attention_bwd: more rows than the scratch holds");
-    attention_naive_backward(ptr<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.probs_or_lse), sh, row_dots_,
+    attention_naive_backward(ptr<T>(o.dqkv), cptr<T>(o.dout), cptr<T>(o.qkv), cptr<T>(o.probs_or_lse), sh, v, row_dots_,
                              stream());
   }
   void operator()(const exec::ops::rotary_fwd& o, exec::run_state&) {
@@ -529,10 +532,11 @@ class step_backend {
                         sh.rows(), o.sh.H, o.sh.Hkv, o.sh.D, static_cast<float>(o.eps), stream());
   }
   void operator()(const exec::ops::activation_fwd& o, exec::run_state&) {
-    if (o.k == exec::ops::activation_kind::swiglu) {
+    if (o.k == exec::ops::activation_kind::swiglu || o.k == exec::ops::activation_kind::geglu) {
       const std::size_t nf = std::size_t{o.N} * o.F;
-      if (o.out.count != nf || o.in.count != 2 * nf) fail("activation_fwd: swiglu takes [N, 2F] to [N, F]");
-      swiglu_forward(ptr<T>(o.out), cptr<T>(o.in), o.N, o.F, stream());
+      if (o.out.count != nf || o.in.count != 2 * nf) fail("activation_fwd: a gated unit takes [N, 2F] to [N, F]");
+      if (o.k == exec::ops::activation_kind::swiglu) swiglu_forward(ptr<T>(o.out), cptr<T>(o.in), o.N, o.F, stream());
+      else geglu_forward(ptr<T>(o.out), cptr<T>(o.in), o.N, o.F, stream());
       return;
     }
     same_count(o.out, o.in);
@@ -544,17 +548,23 @@ class step_backend {
     }
   }
   void operator()(const exec::ops::activation_bwd& o, exec::run_state&) {
-    if (o.k == exec::ops::activation_kind::swiglu) {
+    if (o.k == exec::ops::activation_kind::swiglu || o.k == exec::ops::activation_kind::geglu) {
+      const bool swiglu = o.k == exec::ops::activation_kind::swiglu;
       const std::size_t nf = std::size_t{o.N} * o.F;
       if (o.dout.count != nf || o.din.count != 2 * nf || o.in.count != 2 * nf)
-        fail("activation_bwd: swiglu takes d[N, F] to d[N, 2F]");
+        fail("activation_bwd: a gated unit takes d[N, F] to d[N, 2F]");
       T* din = ptr<T>(o.din);
       const T* dout = cptr<T>(o.dout);
       const T* in = cptr<T>(o.in);
-      if (dout == din) swiglu_backward_in_place(din, in, o.N, o.F, stream());  // the program's form
-      else if (o.dout.offset + o.dout.bytes() <= o.din.offset || o.din.offset + o.din.bytes() <= o.dout.offset)
-        swiglu_backward(din, dout, in, o.N, o.F, stream());
-      else fail("activation_bwd: swiglu's dout may only be the first half of din or apart from it");
+      if (dout == din) {  // the program's form
+        if (swiglu) swiglu_backward_in_place(din, in, o.N, o.F, stream());
+        else geglu_backward_in_place(din, in, o.N, o.F, stream());
+      } else if (o.dout.offset + o.dout.bytes() <= o.din.offset || o.din.offset + o.din.bytes() <= o.dout.offset) {
+        if (swiglu) swiglu_backward(din, dout, in, o.N, o.F, stream());
+        else geglu_backward(din, dout, in, o.N, o.F, stream());
+      } else {
+        fail("activation_bwd: a gated unit's dout may only be the first half of din or apart from it");
+      }
       return;
     }
     same_count(o.din, o.dout);
@@ -615,7 +625,11 @@ class step_backend {
     const bool chunk = o.rows_total != 0 && o.rows_total != o.N;
     const float share = chunk ? static_cast<float>(o.N) / static_cast<float>(o.rows_total) : 1.0f;
     const float dloss = share / static_cast<float>(o.grad_accum);  // no loss scale on this backend
-    cross_entropy_fused(token_losses_, logits, logits, tgt, dloss, o.N, o.V, stream());
+    // Gemma 2's final logit softcapping: the logits capped in place first; the gradient goes back
+    // through the cap (the CPU's logit_softcap, then cross_entropy_backward with the cap).
+    const float cap = on(o.softcap);
+    if (cap > 0) logit_softcap(logits, std::int64_t{o.N} * o.V, cap, stream());
+    cross_entropy_fused(token_losses_, logits, logits, tgt, dloss, o.N, o.V, stream(), cap);
     mean_reduce(scalars_ + micro_loss_slot, token_losses_, o.N, stream());
     if (chunk) scalar(detail::step::scalar_kind::div, micro_loss_slot, 0, 1.0f / share);
     scalar(detail::step::scalar_kind::add, static_cast<int>(o.acc), micro_loss_slot);
@@ -1092,6 +1106,10 @@ class step_backend {
 
   Comm& group(exec::group g) { return g == exec::group::dp ? dp_ : g == exec::group::tp ? tp_ : pp(); }
   static attention_shape shape(const exec::attn_shape& s) { return {s.B, s.S, s.H, s.Hkv, s.D, s.causal}; }
+  /// Gemma 2's variants of an attention (launch.cuh's attention_shape has no room for them).
+  static attention_variant variant(const exec::attn_shape& s) { return {s.window, on(s.softcap), on(s.scale)}; }
+  /// A variant's float as the CPU backend reads it: on when > 0, else 0 (off).
+  static float on(float x) { return x > 0 ? x : 0.0f; }
   void stats(std::size_t N) const {
     if (N > stat_rows_) fail("a norm has more rows than the scratch holds");
   }
