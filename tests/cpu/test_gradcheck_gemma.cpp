@@ -27,13 +27,6 @@ using vec = std::vector<double>;
 
 namespace {
 
-double max_abs_diff(const vec& a, const vec& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
-
 /// transformers' Gemma2Attention with eager_attention_forward, written as there on the fused qkv
 /// layout of attention.hpp: scores = q·kᵀ·scaling (scaling = query_pre_attn_scalar^−½, or 1/√D);
 /// with attn_logit_softcapping: scores / cap, tanh, · cap; then the causal mask, narrowed to the

@@ -25,13 +25,6 @@ using vec = std::vector<double>;
 
 namespace {
 
-double max_abs_diff(const vec& a, const vec& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
-
 /// transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb, written as there: emb = cat(freqs,
 /// freqs), x_rot·cos + rotate_half(x_rot)·sin on the first R dims of each head, the rest passes.
 vec hf_rope(const vec& x, std::size_t N, std::size_t S, std::size_t heads, std::size_t D, std::size_t R,

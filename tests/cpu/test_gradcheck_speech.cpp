@@ -29,13 +29,6 @@ using mask_t = std::vector<std::uint8_t>;
 
 namespace {
 
-double max_abs_diff(const vec& a, const vec& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
-
 /// nn.Conv1d(padding="same") as PyTorch defines it, on the channel-major [B, C, S] layout:
 /// pad ⌊(K−1)/2⌋ zeros on the left and the rest on the right, then cross-correlate.
 vec torch_conv1d(const vec& x_bcs, const vec& W, const vec& bias, std::size_t B, std::size_t S, std::size_t IC,

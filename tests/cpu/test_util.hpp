@@ -46,6 +46,14 @@ inline std::vector<double> minus(const std::vector<double>& a, const std::vector
   return r;
 }
 
+/// The largest |a − b| over two equally long vectors.
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
 inline std::vector<double> nans(std::size_t n) {
   return std::vector<double>(n, std::numeric_limits<double>::quiet_NaN());
 }

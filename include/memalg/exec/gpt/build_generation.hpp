@@ -149,6 +149,20 @@ class gpt_generation : gpt_state {
     }
   }
 
+  /// x += in · W[w]ᵀ (+ W[bias]), IC inputs per row: a sub-layer's last product (the
+  /// out-projection, FC2) into a transient, its bias after the product as training's row-parallel
+  /// product adds it, then the residual sum; `in` (the saved side's top) is released after its read.
+  void residual_product(const operand& x, const operand& in, const operand& W, std::size_t w, std::size_t bias,
+                        std::size_t IC, std::string_view name) {
+    const std::size_t C = c_.hidden, N = x.count / C;
+    operand y = alloc(name, N * C, T_, side::transient);
+    emit(ops::linear_fwd{y, in, sub(W, w, C * IC), operand{}, u32(N), u32(IC), u32(C)});
+    if (c_.bias) emit(ops::bias_add{y, sub(W, bias, C), u32(N), u32(C)});
+    pop(in);
+    emit(ops::residual_add{x, x, y});
+    pop(y);
+  }
+
   /// One forward over q new tokens per sequence at positions pos0 …: the prefill (pos0 = 0, the
   /// training step's attention core) or a decode step (q = 1, attention over the cache). Ends
   /// with the sampled ids of the B sequences in `next`.
@@ -187,13 +201,7 @@ class gpt_generation : gpt_state {
         emit(ops::cached_attention_fwd{att, qkv, cache_[l], sh, u32(pos0), u32(L)});
       }
       pop(qkv);
-      // the out-projection, its bias after the product (as training's row-parallel product)
-      operand proj = alloc("proj_out", N * C, T_, side::transient);
-      emit(ops::linear_fwd{proj, att, sub(W, b.proj_w, C * Wd), operand{}, n, u32(Wd), cc});
-      if (bias) emit(ops::bias_add{proj, sub(W, b.proj_b, C), n, cc});
-      pop(att);
-      emit(ops::residual_add{x, x, proj});
-      pop(proj);
+      residual_product(x, att, W, b.proj_w, b.proj_b, Wd, "proj_out");
       operand a2 = alloc("ln2_out", N * C, T_, side::saved);
       emit(ops::norm_fwd{a2, x, sub(W, b.ln2_w, C), nb ? sub(W, b.ln2_b, C) : operand{}, n, cc, rms, norm_eps(),
                          norm_offset()});
@@ -203,12 +211,7 @@ class gpt_generation : gpt_state {
       operand act = alloc("gelu_out", N * F, T_, side::saved);
       emit(ops::activation_fwd{act, fc1, c_.gated ? ops::activation_kind::swiglu : ops::activation_kind::gelu, n, u32(F)});
       pop(fc1);
-      operand fc2 = alloc("fc2_out", N * C, T_, side::transient);
-      emit(ops::linear_fwd{fc2, act, sub(W, b.fc2_w, C * F), operand{}, n, u32(F), cc});
-      if (bias) emit(ops::bias_add{fc2, sub(W, b.fc2_b, C), n, cc});
-      pop(act);
-      emit(ops::residual_add{x, x, fc2});
-      pop(fc2);
+      residual_product(x, act, W, b.fc2_w, b.fc2_b, F, "fc2_out");
     }
     // Each sequence's last position: the final norm, the output layer, the greedy choice.
     operand last = alloc("last_rows", B * C, T_, side::transient);
