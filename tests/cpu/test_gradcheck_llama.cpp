@@ -15,6 +15,7 @@
 
 #include "memalg/backend/cpu/activation.hpp"
 #include "memalg/backend/cpu/attention.hpp"
+#include "memalg/backend/cpu/generation.hpp"
 #include "memalg/backend/cpu/qk_norm.hpp"
 #include "memalg/backend/cpu/rotary.hpp"
 #include "test_util.hpp"
@@ -415,6 +416,54 @@ TEST_CASE("gradcheck: Llama attention core (rope on q, k → grouped-query flash
       check_gradient("dqkv", qkv, dqkv, loss);
     }
   }
+}
+
+// ---- the generation program's key/value cache ------------------------------------------------
+
+TEST_CASE("kv cache: a prefill then decode steps over the cache equal transformers' attention over the whole sequence") {
+  // Sequences of S tokens, in one fused qkv; the generation program appends the first P tokens'
+  // keys and values to the cache and attends their queries over it, then each later token's
+  // alone, at its position. Every query's output must be the eager attention's of the whole
+  // sequence at that row (GQA, MQA and multi-head; fp64).
+  for (const auto& full : {cpu::attention_shape{2, 9, 4, 2, 3, true}, cpu::attention_shape{1, 7, 3, 1, 5, true},
+                           cpu::attention_shape{2, 6, 2, 2, 4, true}}) {
+    CAPTURE(full.H);
+    CAPTURE(full.Hkv);
+    const std::size_t S = full.S, B = full.B, W = full.qkv_width(), O = full.out_width(), P = 4;
+    const vec qkv = randn(full.rows() * W, 21);
+    const vec ref = hf_attention(qkv, full);
+    vec kv(B * S * 2 * full.Hkv * full.D, std::numeric_limits<double>::quiet_NaN());  // unwritten positions are NaN
+    vec out(full.rows() * O);
+    for (std::size_t pos0 = 0; pos0 < S;) {
+      const std::size_t q = pos0 == 0 ? P : 1;
+      const cpu::attention_shape step{B, q, full.H, full.Hkv, full.D, true};
+      vec rows(B * q * W), got(B * q * O);
+      for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t t = 0; t < q; ++t)
+          for (std::size_t c = 0; c < W; ++c) rows[(b * q + t) * W + c] = qkv[(b * S + pos0 + t) * W + c];
+      cpu::kv_append(kv.data(), rows.data(), step, pos0, S);
+      cpu::cached_attention_forward(got.data(), rows.data(), kv.data(), step, pos0, S);
+      for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t t = 0; t < q; ++t)
+          for (std::size_t c = 0; c < O; ++c) out[(b * S + pos0 + t) * O + c] = got[(b * q + t) * O + c];
+      pos0 += q;
+    }
+    CHECK(max_abs_diff(out, ref) <= 1e-13);
+  }
+  // Positions past the cache are refused.
+  vec kv(2 * 4 * 2 * 2 * 3), rows(2 * 2 * (4 + 2 * 2) * 3);
+  CHECK_THROWS_AS(cpu::kv_append(kv.data(), rows.data(), cpu::attention_shape{2, 2, 4, 2, 3, true}, 3, 4),
+                  std::invalid_argument);
+}
+
+TEST_CASE("argmax: the smallest index of the largest logit; a NaN counts as the largest (torch.argmax)") {
+  const vec logits = {0.5, 2.0, 2.0, -1.0,  // a tie: the first
+                      -3.0, -2.0, -5.0, -2.5, std::numeric_limits<double>::quiet_NaN(), 9.0, std::numeric_limits<double>::quiet_NaN(), 1.0};
+  std::int32_t out[3] = {-1, -1, -1};
+  cpu::argmax_rows(out, logits.data(), 3, 4);
+  CHECK(out[0] == 1);
+  CHECK(out[1] == 1);
+  CHECK(out[2] == 0);
 }
 
 TEST_CASE("rope: 16-bit and float storage round the accum_t result once") {

@@ -22,14 +22,6 @@ namespace cpu = memalg::backend::cpu;
 using namespace memalg_test;
 using vec = std::vector<double>;
 
-namespace {
-double max_abs_diff(const vec& a, const vec& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  return a.size() == b.size() ? worst : INFINITY;
-}
-}  // namespace
-
 TEST_CASE("gradcheck: vocabulary-parallel embedding against the unsharded one") {
   const std::size_t B = 2, S = 5, C = 3, V = 12;
   const std::vector<std::int32_t> tok = {1, 11, 1, 0, 7, 3, 11, 2, 6, 0};  // repeats and every shard hit

@@ -961,7 +961,7 @@ constexpr memalg_forward memalg_forward_stacks(const memalg_blocks& blk, std::ui
   tape t{};
   const bytes x = act(C);
   t.alloc(x);  // the residual stream, from the embedding to the last block
-  for (int i = 0; i < (blk.count > 0 ? 1 : 0); ++i) {  // every block alike: one holds the peak
+  {  // one block: every block is alike and ends holding what it started with, so one holds the peak
     t.alloc(act(C));   // ln1_out
     t.alloc(act(Q));   // qkv
     t.free(act(C));

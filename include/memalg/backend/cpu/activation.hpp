@@ -108,7 +108,6 @@ A gelu_slope(A x) {
 /// in[N, 2F] = [gate ‖ up]; out[N, F] = gelu(gate)·up.
 template <storage_type T>
 void geglu_forward(T* out, const T* in, std::size_t N, std::size_t F) {
-  using A = accum_t<T>;
   for (std::size_t n = 0; n < N; ++n) {
     const T* gate = in + n * 2 * F;
     const T* up = gate + F;
