@@ -27,42 +27,6 @@ using vec = std::vector<double>;
 
 namespace {
 
-/// transformers' Gemma2Attention with eager_attention_forward, written as there on the fused qkv
-/// layout of attention.hpp: scores = q·kᵀ·scaling (scaling = query_pre_attn_scalar^−½, or 1/√D);
-/// with attn_logit_softcapping: scores / cap, tanh, · cap; then the causal mask, narrowed to the
-/// last `window` positions on a sliding layer (j > t − window); softmax; · v (repeat_kv: query
-/// head h reads kv head h / (H/Hkv)).
-vec hf_gemma2_attention(const vec& qkv, const cpu::attention_shape& sh) {
-  const std::size_t W = sh.qkv_width(), S = sh.S, D = sh.D, rep = sh.H / sh.Hkv;
-  const double scaling = sh.scale > 0 ? sh.scale : 1.0 / std::sqrt(double(D));
-  vec out(sh.rows() * sh.out_width());
-  for (std::size_t b = 0; b < sh.B; ++b)
-    for (std::size_t h = 0; h < sh.H; ++h) {
-      const std::size_t g = h / rep;
-      for (std::size_t t = 0; t < S; ++t) {
-        vec s(S);
-        for (std::size_t j = 0; j < S; ++j) {
-          double d = 0;
-          for (std::size_t c = 0; c < D; ++c)
-            d += qkv[(b * S + t) * W + h * D + c] * qkv[(b * S + j) * W + (sh.H + g) * D + c];
-          d *= scaling;
-          if (sh.softcap > 0) d = std::tanh(d / sh.softcap) * sh.softcap;
-          const bool masked = (sh.causal && j > t) || (sh.window > 0 && j + sh.window <= t);
-          s[j] = masked ? -std::numeric_limits<double>::infinity() : d;
-        }
-        const double mx = *std::max_element(s.begin(), s.end());
-        double z = 0;
-        for (auto& v : s) z += (v = std::exp(v - mx));
-        for (std::size_t c = 0; c < D; ++c) {
-          double o = 0;
-          for (std::size_t j = 0; j < S; ++j) o += s[j] / z * qkv[(b * S + j) * W + (sh.H + sh.Hkv + g) * D + c];
-          out[(b * S + t) * sh.out_width() + h * D + c] = o;
-        }
-      }
-    }
-  return out;
-}
-
 cpu::attention_shape with(cpu::attention_shape sh, std::size_t window, double softcap, double scale) {
   sh.window = window;
   sh.softcap = softcap;
@@ -88,7 +52,7 @@ TEST_CASE("gemma2 attention: naive and flash equal transformers' eager attention
     CAPTURE(sh.softcap);
     CAPTURE(sh.scale);
     const vec qkv = randn(sh.rows() * sh.qkv_width(), 17, 1.5);
-    const vec ref = hf_gemma2_attention(qkv, sh);
+    const vec ref = hf_attention(qkv, sh);
     vec out(ref.size()), att(sh.B * sh.H * sh.S * sh.S);
     cpu::attention_naive_forward(out.data(), att.data(), qkv.data(), sh);
     CHECK(max_abs_diff(out, ref) <= 1e-13);
@@ -101,7 +65,7 @@ TEST_CASE("gemma2 attention: naive and flash equal transformers' eager attention
   // The variants change the result: a window, a cap and a scale each move the output.
   const cpu::attention_shape plain{2, 7, 4, 2, 3, true};
   const vec qkv = randn(plain.rows() * plain.qkv_width(), 18, 1.5);
-  const vec base = hf_gemma2_attention(qkv, plain);
+  const vec base = hf_attention(qkv, plain);
   for (const auto& sh : {with(plain, 3, 0, 0), with(plain, 0, 0.7, 0), with(plain, 0, 0, 0.25)}) {
     vec out(base.size());
     cpu::attention_naive_forward(out.data(), static_cast<double*>(nullptr), qkv.data(), sh);

@@ -53,35 +53,6 @@ vec hf_rope(const vec& x, std::size_t N, std::size_t S, std::size_t heads, std::
   return y;
 }
 
-/// transformers' eager_attention_forward: repeat_kv (query head h reads kv head h / (H/Hkv)),
-/// softmax(q·kᵀ/√D + causal mask)·v, on the fused qkv layout of attention.hpp.
-vec hf_attention(const vec& qkv, const cpu::attention_shape& sh) {
-  const std::size_t W = sh.qkv_width(), S = sh.S, D = sh.D, rep = sh.H / sh.Hkv;
-  vec out(sh.rows() * sh.out_width());
-  for (std::size_t b = 0; b < sh.B; ++b)
-    for (std::size_t h = 0; h < sh.H; ++h) {
-      const std::size_t g = h / rep;
-      for (std::size_t t = 0; t < S; ++t) {
-        vec s(S);
-        for (std::size_t j = 0; j < S; ++j) {
-          double d = 0;
-          for (std::size_t c = 0; c < D; ++c)
-            d += qkv[(b * S + t) * W + h * D + c] * qkv[(b * S + j) * W + (sh.H + g) * D + c];
-          s[j] = (sh.causal && j > t) ? -std::numeric_limits<double>::infinity() : d / std::sqrt(double(D));
-        }
-        const double mx = *std::max_element(s.begin(), s.end());
-        double z = 0;
-        for (auto& v : s) z += (v = std::exp(v - mx));
-        for (std::size_t c = 0; c < D; ++c) {
-          double o = 0;
-          for (std::size_t j = 0; j < S; ++j) o += s[j] / z * qkv[(b * S + j) * W + (sh.H + sh.Hkv + g) * D + c];
-          out[(b * S + t) * sh.out_width() + h * D + c] = o;
-        }
-      }
-    }
-  return out;
-}
-
 }  // namespace
 
 // ---- RoPE --------------------------------------------------------------------------------------

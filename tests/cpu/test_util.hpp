@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "memalg/backend/cpu/attention.hpp"
 #include "memalg/core/float16.hpp"
 
 namespace memalg_test {
@@ -84,6 +85,42 @@ void check_gradient(const std::string& name, std::vector<double>& x, const std::
   }
   INFO(name << ": worst element " << worst_i << " analytic " << analytic[worst_i] << " finite difference " << worst_fd);
   CHECK(worst <= tol);
+}
+
+/// transformers' eager_attention_forward (Llama's; with Gemma2Attention's variants), written as there
+/// on the fused qkv layout of attention.hpp: scores = q·kᵀ·scaling (scaling = query_pre_attn_scalar^−½, or 1/√D);
+/// with attn_logit_softcapping: scores / cap, tanh, · cap; then the causal mask, narrowed to the
+/// last `window` positions on a sliding layer (j > t − window); softmax; · v (repeat_kv: query
+/// head h reads kv head h / (H/Hkv)).
+inline std::vector<double> hf_attention(const std::vector<double>& qkv, const memalg::backend::cpu::attention_shape& sh) {
+  const std::size_t W = sh.qkv_width(), S = sh.S, D = sh.D, rep = sh.H / sh.Hkv;
+  const double scaling = sh.scale > 0 ? sh.scale : 1.0 / std::sqrt(double(D));
+  std::vector<double> out(sh.rows() * sh.out_width());
+  for (std::size_t b = 0; b < sh.B; ++b)
+    for (std::size_t h = 0; h < sh.H; ++h) {
+      const std::size_t g = h / rep;
+      for (std::size_t t = 0; t < S; ++t) {
+        std::vector<double> s(S);
+        for (std::size_t j = 0; j < S; ++j) {
+          double d = 0;
+          for (std::size_t c = 0; c < D; ++c)
+            d += qkv[(b * S + t) * W + h * D + c] * qkv[(b * S + j) * W + (sh.H + g) * D + c];
+          d *= scaling;
+          if (sh.softcap > 0) d = std::tanh(d / sh.softcap) * sh.softcap;
+          const bool masked = (sh.causal && j > t) || (sh.window > 0 && j + sh.window <= t);
+          s[j] = masked ? -std::numeric_limits<double>::infinity() : d;
+        }
+        const double mx = *std::max_element(s.begin(), s.end());
+        double z = 0;
+        for (auto& v : s) z += (v = std::exp(v - mx));
+        for (std::size_t c = 0; c < D; ++c) {
+          double o = 0;
+          for (std::size_t j = 0; j < S; ++j) o += s[j] / z * qkv[(b * S + j) * W + (sh.H + sh.Hkv + g) * D + c];
+          out[(b * S + t) * sh.out_width() + h * D + c] = o;
+        }
+      }
+    }
+  return out;
 }
 
 /// Storage-type copies of double data.
