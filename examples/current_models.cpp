@@ -39,6 +39,23 @@ static_assert(gemma2_on<m::presets::gemma2_9b>::per_rank.total() >
                   gemma2_on<m::presets::family_preset<gemma2_uncapped>>::per_rank.total(),
               "soft-capped logits keep their tanh output");
 
+// Mixtral 8x7B on Megatron-LM (train::stacks::megatron): Megatron's softmax top-k router with its
+// load-balancing loss, and expert parallelism through its default allgather dispatcher, whose
+// rows the plan bounds by the worst routing, every token of the expert-parallel group sent to
+// this rank's experts (docs/algebra.md, "The megatron stack"; no measurement covers either, so a
+// plan says it is outside the envelope). On 32 H100s as 4 pipeline stages of 8 data-parallel
+// ranks with the distributed optimizer, a stage's 8 experts per block do not fit on one rank;
+// spread over 8 expert-parallel ranks they do, even with the worst routing's tokens.
+using megatron_training = m::train::recipe<m::precision::mixed_bf16_fp32_grads, m::optim::adam<>, m::train::batch<1, 4096>,
+                                           m::train::recompute::full, m::train::stacks::megatron>;
+template <int Ep>
+using mixtral_on = m::plan<m::presets::mixtral_8x7b, megatron_training,
+                           m::parallel::mesh<m::parallel::data<8, m::parallel::zero<1>>, m::parallel::pipeline<4>,
+                                             m::parallel::expert<Ep>>,
+                           m::device::h100_80gb>;
+static_assert(!mixtral_on<1>::fits, "every expert on every rank: Mixtral 8x7B's stage does not fit");
+static_assert(m::require_fits<mixtral_on<8>>(), "one expert per rank and block fits, whatever the routing");
+
 // Active parameters: every parameter but the routed experts a token is not sent to and the input
 // embedding table (gpt-oss's convention; model/families.hpp).
 static_assert(m::active_parameters(m::presets::gpt_oss_20b::value) < m::presets::gpt_oss_20b::value.parameters() / 5);
@@ -76,5 +93,9 @@ int main() {
               m::to_string(gemma2_on<m::presets::gemma2_9b>::per_rank.total()).c_str());
   std::printf("  without soft-capping:             %s per GPU\n",
               m::to_string(gemma2_on<m::presets::family_preset<gemma2_uncapped>>::per_rank.total()).c_str());
+  std::printf("\nMixtral 8x7B on Megatron-LM, sequence 4096, full recomputation, 32 H100s (pp 4, dp 8, ZeRO-1)\n");
+  std::printf("  expert parallelism 1: %s per GPU (does not fit)\n", m::to_string(mixtral_on<1>::per_rank.total()).c_str());
+  std::printf("  expert parallelism 8: %s per GPU (the worst routing's rows)\n",
+              m::to_string(mixtral_on<8>::per_rank.total()).c_str());
   return 0;
 }

@@ -2,6 +2,7 @@
 # Tests of the command-line tool: its functions through doctest, the binary through ctest.
 add_executable(test_cli test_cli.cpp)
 target_link_libraries(test_cli PRIVATE memalg_cli memalg_doctest_main doctest::doctest)
+target_compile_definitions(test_cli PRIVATE MEMALG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_test(NAME cli.unit COMMAND test_cli)
 memalg_cli_test_flags(test_cli cli.unit)
 set_tests_properties(cli.unit PROPERTIES LABELS "host;cli")
@@ -128,10 +129,10 @@ memalg_cli_refused(megatron_mla "plan --config ${_hf_configs}/deepseek-v3.json -
   "^memalg: error: the megatron stack does not model multi-head latent attention")
 memalg_cli_refused(megatron_sinks "plan --config ${_hf_configs}/gpt-oss-20b.json --seq 4096 --stack megatron"
   "^memalg: error: the megatron stack does not model attention sinks")
-memalg_cli_refused(megatron_softmax_router "plan --config ${_hf_configs}/qwen3-30b-a3b.json --seq 4096 --stack megatron"
-  "^memalg: error: the megatron stack models Megatron-core's Sinkhorn router only")
-memalg_cli_refused(megatron_moe_ep "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024 --dp 2 --ep 2 --stack megatron"
-  "^memalg: error: the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank")
+memalg_cli_refused(megatron_qk_norm "plan --config ${_hf_configs}/qwen3-30b-a3b.json --seq 4096 --stack megatron"
+  "^memalg: error: the megatron stack does not model norms on the query and key")
+memalg_cli_refused(megatron_moe_tp "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024 --dp 2 --tp 2 --stack megatron"
+  "^memalg: error: the megatron stack models mixture-of-experts layers on one tensor-parallel rank")
 memalg_cli_refused(pytorch_sinkhorn "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024"
   "^memalg: error: a Sinkhorn router is Megatron's")
 
@@ -170,6 +171,12 @@ memalg_cli_ok(states_alone_do_not_fit "plan --preset llama2-70b --device l4"
 memalg_cli_ok(sweep_states_only "sweep --preset gpt2-124m --world 2 --states-only" "note: model states only")
 memalg_cli_ok(default_precision "plan --preset gpt2-124m --seq 1024" "precision autocast-bf16")
 memalg_cli_ok(megatron_precision "plan --preset gpt2-124m --seq 1024 --stack megatron" "precision mixed-bf16-fp32-grads")
+# Expert parallelism and the softmax router under megatron: planned, and said to be outside the
+# measured envelope.
+memalg_cli_ok(megatron_moe_ep "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --attention flash --seq 1024 --micro-batch 4 --dp 8 --ep 2 --optimizer adam --device h100-80gb --stack megatron"
+  "ep=2 .*note: outside the megatron stack's measured envelope [(]ep: 2 [(]measured 1[.][.]1[)][)]")
+memalg_cli_ok(megatron_mixtral "plan --config ${_hf_configs}/mixtral-8x7b-v0.1.json --seq 4096 --dp 8 --ep 8 --pp 4 --recompute full --device h100-80gb --stack megatron"
+  "stack megatron.*note: outside the megatron stack's measured envelope [(]family: mixtral, .*router: softmax[)]")
 memalg_cli_ok(megatron_moe "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --attention flash --dropout 0.1 --seq 1024 --micro-batch 4 --dp 8 --optimizer adam --device h100-80gb --stack megatron --json"
   "\"parameters\": 63521792")
 memalg_cli_ok(deprecated_precision "plan --params 7B --precision amp-bf16" "precision mixed-bf16-fp32-grads"

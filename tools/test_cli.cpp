@@ -294,17 +294,96 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     }
     return std::string();
   };
+  // Megatron's softmax top-k router (TopKRouter's default, with its load-balancing loss) in
+  // place of Sinkhorn's: per MoE block the router keeps the topk indices and the fp32 softmax of
+  // the k scores (T·k·12) and the loss's fp32 softmax over the experts (T·E·4) where Sinkhorn
+  // keeps the sigmoid of top-1's logits (T·E·2); both keep the bool map (T·E). Nothing else of
+  // the step changes: the weights, the other layers and the experts' rows (R = T·k either way).
   g = f;
   g.moe_router = "softmax";
-  CHECK(refusal(g).rfind("the megatron stack models Megatron-core's Sinkhorn router only", 0) == 0);
-  g = f;
+  CHECK(refusal(g).empty());
+  {
+    // (Flash attention, as the measured test runs: the megatron stack's blocks.)
+    plan_flags fa = f, ga = g;
+    fa.attention = ga.attention = "flash";
+    const plan_inputs sink = make_inputs(fa), soft = make_inputs(ga);
+    const plan_result rs = evaluate(sink.model, sink.training, sink.mesh, sink.device);
+    const plan_result rt = evaluate(soft.model, soft.training, soft.mesh, soft.device);
+    const std::uint64_t T = 4 * 1024, E = 4, k = 1, blocks = 4;
+    CHECK(rt.per_rank.weights == rs.per_rank.weights);
+    // On the measured test's 8 data-parallel ranks Sinkhorn's router is inside the envelope and
+    // the softmax router outside it, for that reason alone.
+    plan_flags f8 = fa, g8 = ga;
+    f8.dp = g8.dp = "8";
+    f8.optimizer = g8.optimizer = "adam";
+    CHECK(envelope_report_of(make_inputs(f8)).validated);
+    const envelope_report soft8 = envelope_report_of(make_inputs(g8));
+    CHECK(!soft8.validated);
+    REQUIRE(soft8.outside.size() == 1);
+    CHECK(soft8.outside[0] == "router: softmax");
+    CHECK(rt.per_rank.activations.value - rs.per_rank.activations.value ==
+          blocks * ((T * k * 12 + T * E * 4) - T * E * 2));
+    // Four experts, top-2: the same rule at k = 2 (Sinkhorn then keeps an fp32 softmax, T·E·4).
+    plan_flags g2 = ga, f2 = fa;
+    g2.top_k = f2.top_k = "2";
+    const plan_inputs sink2 = make_inputs(f2), soft2 = make_inputs(g2);
+    CHECK(evaluate(soft2.model, soft2.training, soft2.mesh, soft2.device).per_rank.activations.value -
+              evaluate(sink2.model, sink2.training, sink2.mesh, sink2.device).per_rank.activations.value ==
+          blocks * (T * 2 * 12));
+  }
+  // Expert parallelism (the allgather dispatcher, Megatron's default): planned, outside the
+  // envelope. Each rank keeps E/ep experts' states; the group's G = T·ep tokens are gathered into
+  // Megatron's global buffer, kept from the first micro-batch on (so in the steady state, where
+  // nothing else of the step is); the rows a rank's experts receive are bounded by the worst
+  // routing, G·min(k, E/ep), not by the balanced T·k.
+  {
+    plan_flags e1 = f, e2 = f, e4 = f;
+    e1.attention = e2.attention = e4.attention = "flash";
+    e1.dp = e2.dp = e4.dp = "4";
+    e2.ep = "2";
+    e4.ep = "4";
+    CHECK(refusal(e2).empty());
+    const plan_inputs i1 = make_inputs(e1), i2 = make_inputs(e2), i4 = make_inputs(e4);
+    const plan_result r1 = evaluate(i1.model, i1.training, i1.mesh, i1.device);
+    const plan_result r2 = evaluate(i2.model, i2.training, i2.mesh, i2.device);
+    const plan_result r4 = evaluate(i4.model, i4.training, i4.mesh, i4.device);
+    CHECK(!envelope_report_of(i2).validated);
+    // 4 experts of 3·512·1344 parameters in each of 4 blocks: half of them leave each rank at ep 2.
+    CHECK(r1.per_rank.weights.value - r2.per_rank.weights.value == 4 * 2 * 3 * 512 * 1344 * 2);
+    const std::uint64_t T = 4 * 1024, h = 512;
+    const auto steady = [](const plan_result& r) { return r.most_loaded.at[static_cast<std::size_t>(phase::steady)].temporaries.value; };
+    CHECK(steady(r2) - steady(r1) == T * 2 * h * 2);
+    CHECK(steady(r4) - steady(r1) == T * 4 * h * 2);
+    // Top-1 over 4 experts: the worst routing sends all G = T·ep rows to one rank's experts.
+    CHECK(r2.per_rank.activations > r1.per_rank.activations);
+    CHECK(r4.per_rank.activations > r2.per_rank.activations);
+    // Top-2 with one expert per rank (ep 4): each token reaches a rank's one expert at most once,
+    // so the rows are bounded by G, as with top-1.
+    plan_flags k2 = e4;
+    k2.top_k = "2";
+    const plan_inputs ik = make_inputs(k2);
+    const plan_result rk = evaluate(ik.model, ik.training, ik.mesh, ik.device);
+    CHECK(rk.per_rank.weights == r4.per_rank.weights);
+    CHECK(steady(rk) == steady(r4));
+  }
   g.ep = "2";
   g.dp = "2";
-  CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank", 0) == 0);
+  g.tp = "2";
+  g.sp = true;
+  CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor-parallel rank", 0) == 0);
+  // Norms on the query and key (Megatron-core's qk_layernorm) are refused, dense or not.
+  g = plan_flags{};
+  g.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/qwen3.json";
+  g.seq = "1024";
+  g.micro_batch = "1";
+  g.stack = "megatron";
+  CHECK(refusal(g).rfind("the megatron stack does not model norms on the query and key", 0) == 0);
+  g.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/mixtral.json";
+  CHECK(refusal(g).empty());
   g = f;
   g.tp = "2";
   g.sp = true;
-  CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank", 0) == 0);
+  CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor-parallel rank", 0) == 0);
   g = f;
   g.swiglu = false;
   CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases only", 0) == 0);

@@ -571,6 +571,9 @@ TEST_CASE("the megatron stack reproduces Megatron-LM's measured memory (golden v
     const std::string name = c["name"].get<std::string>();
     CAPTURE(name);
     const plan_inputs in = make_inputs(flags_of_megatron(c));
+    // A measured test lies inside its own stack's envelope (shapes, not Hugging Face configs).
+    const envelope_report env = envelope_report_of(in);
+    CHECK_MESSAGE(env.validated, (env.outside.empty() ? std::string() : env.outside[0]));
     if (c["derived"].contains("moe")) {
       // The experts are planned by the megatron stack's MoE rule, not the paper's accounting.
       bool blocks_moe = false;
@@ -602,7 +605,7 @@ namespace {
 
 /// The values a stack's data covers, gathered case by case.
 struct observed_envelope {
-  std::set<std::string> families, precisions, attentions, recomputations, optimizers, fine_tunings;
+  std::set<std::string> families, precisions, attentions, recomputations, optimizers, fine_tunings, routers;
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> ranges;
   std::set<int> zero_stages;
   std::map<std::string, std::uint64_t> family_ranks;  ///< the most ranks a family was measured on
@@ -620,21 +623,21 @@ struct observed_envelope {
 void check_table(stack_kind s, const observed_envelope& o) {
   const stack_envelope e = envelope_of(s);
   CHECK(e.validated);
-  std::set<std::string> families;
-  for (std::string_view f : e.families)
-    if (!f.empty() || o.families.count("") != 0) families.insert(std::string(f));
-  CHECK(families == o.families);
   const auto listed = [](const auto& a) {
     std::set<std::string> out;
     for (std::string_view v : a)
       if (!v.empty()) out.insert(std::string(v));
     return out;
   };
+  std::set<std::string> families = listed(e.families);
+  if (e.shapes) families.insert("");  // (shapes: the data's family "")
+  CHECK(families == o.families);
   CHECK(listed(e.precisions) == o.precisions);
   CHECK(listed(e.attentions) == o.attentions);
   CHECK(listed(e.recomputations) == o.recomputations);
   CHECK(listed(e.optimizers) == o.optimizers);
   CHECK(listed(e.fine_tunings) == o.fine_tunings);
+  CHECK(listed(e.routers) == o.routers);
   const auto range = [&](const char* axis, measured_range r) {
     CAPTURE(axis);
     REQUIRE(o.ranges.count(axis) == 1);
@@ -690,6 +693,9 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
     p.optimizers.insert(o == "sgd" ? (c["momentum"].get<double>() > 0 ? "momentum" : "sgd")
                                    : o + (c["foreach"].get<bool>() ? "/foreach" : "/for-loop"));
     const json cfg = read_json(c["config"].get<std::string>());
+    // Every router of a measured mixture of experts is its family's own (Hugging Face's softmax top-k).
+    for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
+      if (cfg.contains(key) && cfg[key].is_number_unsigned() && cfg[key].get<std::uint64_t>() > 0) p.routers.insert("softmax");
     p.number("hidden", cfg.contains("n_embd") ? cfg["n_embd"].get<std::uint64_t>() : cfg["hidden_size"].get<std::uint64_t>());
     p.number("layers", c["layers"].get<std::uint64_t>());
     p.number("sequence", c["seq"].get<std::uint64_t>());
@@ -709,6 +715,8 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
       const json& a = c["axes"];
       const json& n = c["numbers"];
       p.families.insert(a["family"].get<std::string>());
+      for (const char* moe : {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4"})
+        if (a["family"] == moe) p.routers.insert("softmax");
       p.fine_tunings.insert("full");
       p.precisions.insert(a["precision"].get<std::string>());
       p.attentions.insert(a["attention"].get<std::string>() == "eager" ? "naive" : "flash");
@@ -759,6 +767,8 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
   for (const json& c : megatron_golden()["cases"]) {
     const json& d = c["derived"];
     m.families.insert("");
+    if (d.contains("moe"))
+      m.routers.insert(d["moe"]["load_balancing"].get<std::string>().rfind("sinkhorn", 0) == 0 ? "sinkhorn" : "softmax");
     m.precisions.insert("mixed-bf16-fp32-grads");
     m.attentions.insert("flash");
     m.recomputations.insert(d["recompute"].is_object() ? "every" : "none");

@@ -39,12 +39,14 @@ struct measured_range {
 /// by name (every value is outside).
 struct stack_envelope {
   bool validated = false;
-  std::array<std::string_view, 24> families{};     ///< Hugging Face model_type (pytorch); "" for a shape
+  std::array<std::string_view, 24> families{};     ///< Hugging Face model_type (pytorch)
+  bool shapes = false;  ///< measured on model shapes (flags, presets: no Hugging Face family)
   std::array<std::string_view, 8> precisions{};    ///< precision_policy::name
   std::array<std::string_view, 2> attentions{};    ///< "naive", "flash"
   std::array<std::string_view, 8> recomputations{};  ///< none, selective, full, full-reentrant, every
   std::array<std::string_view, 8> optimizers{};    ///< optimizer name / implementation
   std::array<std::string_view, 8> fine_tunings{};  ///< fine_tuning_name: full, lora, qlora-nf4, ...
+  std::array<std::string_view, 2> routers{};       ///< a mixture of experts' router: router_name
   measured_range sequence, micro_batch, hidden, layers, grad_accum;
   measured_range dp, tp, pp, cp, ep;
   std::array<int, 4> zero_stages{-1, -1, -1, -1};  ///< measured ZeRO / FSDP stages (-1: none)
@@ -118,6 +120,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.optimizers = {"adamw/foreach", "adamw/for-loop", "adamw/fused", "sgd", "momentum"};
       // (PEFT's LoRA and bitsandbytes' QLoRA: bench/torch/finetune.measured.json)
       e.fine_tunings = {"full", "lora", "qlora-nf4", "qlora-nf4-dq", "qlora-fp4", "frozen parts"};
+      e.routers = {"softmax"};  // Hugging Face's, as each family's modelling code routes
       e.sequence = {64, 2048};
       e.micro_batch = {1, 8};
       e.hidden = {256, 1024};
@@ -134,12 +137,13 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       break;
     case stack_kind::megatron:
       e.validated = true;
-      e.families = {""};
+      e.shapes = true;
       e.precisions = {"mixed-bf16-fp32-grads"};
       e.attentions = {"flash"};
       e.recomputations = {"none", "every"};
       e.optimizers = {"adam"};
       e.fine_tunings = {"full"};
+      e.routers = {"sinkhorn"};
       e.sequence = {1024, 8192};
       e.micro_batch = {1, 4};
       e.hidden = {512, 4096};
@@ -153,7 +157,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       break;
     case stack_kind::memalg:
       e.validated = true;
-      e.families = {""};
+      e.shapes = true;
       e.precisions = {"fp32", "mixed-bf16", "amp-fp16", "mixed-fp16"};
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "selective", "full"};
@@ -208,7 +212,8 @@ constexpr envelope_check check_envelope(const training_desc& t, const mesh_desc&
     out.add("stack", "paper (never validated)");
     return out;
   }
-  if (!detail::listed(e.families, family)) out.add("family", family.empty() ? "a shape, not a Hugging Face config" : family);
+  if (family.empty() ? !e.shapes : !detail::listed(e.families, family))
+    out.add("family", family.empty() ? "a shape, not a Hugging Face config" : family);
   if (!detail::listed(e.precisions, t.precision.name)) out.add("precision", t.precision.name);
   // (Attention is a property of the model's blocks; the caller adds it.)
   if (!detail::listed(e.recomputations, recomputation_name(t))) out.add("recompute", recomputation_name(t));
@@ -282,6 +287,20 @@ constexpr void check_listed(envelope_check& c, const std::array<std::string_view
 constexpr void check_fine_tuning(envelope_check& c, stack_kind s, std::string_view fine_tuning) {
   const stack_envelope e = envelope_of(s);
   if (e.validated) detail::check_listed(c, e.fine_tunings, "fine-tuning", fine_tuning);
+}
+
+/// A mixture of experts' router as the envelope names it: "sinkhorn" (Megatron's Sinkhorn load
+/// balancing), "softmax" (a softmax top-k: Hugging Face's routers, Megatron's TopKRouter), or ""
+/// for a block without experts.
+constexpr std::string_view router_name(const layer_desc& block) {
+  if ((block.shape.flags & layer_flags::moe) == 0) return "";
+  return block.shape.router_sinkhorn ? "sinkhorn" : "softmax";
+}
+
+/// Adds the router of `router` ("sinkhorn" / "softmax" / "") when the stack's measurements lack it.
+constexpr void check_router(envelope_check& c, stack_kind s, std::string_view router) {
+  const stack_envelope e = envelope_of(s);
+  if (e.validated && !router.empty()) detail::check_listed(c, e.routers, "router", router);
 }
 
 /// Adds the attention of `attention` ("naive" / "flash" / "") when the stack's measurements lack it.

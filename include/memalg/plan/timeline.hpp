@@ -136,8 +136,12 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
     if (m.dp * m.cp > 1 && m.zero_stage <= 1)
       for (breakdown& b : tl.at) b.comm_buffers += s.device.gradients;
   }
-  if (t.stack == stack_kind::megatron)
-    for (breakdown& b : tl.at) b.temporaries += detail::megatron_workspaces(model, d);  // (stacks/megatron.hpp)
+  if (t.stack == stack_kind::megatron) {
+    // (stacks/megatron.hpp: the cuBLAS workspaces and, under expert parallelism, the global buffer
+    // the allgather dispatcher gathers into, both kept by the process)
+    const bytes kept = detail::megatron_workspaces(model, d) + detail::megatron_global_buffer(model, activation_context_of(t, m));
+    for (breakdown& b : tl.at) b.temporaries += kept;
+  }
   tl.host = s.host;
   tl.parameters = s.parameters;
   if (acts != nullptr) {

@@ -25,14 +25,17 @@ namespace detail {
 /// the paper accounting.
 constexpr raw_activations megatron_activations(const layer_desc& l, const activation_context& c);
 
-/// Megatron-core's MoELayer (megatron/core/transformer/moe/) on one tensor- and expert-parallel
-/// rank, dropless, with the Sinkhorn router, the allgather token dispatcher (Megatron's default)
-/// and grouped-GEMM SwiGLU experts run by Transformer Engine's operation fuser; what
-/// `megatron_unmodelled` lets through. R = T·k rows are routed: with one expert-parallel rank
-/// every expert is local and dropless routing sends each token to exactly k of them, so R does
-/// not depend on the routing (docs/algebra.md, "The megatron stack"). The pre-MLP norm is the
-/// caller's. The experts' path follows the code of the measured run (Megatron-LM 6815c0fe,
-/// Transformer Engine 2.15.0); the commit the rest follows changed it since (docs/algebra.md).
+/// Megatron-core's MoELayer (megatron/core/transformer/moe/) on one tensor-parallel rank, dropless,
+/// with the Sinkhorn router or the softmax top-k router and its load-balancing loss, the allgather
+/// token dispatcher (Megatron's default) and grouped-GEMM SwiGLU experts run by Transformer
+/// Engine's operation fuser; what `megatron_unmodelled` lets through. With ep expert-parallel
+/// ranks the dispatcher gathers the G = T·ep tokens of the expert-parallel group and each rank
+/// runs its E/ep experts on the rows routed to them: R = T·k with one rank (every expert local,
+/// each token sent to exactly k of them, whatever the routing), and at most G·min(k, E/ep) with
+/// more, the case where every token of the group picks this rank's experts; the plan takes that
+/// bound (docs/algebra.md, "The megatron stack"). The pre-MLP norm is the caller's. The experts'
+/// path follows the code of the measured run (Megatron-LM 6815c0fe, Transformer Engine 2.15.0);
+/// the commit the rest follows changed it since (docs/algebra.md).
 struct megatron_moe_bytes {
   saved_bytes saved{};
   bytes forward_temporary{};
@@ -41,20 +44,53 @@ struct megatron_moe_bytes {
 constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation_context& c, std::uint64_t T) {
   megatron_moe_bytes r{};
   const std::uint64_t em = bytes_per_element_ceil(c.act), ew = bytes_per_element_ceil(c.weights);
-  const std::uint64_t h = s.hidden, f = s.ffn, E = s.experts, k = s.top_k;
-  const std::uint64_t R = checked_mul(T, k), TE = checked_mul(T, E);
+  const std::uint64_t h = s.hidden, f = s.ffn, E = s.experts, k = s.top_k, ep = c.ep;
+  const std::uint64_t El = ceil_div(E, ep), G = checked_mul(T, ep);
+  const std::uint64_t R = checked_mul(G, k < El ? k : El), TE = checked_mul(T, E), GE = checked_mul(G, El);
   const auto b = [](std::uint64_t n) { return bytes{n}; };
-  // The router (router.py, TopKRouter): RouterGatingLinearFunction (moe_utils.py) keeps its input,
-  // the pre-MLP norm's output (counted with the norm), and makes bf16 logits (moe_router_dtype
-  // unset: the input's dtype). sinkhorn_load_balancing picks the experts under no_grad and keeps
-  // the sigmoid of the logits for top-1 (bf16), the fp32 softmax for top-k (its cast back is not
-  // kept); `scores = logits * map` keeps the bool map, which the dispatcher keeps too (local_map).
-  bytes router = b(checked_mul(TE, k == 1 ? em : 4)) + b(TE);
-  // MoEAllGatherTokenDispatcher.dispatch_postprocess (token_dispatcher.py): the probabilities of
-  // the routed pairs by `probs.T.contiguous().masked_select(map.T.contiguous())`, whose backward
-  // keeps its input (T·E, the logits' dtype) and mask (bool); moe_utils.permute keeps the int64
-  // permutation (index_select's and unpermute's index_add_'s index) and gathers the routed rows.
-  router += b(checked_mul(TE, em)) + b(TE) + b(checked_mul(R, 8));
+  // The router (router.py, TopKRouter) on the rank's T tokens and all E experts:
+  // RouterGatingLinearFunction (moe_utils.py) keeps its input, the pre-MLP norm's output (counted
+  // with the norm), and makes bf16 logits (moe_router_dtype unset: the input's dtype).
+  bytes router{};
+  if (s.router_sinkhorn) {
+    // sinkhorn_load_balancing picks the experts under no_grad and keeps the sigmoid of the
+    // logits for top-1 (bf16), the fp32 softmax for top-k (its cast back is not kept);
+    // `scores = logits * map` keeps the bool map, which with one expert-parallel rank is also
+    // the dispatcher's local_map (below).
+    router = b(checked_mul(TE, k == 1 ? em : 4)) + b(TE);
+    if (ep > 1) router += b(GE);
+  } else {
+    // topk_routing_with_score_function (moe_utils.py; softmax, moe_router_pre_softmax off, not
+    // fused: Megatron's defaults): torch.topk of the logits, whose backward keeps the int64
+    // indices (derivatives.yaml, `value_selecting_reduction_backward`; the scatter into the
+    // [T, E] probabilities keeps the same tensor), and the fp32 softmax of the k scores, whose
+    // backward keeps its result (`_softmax_backward_data(grad, result, ...)`); the bool routing
+    // map is built under no autograd, and only the dispatcher's local_map of it stays (below).
+    // The load-balancing loss (`_apply_aux_loss`; compute_routing_scores_for_aux_loss) keeps
+    // the fp32 softmax over all E experts until the backward: counted whether or not
+    // --moe-aux-loss-coeff is set (Megatron's Mixtral and Qwen3-MoE recipes set it), a bound
+    // either way; switch_load_balancing_loss_func's products and MoEAuxLossAutoScaler keep
+    // E-sized tensors and a scalar.
+    router = b(checked_mul(checked_mul(T, k), 8 + 4)) + b(GE) + b(checked_mul(TE, 4));
+    // The routing's moment (forward): the logits, the [T, E] probabilities scattered from a zero
+    // tensor, the int32 map before its cast to bool and the loss's fp32 scores; backward: the
+    // probabilities' gradient, the topk backward's zero-filled [T, E] gradient, the loss's fp32
+    // softmax gradient and its cast back to the logits' dtype.
+    r.forward_temporary = b(checked_mul(TE, 2 * em + 4 + 4));
+    r.backward_temporary = b(checked_mul(TE, 3 * em + 4));
+  }
+  // MoEAllGatherTokenDispatcher (token_dispatcher.py). With ep > 1, token_dispatch gathers the
+  // group's routing map (no_grad) and probabilities ([G, E] each; the gather's backward is a
+  // reduce-scatter and keeps nothing) and its hidden states into Megatron's global "mpu" buffer
+  // (`use_global_buffer=True`; megatron_global_buffer below). dispatch_postprocess keeps the
+  // local experts' columns of the map (local_map, [G, E/ep] bool; with one rank the router's map
+  // itself) and selects the routed probabilities by `probs.T.contiguous().masked_select(...)`,
+  // whose backward keeps its input (G·E/ep, the logits' dtype) and mask (bool); moe_utils.permute
+  // keeps the int64 permutation (index_select's and unpermute's index_add_'s index) and gathers
+  // the routed rows.
+  router += b(checked_mul(GE, em)) + b(GE) + b(checked_mul(R, 8));
+  if (ep > 1)  // the gathered [G, E] probabilities and map, and the local columns' contiguous copy
+    r.forward_temporary = max_b(r.forward_temporary, b(checked_mul(checked_mul(G, E), em + 1)) + b(checked_mul(GE, em)));
   // The experts (experts.py, TEGroupedMLP._fused_forward; Transformer Engine's ops
   // GroupedLinear, ScaledSwiGLU, GroupedLinear in ops/basic/): FC1 keeps its input (the permuted
   // rows, for its weight gradient), ScaledSwiGLU its input (FC1's output, 2f wide) and its scales
@@ -62,24 +98,48 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   r.saved.weight_grad = b(checked_mul(R, checked_mul(h, em))) + b(checked_mul(R, checked_mul(f, em)));
   r.saved.input_grad = b(checked_mul(R, checked_mul(2 * f, em))) + b(checked_mul(R, em)) + router;
   // The combine: MoEAllGatherTokenDispatcher.combine_preprocess calls moe_utils.unpermute, which
-  // adds the experts' output (R·h) into a zero [T, h] tensor with index_add_; PyTorch's backward
+  // adds the experts' output (R·h) into a zero [G, h] tensor with index_add_; PyTorch's backward
   // of index_add keeps its `source` (derivatives.yaml: `grad.index_select(dim,
   // index).expand_as(source)`; IndexAddBackward0 holds source_), so FC2's output stays.
   r.saved.input_grad += b(checked_mul(R, checked_mul(h, em)));
   // Forward: ScaledSwiGLU's unscaled output beside its scaled one (R·f); unpermute allocates the
-  // [T, h] output twice under deterministic algorithms (--deterministic-mode) before its index_add_.
-  const bytes stream = b(checked_mul(T, checked_mul(h, em)));
-  r.forward_temporary = max_b(b(checked_mul(R, checked_mul(f, em))), stream * 2);
+  // [G, h] output twice under deterministic algorithms (--deterministic-mode) before its
+  // index_add_, and with ep > 1 token_combine reduce-scatters it into a new [T, h].
+  const bytes stream = b(checked_mul(T, checked_mul(h, em))), gathered = b(checked_mul(G, checked_mul(h, em)));
+  r.forward_temporary = max_b(r.forward_temporary,
+                              max_b(b(checked_mul(R, checked_mul(f, em))), gathered * 2 + (ep > 1 ? stream : bytes{})));
   // Backward, one autograd function (ops/fuser.py) holding its output gradient (R·h) throughout:
-  // FC2's input gradient (R·f) and its weight gradient (E·f·h in the weights' dtype: no gradient
-  // accumulation fusion), then ScaledSwiGLU's scaled gradient (R·f), its input gradient (R·2f) and
-  // the recomputed SwiGLU for the scales' gradient (R·f, and R for the products); then FC1's input
-  // gradient (R·h) and weight gradient (E·2f·h) beside FC2's.
-  const bytes wgrad2 = b(checked_mul(E, checked_mul(checked_mul(f, h), ew)));
+  // FC2's input gradient (R·f) and its weight gradient (E/ep·f·h in the weights' dtype: no
+  // gradient accumulation fusion), then ScaledSwiGLU's scaled gradient (R·f), its input gradient
+  // (R·2f) and the recomputed SwiGLU for the scales' gradient (R·f, and R for the products); then
+  // FC1's input gradient (R·h) and weight gradient (E/ep·2f·h) beside FC2's.
+  const bytes wgrad2 = b(checked_mul(El, checked_mul(checked_mul(f, h), ew)));
   const bytes glu = b(checked_mul(R, checked_mul(h + 5 * f + 1, em))) + wgrad2;
   const bytes fc1 = b(checked_mul(R, checked_mul(2 * h + 2 * f, em))) + wgrad2 * 3;
-  r.backward_temporary = max_b(glu, fc1);
+  r.backward_temporary = max_b(r.backward_temporary, max_b(glu, fc1));
+  // With ep > 1 the combine's backward all-gathers the output gradient ([G, h]) before
+  // unpermute's backward selects its R rows, and permute's backward adds the rows' gradients into
+  // a zero [G, h] that the gather's backward reduce-scatters into a new [T, h]
+  // (tensor_parallel/mappings.py, _ReduceScatterToSequenceParallelRegion and
+  // _GatherFromSequenceParallelRegion).
+  if (ep > 1)
+    r.backward_temporary = max_b(r.backward_temporary, gathered + b(checked_mul(R > T ? R : T, checked_mul(h, em))));
   return r;
+}
+
+/// Megatron's global memory buffer (megatron/core/utils.py, GlobalMemoryBuffer.get_tensor; its
+/// "mpu" buffer in the activations' dtype): the allgather dispatcher gathers the expert-parallel
+/// group's hidden states into it (tensor_parallel/mappings.py, `_gather_along_first_dim` with
+/// `use_global_buffer`), so with ep > 1 a [G, h] buffer, the largest of the model's MoE blocks,
+/// is allocated at the first micro-batch and kept by the process.
+constexpr bytes megatron_global_buffer(const model_desc& model, const activation_context& c) {
+  if (c.ep <= 1) return bytes{};
+  bytes largest{};
+  const std::uint64_t T = checked_mul(c.micro_batch, ceil_div(c.sequence, c.cp));
+  for (const layer_desc& l : model)
+    if (l.kind == layer_kind::transformer_block && (l.shape.flags & layer_flags::moe) != 0)
+      largest = max_b(largest, bytes{checked_mul(checked_mul(T, c.ep), checked_mul(l.shape.hidden, bytes_per_element_ceil(c.act)))});
+  return largest;
 }
 
 /// Transformer Engine's cuBLAS workspace (transformer_engine/pytorch/cpp_extensions/gemm.py,
@@ -103,24 +163,27 @@ constexpr std::string_view megatron_unmodelled(const model_desc& model, const me
     if (s.attention_sinks)
       return "the megatron stack does not model attention sinks (gpt-oss; Megatron-core's learnable softmax "
              "offset, softmax_type learnable): plan it with --stack pytorch";
+    if ((s.flags & (layer_flags::qk_norm_per_head | layer_flags::qk_norm_whole)) != 0 || s.l2_qk_norm)
+      return "the megatron stack does not model norms on the query and key (Qwen3, OLMo 2, Gemma 3, Llama 4; "
+             "Megatron-core's qk_layernorm): plan it with --stack pytorch";
     if ((s.flags & layer_flags::moe) == 0) continue;
     if (s.shared_ffn != 0)
       return "the megatron stack does not model shared experts (Megatron-core's SharedExpertMLP): plan it with "
              "--stack pytorch";
     if (s.clamped_swiglu)
       return "the megatron stack does not model clamped SwiGLU experts (gpt-oss): plan it with --stack pytorch";
-    if (!s.router_sinkhorn || s.router_fp32 || s.router_topk_softmax)
-      return "the megatron stack models Megatron-core's Sinkhorn router only (--moe-router sinkhorn, the measured one), "
-             "not its softmax top-k router with a load-balancing loss (Mixtral, Qwen3-MoE): plan it with --stack pytorch";
+    if (s.router_fp32)
+      return "the megatron stack does not model a router in fp32 (DeepSeek-V3's; Megatron-core's --moe-router-dtype "
+             "fp32): plan it with --stack pytorch";
     if ((s.flags & layer_flags::gated) == 0 || (s.flags & layer_flags::bias) != 0)
       return "the megatron stack models SwiGLU experts without biases only (Transformer Engine's fused grouped "
              "MLP; --swiglu --no-linear-bias)";
     if (s.capacity_factor_percent != 0)
       return "the megatron stack does not model a capacity factor (Megatron-core's token dropping, "
              "apply_router_token_dropping): plan the experts dropless";
-    if (m.tp > 1 || m.ep > 1)
-      return "the megatron stack models mixture-of-experts layers on one tensor- and expert-parallel rank "
-             "(--tp 1 --ep 1): how many tokens a rank's experts receive from the others depends on the routing";
+    if (m.tp > 1)
+      return "the megatron stack models mixture-of-experts layers on one tensor-parallel rank (--tp 1): the "
+             "experts' tensor parallelism (--expert-tensor-parallel-size) is not modelled";
   }
   return {};
 }
