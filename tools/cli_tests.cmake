@@ -129,8 +129,10 @@ memalg_cli_refused(megatron_mla "plan --config ${_hf_configs}/deepseek-v3.json -
   "^memalg: error: the megatron stack does not model multi-head latent attention")
 memalg_cli_refused(megatron_sinks "plan --config ${_hf_configs}/gpt-oss-20b.json --seq 4096 --stack megatron"
   "^memalg: error: the megatron stack does not model attention sinks")
-memalg_cli_refused(megatron_qk_norm "plan --config ${_hf_configs}/qwen3-30b-a3b.json --seq 4096 --stack megatron"
-  "^memalg: error: the megatron stack does not model norms on the query and key")
+memalg_cli_refused(megatron_olmo2 "plan --config ${_hf_configs}/olmo-2-7b.json --seq 4096 --stack megatron"
+  "^memalg: error: the megatron stack does not model norms after the sub-layers")
+memalg_cli_refused(megatron_softcap "plan --config ${_hf_configs}/gemma-2-9b.json --seq 4096 --stack megatron"
+  "^memalg: error: the megatron stack does not model soft-capped attention scores or logits")
 memalg_cli_refused(megatron_moe_tp "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024 --dp 2 --tp 2 --stack megatron"
   "^memalg: error: the megatron stack models mixture-of-experts layers on one tensor-parallel rank")
 memalg_cli_refused(pytorch_sinkhorn "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --ffn 1344 --swiglu --experts 4 --top-k 1 --moe-router sinkhorn --seq 1024"
@@ -177,6 +179,8 @@ memalg_cli_ok(megatron_moe_ep "plan --layers 4 --hidden 512 --heads 8 --vocab 50
   "ep=2 .*note: outside the megatron stack's measured envelope [(]ep: 2 [(]measured 1[.][.]1[)][)]")
 memalg_cli_ok(megatron_mixtral "plan --config ${_hf_configs}/mixtral-8x7b-v0.1.json --seq 4096 --dp 8 --ep 8 --pp 4 --recompute full --device h100-80gb --stack megatron"
   "stack megatron.*note: outside the megatron stack's measured envelope [(]family: mixtral, .*router: softmax[)]")
+memalg_cli_ok(megatron_qwen3_moe "plan --config ${_hf_configs}/qwen3-30b-a3b.json --seq 4096 --dp 8 --ep 8 --recompute full --device h100-80gb --stack megatron"
+  "stack megatron.*note: outside the megatron stack's measured envelope [(]family: qwen3_moe, .*router: softmax[)]")
 memalg_cli_ok(megatron_moe "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --attention flash --dropout 0.1 --seq 1024 --micro-batch 4 --dp 8 --optimizer adam --device h100-80gb --stack megatron --json"
   "\"parameters\": 63521792")
 memalg_cli_ok(deprecated_precision "plan --params 7B --precision amp-bf16" "precision mixed-bf16-fp32-grads"

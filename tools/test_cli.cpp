@@ -371,13 +371,36 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
   g.tp = "2";
   g.sp = true;
   CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor-parallel rank", 0) == 0);
-  // Norms on the query and key (Megatron-core's qk_layernorm) are refused, dense or not.
+  // Norms on each query and key head (Megatron-core's qk_layernorm, Qwen3's): Transformer
+  // Engine's norm keeps its input (the query's copy, a contiguous copy of the key) and fp32 rstd
+  // per head and token, in every block, and nothing else of the step changes; OLMo 2's norm over
+  // the whole projection is refused, Mixtral (no QK-norm) plans.
   g = plan_flags{};
   g.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/qwen3.json";
   g.seq = "1024";
-  g.micro_batch = "1";
+  g.micro_batch = "2";
   g.stack = "megatron";
-  CHECK(refusal(g).rfind("the megatron stack does not model norms on the query and key", 0) == 0);
+  CHECK(refusal(g).empty());
+  {
+    const plan_inputs with = make_inputs(g);
+    model_desc without = with.model;
+    std::uint64_t blocks = 0, T = 2 * 1024, qkv = 0, heads = 0;
+    for (std::size_t i = 0; i < without.size; ++i)
+      if (layer_desc& l = without.entries[i]; l.kind == layer_kind::transformer_block) {
+        REQUIRE((l.shape.flags & layer_flags::qk_norm_per_head) != 0);
+        REQUIRE((l.shape.flags & layer_flags::rms_norm) != 0);
+        l.shape.flags &= ~layer_flags::qk_norm_per_head;
+        blocks += l.count;
+        qkv = (l.shape.heads + l.shape.kv_heads) * l.shape.head_dim;
+        heads = l.shape.heads + l.shape.kv_heads;
+      }
+    const plan_result rw = evaluate(with.model, with.training, with.mesh, with.device);
+    const plan_result ro = evaluate(without, with.training, with.mesh, with.device);
+    const std::uint64_t e = detail::bytes_per_element_ceil(with.training.precision.weights);
+    CHECK(rw.per_rank.activations.value - ro.per_rank.activations.value == blocks * (T * qkv * e + T * heads * 4));
+  }
+  g.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/olmo2.json";
+  CHECK(refusal(g).rfind("the megatron stack does not model norms after the sub-layers", 0) == 0);
   g.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/mixtral.json";
   CHECK(refusal(g).empty());
   g = f;

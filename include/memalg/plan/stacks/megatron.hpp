@@ -155,17 +155,26 @@ constexpr bytes te_cublas_workspace(const device_desc& d) {
 /// with the sentence; a type-level plan fails to compile, plan_issue::stack_does_not_model).
 constexpr std::string_view megatron_unmodelled(const model_desc& model, const mesh_desc& m) {
   for (const layer_desc& l : model) {
+    if ((l.shape.flags & layer_flags::softcap) != 0)
+      return "the megatron stack does not model soft-capped attention scores or logits (Gemma 2's): plan it with "
+             "--stack pytorch";
     if (l.kind != layer_kind::transformer_block) continue;
     const layer_shape& s = l.shape;
+    if ((s.flags & (layer_flags::norms_after | layer_flags::norms_sandwich)) != 0)
+      return "the megatron stack does not model norms after the sub-layers (OLMo 2's, Gemma 2's and Gemma 3's): "
+             "plan it with --stack pytorch";
     if (s.kv_lora_rank != 0)
       return "the megatron stack does not model multi-head latent attention (DeepSeek-V3; Megatron-core's "
              "MLASelfAttention): plan it with --stack pytorch";
     if (s.attention_sinks)
       return "the megatron stack does not model attention sinks (gpt-oss; Megatron-core's learnable softmax "
              "offset, softmax_type learnable): plan it with --stack pytorch";
-    if ((s.flags & (layer_flags::qk_norm_per_head | layer_flags::qk_norm_whole)) != 0 || s.l2_qk_norm)
-      return "the megatron stack does not model norms on the query and key (Qwen3, OLMo 2, Gemma 3, Llama 4; "
-             "Megatron-core's qk_layernorm): plan it with --stack pytorch";
+    if ((s.flags & layer_flags::qk_norm_whole) != 0)
+      return "Megatron-core's qk_layernorm normalises each head; a norm over the whole query and key projections "
+             "(OLMo 2's) is not in it: plan it with --stack pytorch";
+    if (s.l2_qk_norm)
+      return "the megatron stack does not model the weightless L2 norm on the query and key (Megatron-core's "
+             "qk_l2_norm, Llama 4's): plan it with --stack pytorch";
     if ((s.flags & layer_flags::moe) == 0) continue;
     if (s.shared_ffn != 0)
       return "the megatron stack does not model shared experts (Megatron-core's SharedExpertMLP): plan it with "
@@ -223,6 +232,15 @@ constexpr raw_activations megatron_activations(const layer_desc& l, const activa
       r.parts.attention.weight_grad = a.split(bytes{checked_mul(checked_mul(T, q), em)});           // output
       r.parts.attention.core = a.split(bytes{checked_mul(checked_mul(T, s.heads), 4)});              // softmax statistics
       if (drop) r.parts.attention.input_grad += a.rep(bytes{H});  // the attention's bias-dropout-add mask
+      // Norms on each query and key head (`--qk-layernorm`; attention.py,
+      // get_query_key_value_tensors: TENorm of head_dim on the query's reshaped copy and on the
+      // key's strided view of the fused QKV output). Transformer Engine's norm op
+      // (ops/basic/rmsnorm.py, layer_norm.py) saves `input_.contiguous()`, a copy of the key,
+      // and fp32 rstd per row (LayerNorm: and the mean): T·(q + kv)·e + T·(a + kv_heads)·4 (8).
+      if ((s.flags & layer_flags::qk_norm_per_head) != 0)
+        r.parts.attention.input_grad +=
+            a.split(bytes{checked_mul(checked_mul(T, q + kv), em)}) +
+            a.split(bytes{checked_mul(checked_mul(T, s.heads + s.kv_heads), rms ? 4 : 8)});
       r.input = stream;
       r.input_in_saved = true;
       if ((s.flags & layer_flags::moe) != 0) {
