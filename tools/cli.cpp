@@ -170,6 +170,9 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--moe-router", moe_router,
                  "softmax (a softmax top-k, Hugging Face's; default) | sinkhorn (Megatron's "
                  "--moe-router-load-balancing-type sinkhorn)");
+  app.add_option("--moe-dispatcher", moe_dispatcher,
+                 "allgather (Megatron's default) | alltoall: Megatron's --moe-token-dispatcher-type, for any "
+                 "mixture of experts under --stack megatron");
   app.add_option("--norm", norm, "layernorm|rmsnorm");
   app.add_option("--attention", attention, "naive (scores saved; Hugging Face eager) | flash (output and log-sum-exp saved; SDPA, the default with --config)");
   app.add_option("--dropout", dropout, "dropout probability in [0, 1) (default 0, presets their own)");
@@ -616,6 +619,17 @@ plan_inputs make_inputs(const plan_flags& f) {
 
   apply_finetuning(in, f, config_storage);
   t.stack = parse_stack(f.stack);
+  if (!f.moe_dispatcher.empty()) {
+    if (f.moe_dispatcher != "allgather" && f.moe_dispatcher != "alltoall")
+      throw usage_error("unknown --moe-dispatcher '" + f.moe_dispatcher + "' (allgather|alltoall)");
+    bool experts = false;
+    for (std::size_t i = 0; i < in.model.size; ++i)
+      if (layer_desc& l = in.model.entries[i]; (l.shape.flags & layer_flags::moe) != 0) {
+        l.shape.moe_alltoall = f.moe_dispatcher == "alltoall";
+        experts = true;
+      }
+    if (!experts) throw usage_error("--moe-dispatcher needs a mixture of experts");
+  }
   if (t.stack == stack_kind::memalg) t.fused_optimizer = true;  // as train::stacks::memalg
   if (f.optimizer_impl == "foreach") t.optimizer_kind = optimizer_impl::foreach;
   else if (f.optimizer_impl == "for-loop") t.optimizer_kind = optimizer_impl::for_loop;
@@ -766,11 +780,11 @@ envelope_report envelope_report_of(const plan_inputs& in) {
       hidden = l.shape.hidden;
       layers += l.count;
       attention = attention_name(l);
-      if (!router_name(l).empty()) router = router_name(l);
+      if (!moe_name(l).empty()) router = moe_name(l);
     }
   envelope_check c = check_envelope(in.training, in.mesh, in.family, hidden, layers);
   check_attention(c, in.training.stack, attention);
-  check_router(c, in.training.stack, router);
+  check_moe(c, in.training.stack, router);
   check_fine_tuning(c, in.training.stack, fine_tuning_name(in.model));
   envelope_report r{};
   r.validated = c.validated;

@@ -67,6 +67,7 @@ struct plan_flags {
   bool no_linear_bias = false;  ///< linear layers without biases, norms with (Megatron's --disable-bias-linear)
   std::string experts, top_k;   ///< a mixture of experts in every block
   std::string moe_router;       ///< softmax (Hugging Face's top-k) | sinkhorn (Megatron's)
+  std::string moe_dispatcher;   ///< allgather | alltoall (Megatron's --moe-token-dispatcher-type)
   std::string norm;       ///< layernorm|rmsnorm
   std::string attention;  ///< naive|flash
   std::string dropout;    ///< probability in [0, 1)

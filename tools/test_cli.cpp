@@ -320,7 +320,7 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     const envelope_report soft8 = envelope_report_of(make_inputs(g8));
     CHECK(!soft8.validated);
     REQUIRE(soft8.outside.size() == 1);
-    CHECK(soft8.outside[0] == "router: softmax");
+    CHECK(soft8.outside[0] == "moe: softmax");
     CHECK(rt.per_rank.activations.value - rs.per_rank.activations.value ==
           blocks * ((T * k * 12 + T * E * 4) - T * E * 2));
     // Four experts, top-2: the same rule at k = 2 (Sinkhorn then keeps an fp32 softmax, T·E·4).
@@ -365,6 +365,37 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     const plan_result rk = evaluate(ik.model, ik.training, ik.mesh, ik.device);
     CHECK(rk.per_rank.weights == r4.per_rank.weights);
     CHECK(steady(rk) == steady(r4));
+    // Megatron's all-to-all dispatcher (--moe-dispatcher alltoall). With one expert-parallel
+    // rank it keeps argsort's T·E int64 index (the probabilities' gather) where allgather keeps
+    // masked_select's [E, T] input and bool mask, T·E·(2 + 1), and the rank's own T·k returned
+    // rows where allgather keeps FC2's output, the same R = T·k rows here: T·E·5 more per block.
+    // With more ranks it sends the rows instead of gathering the group's tokens, so no global
+    // buffer is kept between steps.
+    plan_flags a1 = e1, a2 = e2;
+    a1.moe_dispatcher = a2.moe_dispatcher = "alltoall";
+    const plan_inputs j1 = make_inputs(a1), j2 = make_inputs(a2);
+    const plan_result q1 = evaluate(j1.model, j1.training, j1.mesh, j1.device);
+    const plan_result q2 = evaluate(j2.model, j2.training, j2.mesh, j2.device);
+    const std::uint64_t E = 4;
+    CHECK(q1.per_rank.activations.value - r1.per_rank.activations.value == 4 * T * E * 5);
+    CHECK(steady(q2) == steady(r1));
+    CHECK(steady(q1) == steady(r1));
+    plan_flags a8 = a1;
+    a8.dp = "8";
+    a8.optimizer = "adam";
+    const envelope_report a8e = envelope_report_of(make_inputs(a8));
+    REQUIRE(a8e.outside.size() == 1);
+    CHECK(a8e.outside[0] == "moe: sinkhorn + alltoall");
+    // It is Megatron's: refused under the pytorch stack; it needs experts and a known name.
+    a1.stack = "pytorch";
+    a1.moe_router = "softmax";
+    CHECK(refusal(a1).rfind("the all-to-all token dispatcher is Megatron's", 0) == 0);
+    a1 = e1;
+    a1.moe_dispatcher = "deepep";
+    CHECK_THROWS_WITH_AS(make_inputs(a1), "unknown --moe-dispatcher 'deepep' (allgather|alltoall)", usage_error);
+    a1.moe_dispatcher = "alltoall";
+    a1.experts = a1.top_k = a1.moe_router = "";
+    CHECK_THROWS_WITH_AS(make_inputs(a1), "--moe-dispatcher needs a mixture of experts", usage_error);
   }
   g.ep = "2";
   g.dp = "2";

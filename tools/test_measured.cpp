@@ -767,8 +767,11 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
   for (const json& c : megatron_golden()["cases"]) {
     const json& d = c["derived"];
     m.families.insert("");
-    if (d.contains("moe"))
-      m.routers.insert(d["moe"]["load_balancing"].get<std::string>().rfind("sinkhorn", 0) == 0 ? "sinkhorn" : "softmax");
+    if (d.contains("moe")) {
+      const std::string router = d["moe"]["load_balancing"].get<std::string>().rfind("sinkhorn", 0) == 0 ? "sinkhorn" : "softmax";
+      const bool alltoall = d["moe"]["token_dispatcher"].get<std::string>().rfind("alltoall", 0) == 0;
+      m.routers.insert(alltoall ? router + " + alltoall" : router);
+    }
     m.precisions.insert("mixed-bf16-fp32-grads");
     m.attentions.insert("flash");
     m.recomputations.insert(d["recompute"].is_object() ? "every" : "none");

@@ -123,6 +123,10 @@ struct layer_shape {
   /// load-balancing loss (`output_router_logits`; `load_balancing_loss_func` in
   /// modeling_mixtral.py, modeling_qwen3_moe.py and modeling_gpt_oss.py).
   bool router_aux_loss = false;
+  /// MoE blocks under the megatron stack: Megatron-core's all-to-all token dispatcher
+  /// (`--moe-token-dispatcher-type alltoall`, MoEAlltoAllTokenDispatcher in token_dispatcher.py)
+  /// instead of its default allgather one.
+  bool moe_alltoall = false;
   /// Low-rank adapters (Hu et al. 2021, arXiv 2106.09685; PEFT's LoraLayer). On a block (whose
   /// own weights are frozen, layer_flags::adapted): the rank of its adapters, the projections
   /// that carry one (lora_target bits) and the adapters' dropout × 1000 (PEFT's `lora_dropout`,

@@ -118,6 +118,7 @@ struct lm_config {
   std::uint64_t capacity_factor_percent = 0;
   bool router_sinkhorn = false;  ///< MoE: Megatron's Sinkhorn router (layer_shape::router_sinkhorn)
   bool router_aux_loss = false;  ///< MoE: Hugging Face's auxiliary loss reads the router logits (layer_shape::router_aux_loss)
+  bool moe_alltoall = false;     ///< MoE: Megatron's all-to-all token dispatcher (layer_shape::moe_alltoall)
   /// Without `bias`: the LayerNorms keep their shift (Megatron's --disable-bias-linear;
   /// layer_shape::norm_bias).
   bool norm_bias = false;
@@ -184,6 +185,7 @@ constexpr layer_shape block_shape(const lm_config& c) {
     s.capacity_factor_percent = c.capacity_factor_percent;
     s.router_sinkhorn = c.router_sinkhorn;
     s.router_aux_loss = c.router_aux_loss;
+    s.moe_alltoall = c.moe_alltoall;
   }
   return s;
 }

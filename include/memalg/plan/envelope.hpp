@@ -46,7 +46,7 @@ struct stack_envelope {
   std::array<std::string_view, 8> recomputations{};  ///< none, selective, full, full-reentrant, every
   std::array<std::string_view, 8> optimizers{};    ///< optimizer name / implementation
   std::array<std::string_view, 8> fine_tunings{};  ///< fine_tuning_name: full, lora, qlora-nf4, ...
-  std::array<std::string_view, 2> routers{};       ///< a mixture of experts' router: router_name
+  std::array<std::string_view, 2> routers{};       ///< a mixture of experts' router and dispatcher: moe_name
   measured_range sequence, micro_batch, hidden, layers, grad_accum;
   measured_range dp, tp, pp, cp, ep;
   std::array<int, 4> zero_stages{-1, -1, -1, -1};  ///< measured ZeRO / FSDP stages (-1: none)
@@ -289,18 +289,20 @@ constexpr void check_fine_tuning(envelope_check& c, stack_kind s, std::string_vi
   if (e.validated) detail::check_listed(c, e.fine_tunings, "fine-tuning", fine_tuning);
 }
 
-/// A mixture of experts' router as the envelope names it: "sinkhorn" (Megatron's Sinkhorn load
-/// balancing), "softmax" (a softmax top-k: Hugging Face's routers, Megatron's TopKRouter), or ""
-/// for a block without experts.
-constexpr std::string_view router_name(const layer_desc& block) {
+/// A mixture of experts' router and token dispatcher as the envelope names them: "sinkhorn"
+/// (Megatron's Sinkhorn load balancing) or "softmax" (a softmax top-k: Hugging Face's routers,
+/// Megatron's TopKRouter), with " + alltoall" for Megatron's all-to-all dispatcher (the
+/// allgather one, Megatron's default, unnamed); "" for a block without experts.
+constexpr std::string_view moe_name(const layer_desc& block) {
   if ((block.shape.flags & layer_flags::moe) == 0) return "";
+  if (block.shape.moe_alltoall) return block.shape.router_sinkhorn ? "sinkhorn + alltoall" : "softmax + alltoall";
   return block.shape.router_sinkhorn ? "sinkhorn" : "softmax";
 }
 
-/// Adds the router of `router` ("sinkhorn" / "softmax" / "") when the stack's measurements lack it.
-constexpr void check_router(envelope_check& c, stack_kind s, std::string_view router) {
+/// Adds `moe` (moe_name; "" for none) when the stack's measurements lack it.
+constexpr void check_moe(envelope_check& c, stack_kind s, std::string_view moe) {
   const stack_envelope e = envelope_of(s);
-  if (e.validated && !router.empty()) detail::check_listed(c, e.routers, "router", router);
+  if (e.validated && !moe.empty()) detail::check_listed(c, e.routers, "moe", moe);
 }
 
 /// Adds the attention of `attention` ("naive" / "flash" / "") when the stack's measurements lack it.

@@ -108,10 +108,14 @@ constexpr plan_issue layer_issue(const model_desc& model, const training_desc& t
 constexpr std::string_view stack_unmodelled(const model_desc& model, const training_desc& t, const mesh_desc& m) {
   if (t.stack == stack_kind::megatron) return megatron_unmodelled(model, m);
   if (t.stack == stack_kind::pytorch)
-    for (const layer_desc& l : model)
+    for (const layer_desc& l : model) {
       if (l.shape.router_sinkhorn)
         return "a Sinkhorn router is Megatron's (plan it with --stack megatron); the pytorch stack follows Hugging "
                "Face's routers";
+      if (l.shape.moe_alltoall)
+        return "the all-to-all token dispatcher is Megatron's (plan it with --stack megatron); transformers' expert "
+               "parallelism has none";
+    }
   return {};
 }
 }  // namespace detail

@@ -27,9 +27,10 @@ constexpr raw_activations megatron_activations(const layer_desc& l, const activa
 
 /// Megatron-core's MoELayer (megatron/core/transformer/moe/) on one tensor-parallel rank, dropless,
 /// with the Sinkhorn router or the softmax top-k router and its load-balancing loss, the allgather
-/// token dispatcher (Megatron's default) and grouped-GEMM SwiGLU experts run by Transformer
-/// Engine's operation fuser; what `megatron_unmodelled` lets through. With ep expert-parallel
-/// ranks the dispatcher gathers the G = T·ep tokens of the expert-parallel group and each rank
+/// token dispatcher (Megatron's default) or the all-to-all one (layer_shape::moe_alltoall) and
+/// grouped-GEMM SwiGLU experts run by Transformer Engine's operation fuser; what
+/// `megatron_unmodelled` lets through. With ep expert-parallel ranks the tokens of the group's
+/// G = T·ep reach the rank that holds their experts (gathered, or sent all-to-all) and each rank
 /// runs its E/ep experts on the rows routed to them: R = T·k with one rank (every expert local,
 /// each token sent to exactly k of them, whatever the routing), and at most G·min(k, E/ep) with
 /// more, the case where every token of the group picks this rank's experts; the plan takes that
@@ -47,6 +48,8 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   const std::uint64_t h = s.hidden, f = s.ffn, E = s.experts, k = s.top_k, ep = c.ep;
   const std::uint64_t El = ceil_div(E, ep), G = checked_mul(T, ep);
   const std::uint64_t R = checked_mul(G, k < El ? k : El), TE = checked_mul(T, E), GE = checked_mul(G, El);
+  const std::uint64_t Tk = checked_mul(T, k);  // the rank's own routed pairs
+  const bool a2a = s.moe_alltoall;
   const auto b = [](std::uint64_t n) { return bytes{n}; };
   // The router (router.py, TopKRouter) on the rank's T tokens and all E experts:
   // RouterGatingLinearFunction (moe_utils.py) keeps its input, the pre-MLP norm's output (counted
@@ -58,7 +61,7 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
     // `scores = logits * map` keeps the bool map, which with one expert-parallel rank is also
     // the dispatcher's local_map (below).
     router = b(checked_mul(TE, k == 1 ? em : 4)) + b(TE);
-    if (ep > 1) router += b(GE);
+    if (ep > 1 && !a2a) router += b(GE);
   } else {
     // topk_routing_with_score_function (moe_utils.py; softmax, moe_router_pre_softmax off, not
     // fused: Megatron's defaults): torch.topk of the logits, whose backward keeps the int64
@@ -71,7 +74,8 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
     // --moe-aux-loss-coeff is set (Megatron's Mixtral and Qwen3-MoE recipes set it), a bound
     // either way; switch_load_balancing_loss_func's products and MoEAuxLossAutoScaler keep
     // E-sized tensors and a scalar.
-    router = b(checked_mul(checked_mul(T, k), 8 + 4)) + b(GE) + b(checked_mul(TE, 4));
+    // (The map the dispatcher keeps: allgather's local_map, G·E/ep; all-to-all's routing_map, T·E.)
+    router = b(checked_mul(Tk, 8 + 4)) + b(a2a ? TE : GE) + b(checked_mul(TE, 4));
     // The routing's moment (forward): the logits, the [T, E] probabilities scattered from a zero
     // tensor, the int32 map before its cast to bool and the loss's fp32 scores; backward: the
     // probabilities' gradient, the topk backward's zero-filled [T, E] gradient, the loss's fp32
@@ -79,35 +83,57 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
     r.forward_temporary = b(checked_mul(TE, 2 * em + 4 + 4));
     r.backward_temporary = b(checked_mul(TE, 3 * em + 4));
   }
-  // MoEAllGatherTokenDispatcher (token_dispatcher.py). With ep > 1, token_dispatch gathers the
-  // group's routing map (no_grad) and probabilities ([G, E] each; the gather's backward is a
-  // reduce-scatter and keeps nothing) and its hidden states into Megatron's global "mpu" buffer
-  // (`use_global_buffer=True`; megatron_global_buffer below). dispatch_postprocess keeps the
-  // local experts' columns of the map (local_map, [G, E/ep] bool; with one rank the router's map
-  // itself) and selects the routed probabilities by `probs.T.contiguous().masked_select(...)`,
-  // whose backward keeps its input (G·E/ep, the logits' dtype) and mask (bool); moe_utils.permute
-  // keeps the int64 permutation (index_select's and unpermute's index_add_'s index) and gathers
-  // the routed rows.
-  router += b(checked_mul(GE, em)) + b(GE) + b(checked_mul(R, 8));
-  if (ep > 1)  // the gathered [G, E] probabilities and map, and the local columns' contiguous copy
-    r.forward_temporary = max_b(r.forward_temporary, b(checked_mul(checked_mul(G, E), em + 1)) + b(checked_mul(GE, em)));
+  const bytes stream = b(checked_mul(T, checked_mul(h, em))), gathered = b(checked_mul(G, checked_mul(h, em)));
+  const bytes rows = b(checked_mul(R, checked_mul(h, em))), own_rows = b(checked_mul(Tk, checked_mul(h, em)));
+  if (!a2a) {
+    // MoEAllGatherTokenDispatcher (token_dispatcher.py). With ep > 1, token_dispatch gathers the
+    // group's routing map (no_grad) and probabilities ([G, E] each; the gather's backward is a
+    // reduce-scatter and keeps nothing) and its hidden states into Megatron's global "mpu" buffer
+    // (`use_global_buffer=True`; megatron_global_buffer below). dispatch_postprocess keeps the
+    // local experts' columns of the map (local_map, [G, E/ep] bool; with one rank the router's
+    // map itself) and selects the routed probabilities by `probs.T.contiguous().masked_select(...)`,
+    // whose backward keeps its input (G·E/ep, the logits' dtype) and mask (bool); moe_utils.permute
+    // keeps the int64 permutation (index_select's and unpermute's index_add_'s index) and gathers
+    // the routed rows.
+    router += b(checked_mul(GE, em)) + b(GE) + b(checked_mul(R, 8));
+    if (ep > 1)  // the gathered [G, E] probabilities and map, and the local columns' contiguous copy
+      r.forward_temporary = max_b(r.forward_temporary, b(checked_mul(checked_mul(G, E), em + 1)) + b(checked_mul(GE, em)));
+  } else {
+    // MoEAlltoAllTokenDispatcher at the commit the stack follows (token_dispatcher.py; moe_utils.py
+    // permute, sort_chunks_by_idxs, unpermute; moe_permute_fusion off, Megatron's default).
+    // permute(..., probs=probs) sorts the flattened [E, T] map with argsort (T·E int64) and takes
+    // the first T·k: `probs.T.contiguous().reshape(-1)[flat_sorted]` keeps that index, a view of
+    // the whole argsort output, until the backward (IndexBackward0 keeps its indices), and
+    // `tokens.index_select(0, sorted_indices)` keeps the T·k int64 token indices. The routed
+    // rows go to their ranks by all_to_all (whose autograd function keeps nothing) and, with
+    // more than one local expert, are regrouped by expert with split and cat (nothing kept).
+    router += b(checked_mul(TE, 8)) + b(checked_mul(Tk, 8));
+    // Transients of the dispatch: the transposed map and probabilities, the T·k permuted rows and
+    // the R received, then regrouped.
+    r.forward_temporary = max_b(r.forward_temporary, b(checked_mul(TE, em + 1)) + own_rows + rows * 2);
+  }
   // The experts (experts.py, TEGroupedMLP._fused_forward; Transformer Engine's ops
   // GroupedLinear, ScaledSwiGLU, GroupedLinear in ops/basic/): FC1 keeps its input (the permuted
   // rows, for its weight gradient), ScaledSwiGLU its input (FC1's output, 2f wide) and its scales
   // (the routed probabilities), FC2 its input (the scaled SwiGLU output).
   r.saved.weight_grad = b(checked_mul(R, checked_mul(h, em))) + b(checked_mul(R, checked_mul(f, em)));
   r.saved.input_grad = b(checked_mul(R, checked_mul(2 * f, em))) + b(checked_mul(R, em)) + router;
-  // The combine: MoEAllGatherTokenDispatcher.combine_preprocess calls moe_utils.unpermute, which
-  // adds the experts' output (R·h) into a zero [G, h] tensor with index_add_; PyTorch's backward
-  // of index_add keeps its `source` (derivatives.yaml: `grad.index_select(dim,
-  // index).expand_as(source)`; IndexAddBackward0 holds source_), so FC2's output stays.
-  r.saved.input_grad += b(checked_mul(R, checked_mul(h, em)));
-  // Forward: ScaledSwiGLU's unscaled output beside its scaled one (R·f); unpermute allocates the
-  // [G, h] output twice under deterministic algorithms (--deterministic-mode) before its
-  // index_add_, and with ep > 1 token_combine reduce-scatters it into a new [T, h].
-  const bytes stream = b(checked_mul(T, checked_mul(h, em))), gathered = b(checked_mul(G, checked_mul(h, em)));
-  r.forward_temporary = max_b(r.forward_temporary,
-                              max_b(b(checked_mul(R, checked_mul(f, em))), gathered * 2 + (ep > 1 ? stream : bytes{})));
+  // The combine: moe_utils.unpermute adds rows into a zero tensor with index_add_ (under
+  // deterministic algorithms, --deterministic-mode, which the functional tests set; scatter_add_
+  // otherwise keeps only the index, so this is a bound), and PyTorch's backward of index_add
+  // keeps its `source` (derivatives.yaml: `grad.index_select(dim, index).expand_as(source)`;
+  // IndexAddBackward0 holds source_). Allgather: MoEAllGatherTokenDispatcher.combine_preprocess
+  // unpermutes the experts' output (R·h) into [G, h], so FC2's output stays. All-to-all: the
+  // rows go back by all_to_all (regrouped first) and combine_postprocess unpermutes the rank's
+  // own T·k returned rows into [T, h]: those stay.
+  r.saved.input_grad += a2a ? own_rows : rows;
+  // Forward: ScaledSwiGLU's unscaled output beside its scaled one (R·f). Allgather: unpermute
+  // allocates the [G, h] output twice (deterministic) before its index_add_, and with ep > 1
+  // token_combine reduce-scatters it into a new [T, h]. All-to-all: FC2's output and its
+  // regrouped copy (R·h each), the copy and the T·k rows returned, then the [T, h] output twice.
+  bytes combine = gathered * 2 + (ep > 1 ? stream : bytes{});
+  if (a2a) combine = max_b(rows * 2, max_b(rows + own_rows, stream * 2));
+  r.forward_temporary = max_b(r.forward_temporary, max_b(b(checked_mul(R, checked_mul(f, em))), combine));
   // Backward, one autograd function (ops/fuser.py) holding its output gradient (R·h) throughout:
   // FC2's input gradient (R·f) and its weight gradient (E/ep·f·h in the weights' dtype: no
   // gradient accumulation fusion), then ScaledSwiGLU's scaled gradient (R·f), its input gradient
@@ -122,8 +148,15 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   // a zero [G, h] that the gather's backward reduce-scatters into a new [T, h]
   // (tensor_parallel/mappings.py, _ReduceScatterToSequenceParallelRegion and
   // _GatherFromSequenceParallelRegion).
-  if (ep > 1)
+  if (ep > 1 && !a2a)
     r.backward_temporary = max_b(r.backward_temporary, gathered + b(checked_mul(R > T ? R : T, checked_mul(h, em))));
+  // All-to-all, backward: unpermute's backward selects the T·k rows' gradient from [T, h], the
+  // all_to_all's backward sends it back (R·h) and the regrouping's backward copies it (R·h)
+  // before the experts' backward; after it the same in reverse, and permute's backward adds the
+  // T·k rows' gradient into a zero [T, h] and scatters the probabilities' into a zero [E·T].
+  if (a2a)
+    r.backward_temporary = max_b(r.backward_temporary,
+                                 max_b(max_b(own_rows + rows, rows * 2), own_rows + stream + b(checked_mul(TE, em))));
   return r;
 }
 
@@ -137,7 +170,7 @@ constexpr bytes megatron_global_buffer(const model_desc& model, const activation
   bytes largest{};
   const std::uint64_t T = checked_mul(c.micro_batch, ceil_div(c.sequence, c.cp));
   for (const layer_desc& l : model)
-    if (l.kind == layer_kind::transformer_block && (l.shape.flags & layer_flags::moe) != 0)
+    if (l.kind == layer_kind::transformer_block && (l.shape.flags & layer_flags::moe) != 0 && !l.shape.moe_alltoall)
       largest = max_b(largest, bytes{checked_mul(checked_mul(T, c.ep), checked_mul(l.shape.hidden, bytes_per_element_ceil(c.act)))});
   return largest;
 }
