@@ -184,7 +184,7 @@ memalg_cli_ok(megatron_mixtral_alltoall "plan --config ${_hf_configs}/mixtral-8x
 memalg_cli_refused(pytorch_alltoall "plan --config ${_hf_configs}/mixtral-8x7b-v0.1.json --seq 4096 --moe-dispatcher alltoall"
   "^memalg: error: the all-to-all token dispatcher is Megatron's")
 memalg_cli_ok(megatron_qwen3_moe "plan --config ${_hf_configs}/qwen3-30b-a3b.json --seq 4096 --dp 8 --ep 8 --recompute full --device h100-80gb --stack megatron"
-  "stack megatron.*note: outside the megatron stack's measured envelope [(]family: qwen3_moe, .*moe: softmax[)]")
+  "stack megatron.*note: outside the megatron stack's measured envelope [(]family: qwen3_moe, .*moe: softmax, qk-norm: per head[)]")
 memalg_cli_ok(megatron_moe "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --attention flash --dropout 0.1 --seq 1024 --micro-batch 4 --dp 8 --optimizer adam --device h100-80gb --stack megatron --json"
   "\"parameters\": 63521792")
 memalg_cli_ok(deprecated_precision "plan --params 7B --precision amp-bf16" "precision mixed-bf16-fp32-grads"

@@ -429,6 +429,13 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     const plan_result ro = evaluate(without, with.training, with.mesh, with.device);
     const std::uint64_t e = detail::bytes_per_element_ceil(with.training.precision.weights);
     CHECK(rw.per_rank.activations.value - ro.per_rank.activations.value == blocks * (T * qkv * e + T * heads * 4));
+    // No Megatron test with memory values measures them: the envelope names them (and the
+    // pytorch stack, which measured Qwen3, does not).
+    const envelope_report er = envelope_report_of(with);
+    CHECK(std::find(er.outside.begin(), er.outside.end(), "qk-norm: per head") != er.outside.end());
+    plan_flags gp = g;
+    gp.stack = "pytorch";
+    for (const std::string& o : envelope_report_of(make_inputs(gp)).outside) CHECK(o.rfind("qk-norm", 0) != 0);
   }
   g.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/olmo2.json";
   CHECK(refusal(g).rfind("the megatron stack does not model norms after the sub-layers", 0) == 0);

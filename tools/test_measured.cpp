@@ -605,7 +605,7 @@ namespace {
 
 /// The values a stack's data covers, gathered case by case.
 struct observed_envelope {
-  std::set<std::string> families, precisions, attentions, recomputations, optimizers, fine_tunings, routers;
+  std::set<std::string> families, precisions, attentions, recomputations, optimizers, fine_tunings, routers, qk_norms;
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> ranges;
   std::set<int> zero_stages;
   std::map<std::string, std::uint64_t> family_ranks;  ///< the most ranks a family was measured on
@@ -638,6 +638,7 @@ void check_table(stack_kind s, const observed_envelope& o) {
   CHECK(listed(e.optimizers) == o.optimizers);
   CHECK(listed(e.fine_tunings) == o.fine_tunings);
   CHECK(listed(e.routers) == o.routers);
+  CHECK(listed(e.qk_norms) == o.qk_norms);
   const auto range = [&](const char* axis, measured_range r) {
     CAPTURE(axis);
     REQUIRE(o.ranges.count(axis) == 1);
@@ -686,6 +687,9 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
                           : frozen ? "frozen parts"
                                    : "full");
     p.families.insert(imported_family(c));
+    // The norms on the query and key of the model memalg imports for the case.
+    for (const layer_desc& l : load_hf_config(std::string(MEMALG_SOURCE_DIR) + "/" + c["config"].get<std::string>()).model)
+      if (!qk_norm_name(l).empty()) p.qk_norms.insert(std::string(qk_norm_name(l)));
     p.precisions.insert(c["precision"].get<std::string>());
     p.attentions.insert(c["attention"].get<std::string>() == "eager" ? "naive" : "flash");
     p.recomputations.insert(c["gradient_checkpointing"].get<bool>() ? "full" : "none");

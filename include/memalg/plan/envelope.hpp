@@ -47,6 +47,7 @@ struct stack_envelope {
   std::array<std::string_view, 8> optimizers{};    ///< optimizer name / implementation
   std::array<std::string_view, 8> fine_tunings{};  ///< fine_tuning_name: full, lora, qlora-nf4, ...
   std::array<std::string_view, 2> routers{};       ///< a mixture of experts' router and dispatcher: moe_name
+  std::array<std::string_view, 4> qk_norms{};      ///< norms on the query and key: qk_norm_name
   measured_range sequence, micro_batch, hidden, layers, grad_accum;
   measured_range dp, tp, pp, cp, ep;
   std::array<int, 4> zero_stages{-1, -1, -1, -1};  ///< measured ZeRO / FSDP stages (-1: none)
@@ -121,6 +122,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       // (PEFT's LoRA and bitsandbytes' QLoRA: bench/torch/finetune.measured.json)
       e.fine_tunings = {"full", "lora", "qlora-nf4", "qlora-nf4-dq", "qlora-fp4", "frozen parts"};
       e.routers = {"softmax"};  // Hugging Face's, as each family's modelling code routes
+      e.qk_norms = {"per head", "whole projection", "l2"};  // Qwen3 and Gemma 3, OLMo 2, Llama 4
       e.sequence = {64, 2048};
       e.micro_batch = {1, 8};
       e.hidden = {256, 1024};
@@ -158,6 +160,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
     case stack_kind::memalg:
       e.validated = true;
       e.shapes = true;
+      e.qk_norms = {"per head"};  // the named plans qwen3-*
       e.precisions = {"fp32", "mixed-bf16", "amp-fp16", "mixed-fp16"};
       e.attentions = {"naive", "flash"};
       e.recomputations = {"none", "selective", "full"};
@@ -297,6 +300,21 @@ constexpr std::string_view moe_name(const layer_desc& block) {
   if ((block.shape.flags & layer_flags::moe) == 0) return "";
   if (block.shape.moe_alltoall) return block.shape.router_sinkhorn ? "sinkhorn + alltoall" : "softmax + alltoall";
   return block.shape.router_sinkhorn ? "sinkhorn" : "softmax";
+}
+
+/// A block's norms on the query and key as the envelope names them: "per head" (Qwen3's, Megatron's
+/// qk_layernorm), "whole projection" (OLMo 2's), "l2" (Llama 4's weightless one), or "" for none.
+constexpr std::string_view qk_norm_name(const layer_desc& block) {
+  if ((block.shape.flags & layer_flags::qk_norm_per_head) != 0) return "per head";
+  if ((block.shape.flags & layer_flags::qk_norm_whole) != 0) return "whole projection";
+  if (block.shape.l2_qk_norm) return "l2";
+  return "";
+}
+
+/// Adds `qk_norm` (qk_norm_name; "" for none) when the stack's measurements lack it.
+constexpr void check_qk_norm(envelope_check& c, stack_kind s, std::string_view qk_norm) {
+  const stack_envelope e = envelope_of(s);
+  if (e.validated && !qk_norm.empty()) detail::check_listed(c, e.qk_norms, "qk-norm", qk_norm);
 }
 
 /// Adds `moe` (moe_name; "" for none) when the stack's measurements lack it.
