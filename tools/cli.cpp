@@ -774,18 +774,18 @@ nlohmann::json plan_json(const plan_inputs& in, const plan_result& r) {
 
 envelope_report envelope_report_of(const plan_inputs& in) {
   std::uint64_t hidden = 0, layers = 0;
-  std::string_view attention, router, qk_norm;
+  std::string_view attention, moe, qk_norm;
   for (const layer_desc& l : in.model)
     if (l.kind == layer_kind::transformer_block) {
       hidden = l.shape.hidden;
       layers += l.count;
       attention = attention_name(l);
-      if (!moe_name(l).empty()) router = moe_name(l);
+      if (!moe_name(l).empty()) moe = moe_name(l);
       if (!qk_norm_name(l).empty()) qk_norm = qk_norm_name(l);
     }
   envelope_check c = check_envelope(in.training, in.mesh, in.family, hidden, layers);
   check_attention(c, in.training.stack, attention);
-  check_moe(c, in.training.stack, router);
+  check_moe(c, in.training.stack, moe);
   check_qk_norm(c, in.training.stack, qk_norm);
   check_fine_tuning(c, in.training.stack, fine_tuning_name(in.model));
   envelope_report r{};

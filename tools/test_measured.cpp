@@ -605,7 +605,7 @@ namespace {
 
 /// The values a stack's data covers, gathered case by case.
 struct observed_envelope {
-  std::set<std::string> families, precisions, attentions, recomputations, optimizers, fine_tunings, routers, qk_norms;
+  std::set<std::string> families, precisions, attentions, recomputations, optimizers, fine_tunings, moe_kinds, qk_norms;
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> ranges;
   std::set<int> zero_stages;
   std::map<std::string, std::uint64_t> family_ranks;  ///< the most ranks a family was measured on
@@ -637,7 +637,7 @@ void check_table(stack_kind s, const observed_envelope& o) {
   CHECK(listed(e.recomputations) == o.recomputations);
   CHECK(listed(e.optimizers) == o.optimizers);
   CHECK(listed(e.fine_tunings) == o.fine_tunings);
-  CHECK(listed(e.routers) == o.routers);
+  CHECK(listed(e.moe_kinds) == o.moe_kinds);
   CHECK(listed(e.qk_norms) == o.qk_norms);
   const auto range = [&](const char* axis, measured_range r) {
     CAPTURE(axis);
@@ -699,7 +699,7 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
     const json cfg = read_json(c["config"].get<std::string>());
     // Every router of a measured mixture of experts is its family's own (Hugging Face's softmax top-k).
     for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
-      if (cfg.contains(key) && cfg[key].is_number_unsigned() && cfg[key].get<std::uint64_t>() > 0) p.routers.insert("softmax");
+      if (cfg.contains(key) && cfg[key].is_number_unsigned() && cfg[key].get<std::uint64_t>() > 0) p.moe_kinds.insert("softmax");
     p.number("hidden", cfg.contains("n_embd") ? cfg["n_embd"].get<std::uint64_t>() : cfg["hidden_size"].get<std::uint64_t>());
     p.number("layers", c["layers"].get<std::uint64_t>());
     p.number("sequence", c["seq"].get<std::uint64_t>());
@@ -720,7 +720,7 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
       const json& n = c["numbers"];
       p.families.insert(a["family"].get<std::string>());
       for (const char* moe : {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4"})
-        if (a["family"] == moe) p.routers.insert("softmax");
+        if (a["family"] == moe) p.moe_kinds.insert("softmax");
       p.fine_tunings.insert("full");
       p.precisions.insert(a["precision"].get<std::string>());
       p.attentions.insert(a["attention"].get<std::string>() == "eager" ? "naive" : "flash");
@@ -774,7 +774,7 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
     if (d.contains("moe")) {
       const std::string router = d["moe"]["load_balancing"].get<std::string>().rfind("sinkhorn", 0) == 0 ? "sinkhorn" : "softmax";
       const bool alltoall = d["moe"]["token_dispatcher"].get<std::string>().rfind("alltoall", 0) == 0;
-      m.routers.insert(alltoall ? router + " + alltoall" : router);
+      m.moe_kinds.insert(alltoall ? router + " + alltoall" : router);
     }
     m.precisions.insert("mixed-bf16-fp32-grads");
     m.attentions.insert("flash");

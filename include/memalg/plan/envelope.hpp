@@ -46,7 +46,7 @@ struct stack_envelope {
   std::array<std::string_view, 8> recomputations{};  ///< none, selective, full, full-reentrant, every
   std::array<std::string_view, 8> optimizers{};    ///< optimizer name / implementation
   std::array<std::string_view, 8> fine_tunings{};  ///< fine_tuning_name: full, lora, qlora-nf4, ...
-  std::array<std::string_view, 2> routers{};       ///< a mixture of experts' router and dispatcher: moe_name
+  std::array<std::string_view, 2> moe_kinds{};     ///< a mixture of experts' router and dispatcher: moe_name
   std::array<std::string_view, 4> qk_norms{};      ///< norms on the query and key: qk_norm_name
   measured_range sequence, micro_batch, hidden, layers, grad_accum;
   measured_range dp, tp, pp, cp, ep;
@@ -121,7 +121,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.optimizers = {"adamw/foreach", "adamw/for-loop", "adamw/fused", "sgd", "momentum"};
       // (PEFT's LoRA and bitsandbytes' QLoRA: bench/torch/finetune.measured.json)
       e.fine_tunings = {"full", "lora", "qlora-nf4", "qlora-nf4-dq", "qlora-fp4", "frozen parts"};
-      e.routers = {"softmax"};  // Hugging Face's, as each family's modelling code routes
+      e.moe_kinds = {"softmax"};  // Hugging Face's, as each family's modelling code routes
       e.qk_norms = {"per head", "whole projection", "l2"};  // Qwen3 and Gemma 3, OLMo 2, Llama 4
       e.sequence = {64, 2048};
       e.micro_batch = {1, 8};
@@ -145,7 +145,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.recomputations = {"none", "every"};
       e.optimizers = {"adam"};
       e.fine_tunings = {"full"};
-      e.routers = {"sinkhorn"};
+      e.moe_kinds = {"sinkhorn"};
       e.sequence = {1024, 8192};
       e.micro_batch = {1, 4};
       e.hidden = {512, 4096};
@@ -320,7 +320,7 @@ constexpr void check_qk_norm(envelope_check& c, stack_kind s, std::string_view q
 /// Adds `moe` (moe_name; "" for none) when the stack's measurements lack it.
 constexpr void check_moe(envelope_check& c, stack_kind s, std::string_view moe) {
   const stack_envelope e = envelope_of(s);
-  if (e.validated && !moe.empty()) detail::check_listed(c, e.routers, "moe", moe);
+  if (e.validated && !moe.empty()) detail::check_listed(c, e.moe_kinds, "moe", moe);
 }
 
 /// Adds the attention of `attention` ("naive" / "flash" / "") when the stack's measurements lack it.
