@@ -56,6 +56,20 @@ using mixtral_on = m::plan<m::presets::mixtral_8x7b, megatron_training,
 static_assert(!mixtral_on<1>::fits, "every expert on every rank: Mixtral 8x7B's stage does not fit");
 static_assert(m::require_fits<mixtral_on<8>>(), "one expert per rank and block fits, whatever the routing");
 
+// DeepSeek-V3 on Megatron-LM: multi-head latent attention (MLASelfAttention; its 192-wide query
+// and key heads with 128-wide values train in cuDNN's fused attention from Hopper on), the sigmoid
+// router with its expert bias in fp32, the shared expert, and the same worst-routing bound on the
+// rows of expert parallelism (docs/algebra.md, "The megatron stack"; outside the envelope too).
+// On 1024 H100s as 16 pipeline stages of 64 data-parallel ranks with the distributed optimizer,
+// all 256 experts per block on every rank do not fit; eight expert-parallel ranks do.
+template <int Ep>
+using deepseek_on = m::plan<m::presets::deepseek_v3, megatron_training,
+                            m::parallel::mesh<m::parallel::data<64, m::parallel::zero<1>>, m::parallel::pipeline<16>,
+                                              m::parallel::expert<Ep>>,
+                            m::device::h100_80gb>;
+static_assert(!deepseek_on<1>::fits, "every expert on every rank: DeepSeek-V3's stage does not fit");
+static_assert(m::require_fits<deepseek_on<8>>(), "32 experts per rank and block fit, whatever the routing");
+
 // Active parameters: every parameter but the routed experts a token is not sent to and the input
 // embedding table (gpt-oss's convention; model/families.hpp).
 static_assert(m::active_parameters(m::presets::gpt_oss_20b::value) < m::presets::gpt_oss_20b::value.parameters() / 5);
@@ -97,5 +111,9 @@ int main() {
   std::printf("  expert parallelism 1: %s per GPU (does not fit)\n", m::to_string(mixtral_on<1>::per_rank.total()).c_str());
   std::printf("  expert parallelism 8: %s per GPU (the worst routing's rows)\n",
               m::to_string(mixtral_on<8>::per_rank.total()).c_str());
+  std::printf("\nDeepSeek-V3 on Megatron-LM, sequence 4096, full recomputation, 1024 H100s (pp 16, dp 64, ZeRO-1)\n");
+  std::printf("  expert parallelism 1: %s per GPU (does not fit)\n", m::to_string(deepseek_on<1>::per_rank.total()).c_str());
+  std::printf("  expert parallelism 8: %s per GPU (the worst routing's rows)\n",
+              m::to_string(deepseek_on<8>::per_rank.total()).c_str());
   return 0;
 }

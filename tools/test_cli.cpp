@@ -296,8 +296,9 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
   };
   // Megatron's softmax top-k router (TopKRouter's default, with its load-balancing loss) in
   // place of Sinkhorn's: per MoE block the router keeps the topk indices and the fp32 softmax of
-  // the k scores (T·k·12) and the loss's fp32 softmax over the experts (T·E·4) where Sinkhorn
-  // keeps the sigmoid of top-1's logits (T·E·2); both keep the bool map (T·E). Nothing else of
+  // the k scores (T·k·12), the deterministic index_put_'s int64 row index (T·8) and the loss's
+  // fp32 softmax over the experts (T·E·4) where Sinkhorn keeps the sigmoid of top-1's logits
+  // (T·E·2); both keep the bool map (T·E). Nothing else of
   // the step changes: the weights, the other layers and the experts' rows (R = T·k either way).
   g = f;
   g.moe_router = "softmax";
@@ -322,14 +323,14 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     REQUIRE(soft8.outside.size() == 1);
     CHECK(soft8.outside[0] == "moe: softmax");
     CHECK(rt.per_rank.activations.value - rs.per_rank.activations.value ==
-          blocks * ((T * k * 12 + T * E * 4) - T * E * 2));
+          blocks * ((T * 8 + T * k * 12 + T * E * 4) - T * E * 2));
     // Four experts, top-2: the same rule at k = 2 (Sinkhorn then keeps an fp32 softmax, T·E·4).
     plan_flags g2 = ga, f2 = fa;
     g2.top_k = f2.top_k = "2";
     const plan_inputs sink2 = make_inputs(f2), soft2 = make_inputs(g2);
     CHECK(evaluate(soft2.model, soft2.training, soft2.mesh, soft2.device).per_rank.activations.value -
               evaluate(sink2.model, sink2.training, sink2.mesh, sink2.device).per_rank.activations.value ==
-          blocks * (T * 2 * 12));
+          blocks * (T * 8 + T * 2 * 12));
   }
   // Expert parallelism (the allgather dispatcher, Megatron's default): planned, outside the
   // envelope. Each rank keeps E/ep experts' states; the group's G = T·ep tokens are gathered into
@@ -397,6 +398,37 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     a1.experts = a1.top_k = a1.moe_router = "";
     CHECK_THROWS_WITH_AS(make_inputs(a1), "--moe-dispatcher needs a mixture of experts", usage_error);
   }
+  // DeepSeek-V3's router (router_fp32) under megatron is Megatron's sigmoid router with expert
+  // bias in fp32 (--moe-router-dtype fp32 --moe-router-score-function sigmoid). Against the
+  // softmax router, per block with one expert-parallel rank: the routing's sigmoid result
+  // (T·E·4) beside the loss's score, the two normalisations' row sums (T·4 each) where the
+  // softmax keeps its k results, which the sigmoid path keeps too (the gathered scores), and the
+  // fp32 probabilities where the softmax router's are bf16: masked_select's input (T·E·(4 - 2))
+  // and the experts' scales (T·k·(4 - 2)). Shared experts (f_s wide) add their SwiGLU's input
+  // and FC2's input, T·3·f_s·2, and nothing else saved.
+  {
+    plan_flags sf = g;
+    sf.attention = "flash";
+    sf.top_k = "2";
+    const plan_inputs soft = make_inputs(sf);
+    const auto with = [&](auto&& change) {
+      model_desc m = soft.model;
+      for (std::size_t i = 0; i < m.size; ++i)
+        if (layer_desc& l = m.entries[i]; (l.shape.flags & layer_flags::moe) != 0) change(l.shape);
+      return evaluate(m, soft.training, soft.mesh, soft.device);
+    };
+    const plan_result base = evaluate(soft.model, soft.training, soft.mesh, soft.device);
+    const plan_result sig = with([](layer_shape& s) { s.router_fp32 = true; });
+    const plan_result shared = with([](layer_shape& s) { s.shared_ffn = 256; });
+    const std::uint64_t T = 4 * 1024, E = 4, k = 2, blocks = 4;
+    CHECK(sig.per_rank.activations.value - base.per_rank.activations.value ==
+          blocks * (T * E * 4 + T * 4 * 2 + T * E * 2 + T * k * 2));
+    CHECK(shared.per_rank.activations.value - base.per_rank.activations.value == blocks * (T * 3 * 256 * 2));
+    model_desc m = soft.model;
+    for (std::size_t i = 0; i < m.size; ++i)
+      if (layer_desc& l = m.entries[i]; (l.shape.flags & layer_flags::moe) != 0) l.shape.router_fp32 = l.shape.router_sinkhorn = true;
+    CHECK(std::string(detail::megatron_unmodelled(m, soft.mesh, soft.device)).rfind("the megatron stack plans DeepSeek-V3's router", 0) == 0);
+  }
   g.ep = "2";
   g.dp = "2";
   g.tp = "2";
@@ -436,6 +468,42 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     plan_flags gp = g;
     gp.stack = "pytorch";
     for (const std::string& o : envelope_report_of(make_inputs(gp)).outside) CHECK(o.rfind("qk-norm", 0) != 0);
+  }
+  // DeepSeek-V3's multi-head latent attention (Megatron-core's MLASelfAttention with TE). Against
+  // the same blocks' plain attention of head_dim-wide heads (Q, K, V and the output, T·a·d each),
+  // per block: the value and the output are v_head_dim wide, and the two fused norm-and-up
+  // projections keep their input, normalised output (T·rank·e each) and fp32 rstd (T·4). Each
+  // block's rotary module caches cos and sin for the sequence ([s, dr] each), kept between steps.
+  {
+    plan_flags d = g;
+    d.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/dsv3.json";
+    CHECK(refusal(d).empty());
+    const plan_inputs with = make_inputs(d);
+    model_desc plain = with.model;
+    std::uint64_t blocks = 0, a = 0, dqk = 0, dv = 0, dr = 0, ql = 0, kl = 0;
+    for (std::size_t i = 0; i < plain.size; ++i)
+      if (layer_desc& l = plain.entries[i]; l.kind == layer_kind::transformer_block) {
+        REQUIRE(l.shape.kv_lora_rank != 0);
+        REQUIRE((l.shape.flags & layer_flags::rms_norm) != 0);
+        blocks += l.count;
+        a = l.shape.heads, dqk = l.shape.head_dim, dv = l.shape.v_head_dim, dr = l.shape.rotary_dim;
+        ql = l.shape.q_lora_rank, kl = l.shape.kv_lora_rank;
+        l.shape.kv_lora_rank = l.shape.q_lora_rank = l.shape.v_head_dim = 0;
+      }
+    REQUIRE(dqk != dv);
+    const plan_result rw = evaluate(with.model, with.training, with.mesh, with.device);
+    const plan_result rp = evaluate(plain, with.training, with.mesh, with.device);
+    const std::uint64_t T = 2 * 1024, e = 2;
+    CHECK(rw.per_rank.activations.value + blocks * T * a * (2 * dqk) * e ==
+          rp.per_rank.activations.value + blocks * (T * a * (2 * dv) * e + T * (ql + kl) * 2 * e + T * 4 * 2));
+    const auto steady = [](const plan_result& r) { return r.most_loaded.at[static_cast<std::size_t>(phase::steady)].temporaries.value; };
+    CHECK(steady(rw) - steady(rp) == blocks * 2 * 1024 * dr * e);
+    // Heads of 192 and 128 (DeepSeek-V3's) train in cuDNN's fused attention from Hopper on only.
+    model_desc wide = with.model;
+    for (std::size_t i = 0; i < wide.size; ++i)
+      if (layer_desc& l = wide.entries[i]; l.kind == layer_kind::transformer_block) l.shape.head_dim = 192, l.shape.v_head_dim = 128;
+    CHECK(std::string(detail::megatron_unmodelled(wide, with.mesh, device::h100_80gb::value)).empty());
+    CHECK(std::string(detail::megatron_unmodelled(wide, with.mesh, device::a100_80gb::value)).rfind("Transformer Engine trains", 0) == 0);
   }
   g.config = std::string(MEMALG_SOURCE_DIR) + "/bench/torch/configs/olmo2.json";
   CHECK(refusal(g).rfind("the megatron stack does not model norms after the sub-layers", 0) == 0);

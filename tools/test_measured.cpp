@@ -687,9 +687,12 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
                           : frozen ? "frozen parts"
                                    : "full");
     p.families.insert(imported_family(c));
-    // The norms on the query and key of the model memalg imports for the case.
-    for (const layer_desc& l : load_hf_config(std::string(MEMALG_SOURCE_DIR) + "/" + c["config"].get<std::string>()).model)
+    // The norms on the query and key, and the routers, of the model memalg imports for the case
+    // (every router of a measured mixture of experts is its family's own).
+    for (const layer_desc& l : load_hf_config(std::string(MEMALG_SOURCE_DIR) + "/" + c["config"].get<std::string>()).model) {
       if (!qk_norm_name(l).empty()) p.qk_norms.insert(std::string(qk_norm_name(l)));
+      if (!moe_name(l).empty()) p.moe_kinds.insert(std::string(moe_name(l)));
+    }
     p.precisions.insert(c["precision"].get<std::string>());
     p.attentions.insert(c["attention"].get<std::string>() == "eager" ? "naive" : "flash");
     p.recomputations.insert(c["gradient_checkpointing"].get<bool>() ? "full" : "none");
@@ -697,9 +700,6 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
     p.optimizers.insert(o == "sgd" ? (c["momentum"].get<double>() > 0 ? "momentum" : "sgd")
                                    : o + (c["foreach"].get<bool>() ? "/foreach" : "/for-loop"));
     const json cfg = read_json(c["config"].get<std::string>());
-    // Every router of a measured mixture of experts is its family's own (Hugging Face's softmax top-k).
-    for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
-      if (cfg.contains(key) && cfg[key].is_number_unsigned() && cfg[key].get<std::uint64_t>() > 0) p.moe_kinds.insert("softmax");
     p.number("hidden", cfg.contains("n_embd") ? cfg["n_embd"].get<std::uint64_t>() : cfg["hidden_size"].get<std::uint64_t>());
     p.number("layers", c["layers"].get<std::uint64_t>());
     p.number("sequence", c["seq"].get<std::uint64_t>());
@@ -719,8 +719,11 @@ TEST_CASE("the pytorch and megatron stacks' envelopes are what their data covers
       const json& a = c["axes"];
       const json& n = c["numbers"];
       p.families.insert(a["family"].get<std::string>());
-      for (const char* moe : {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4"})
+      // The family's own router: DeepSeek-V3's and Llama 4's score the chosen experts with a sigmoid.
+      for (const char* moe : {"mixtral", "qwen3_moe", "gpt_oss"})
         if (a["family"] == moe) p.moe_kinds.insert("softmax");
+      for (const char* moe : {"deepseek_v3", "llama4"})
+        if (a["family"] == moe) p.moe_kinds.insert("sigmoid");
       p.fine_tunings.insert("full");
       p.precisions.insert(a["precision"].get<std::string>());
       p.attentions.insert(a["attention"].get<std::string>() == "eager" ? "naive" : "flash");

@@ -121,7 +121,7 @@ constexpr stack_envelope envelope_of(stack_kind s) {
       e.optimizers = {"adamw/foreach", "adamw/for-loop", "adamw/fused", "sgd", "momentum"};
       // (PEFT's LoRA and bitsandbytes' QLoRA: bench/torch/finetune.measured.json)
       e.fine_tunings = {"full", "lora", "qlora-nf4", "qlora-nf4-dq", "qlora-fp4", "frozen parts"};
-      e.moe_kinds = {"softmax"};  // Hugging Face's, as each family's modelling code routes
+      e.moe_kinds = {"softmax", "sigmoid"};  // Hugging Face's, as each family's modelling code routes
       e.qk_norms = {"per head", "whole projection", "l2"};  // Qwen3 and Gemma 3, OLMo 2, Llama 4
       e.sequence = {64, 2048};
       e.micro_batch = {1, 8};
@@ -293,13 +293,18 @@ constexpr void check_fine_tuning(envelope_check& c, stack_kind s, std::string_vi
 }
 
 /// A mixture of experts' router and token dispatcher as the envelope names them: "sinkhorn"
-/// (Megatron's Sinkhorn load balancing) or "softmax" (a softmax top-k: Hugging Face's routers,
-/// Megatron's TopKRouter), with " + alltoall" for Megatron's all-to-all dispatcher (the
-/// allgather one, Megatron's default, unnamed); "" for a block without experts.
+/// (Megatron's Sinkhorn load balancing), "sigmoid" (sigmoid scores of the chosen experts:
+/// DeepSeek-V3's router with its expert bias, in fp32, and Megatron's TopKRouter with
+/// --moe-router-score-function sigmoid; Llama 4's) or "softmax" (a softmax top-k: the other
+/// Hugging Face routers, Megatron's TopKRouter by default), with " + alltoall" for Megatron's
+/// all-to-all dispatcher (the allgather one, Megatron's default, unnamed); "" for a block
+/// without experts.
 constexpr std::string_view moe_name(const layer_desc& block) {
-  if ((block.shape.flags & layer_flags::moe) == 0) return "";
-  if (block.shape.moe_alltoall) return block.shape.router_sinkhorn ? "sinkhorn + alltoall" : "softmax + alltoall";
-  return block.shape.router_sinkhorn ? "sinkhorn" : "softmax";
+  const layer_shape& s = block.shape;
+  if ((s.flags & layer_flags::moe) == 0) return "";
+  if (s.router_sinkhorn) return s.moe_alltoall ? "sinkhorn + alltoall" : "sinkhorn";
+  if (s.router_fp32 || s.dense_experts) return s.moe_alltoall ? "sigmoid + alltoall" : "sigmoid";
+  return s.moe_alltoall ? "softmax + alltoall" : "softmax";
 }
 
 /// A block's norms on the query and key as the envelope names them: "per head" (Qwen3's, Megatron's

@@ -105,8 +105,9 @@ constexpr plan_issue layer_issue(const model_desc& model, const training_desc& t
 /// Why the training stack cannot plan the model (one sentence), or empty: the megatron stack's
 /// refusals (stacks/megatron.hpp, megatron_unmodelled); a Sinkhorn router, which only Megatron
 /// has, under the pytorch stack, whose routers are Hugging Face's.
-constexpr std::string_view stack_unmodelled(const model_desc& model, const training_desc& t, const mesh_desc& m) {
-  if (t.stack == stack_kind::megatron) return megatron_unmodelled(model, m);
+constexpr std::string_view stack_unmodelled(const model_desc& model, const training_desc& t, const mesh_desc& m,
+                                            const device_desc& d) {
+  if (t.stack == stack_kind::megatron) return megatron_unmodelled(model, m, d);
   if (t.stack == stack_kind::pytorch)
     for (const layer_desc& l : model) {
       if (l.shape.router_sinkhorn)
@@ -139,7 +140,7 @@ constexpr plan_issue find_plan_issue(const model_desc& model, const training_des
   if (const plan_issue i = detail::layer_issue(model, t, m); i != plan_issue::none) return i;
   const std::uint64_t repeated = model.repeated_layers();
   if (m.pp > 1 && repeated != 0 && m.pp * m.virtual_stages > repeated) return plan_issue::pipeline_deeper_than_layers;
-  if (!detail::stack_unmodelled(model, t, m).empty()) return plan_issue::stack_does_not_model;
+  if (!detail::stack_unmodelled(model, t, m, d).empty()) return plan_issue::stack_does_not_model;
   return plan_issue::none;
 }
 
@@ -149,7 +150,7 @@ constexpr std::string_view plan_error(const model_desc& model, const training_de
   if (const std::string_view e = mesh_error(m); !e.empty()) return e;
   if (const std::string_view e = device_error(d); !e.empty()) return e;
   const plan_issue i = find_plan_issue(model, t, m, d);
-  if (i == plan_issue::stack_does_not_model) return detail::stack_unmodelled(model, t, m);
+  if (i == plan_issue::stack_does_not_model) return detail::stack_unmodelled(model, t, m, d);
   return describe(i);
 }
 

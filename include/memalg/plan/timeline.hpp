@@ -137,9 +137,12 @@ constexpr timeline stage_timeline(const model_desc& model, const training_desc& 
       for (breakdown& b : tl.at) b.comm_buffers += s.device.gradients;
   }
   if (t.stack == stack_kind::megatron) {
-    // (stacks/megatron.hpp: the cuBLAS workspaces and, under expert parallelism, the global buffer
-    // the allgather dispatcher gathers into, both kept by the process)
-    const bytes kept = detail::megatron_workspaces(model, d) + detail::megatron_global_buffer(model, activation_context_of(t, m));
+    // (stacks/megatron.hpp: the cuBLAS workspaces, under expert parallelism the global buffer the
+    // allgather dispatcher gathers into, and the MLA blocks' cached cos and sin, all kept by the
+    // process)
+    const activation_context c = activation_context_of(t, m);
+    const bytes kept = detail::megatron_workspaces(model, d) + detail::megatron_global_buffer(model, c) +
+                       detail::megatron_rope_cache(model, c, stage, m.pp);
     for (breakdown& b : tl.at) b.temporaries += kept;
   }
   tl.host = s.host;
