@@ -129,8 +129,6 @@ memalg_cli_refused(megatron_mla "plan --config ${_hf_configs}/deepseek-v3.json -
   "^memalg: error: Transformer Engine trains this latent attention's heads [(]query and key wider than the values[)] with neither cuDNN's fused kernel nor flash-attention on this device")
 memalg_cli_refused(megatron_mla_tp "plan --config ${_hf_configs}/deepseek-v3.json --seq 4096 --tp 2 --sp --device h100-80gb --stack megatron"
   "^memalg: error: the megatron stack models multi-head latent attention [(]Megatron-core's MLASelfAttention[)] on one tensor-parallel and one context-parallel rank")
-memalg_cli_refused(megatron_sinks "plan --config ${_hf_configs}/gpt-oss-20b.json --seq 4096 --stack megatron"
-  "^memalg: error: the megatron stack does not model attention sinks")
 memalg_cli_refused(megatron_olmo2 "plan --config ${_hf_configs}/olmo-2-7b.json --seq 4096 --stack megatron"
   "^memalg: error: the megatron stack does not model norms after the sub-layers")
 memalg_cli_refused(megatron_softcap "plan --config ${_hf_configs}/gemma-2-9b.json --seq 4096 --stack megatron"
@@ -189,6 +187,8 @@ memalg_cli_ok(megatron_qwen3_moe "plan --config ${_hf_configs}/qwen3-30b-a3b.jso
   "stack megatron.*note: outside the megatron stack's measured envelope [(]family: qwen3_moe, .*moe: softmax, qk-norm: per head[)]")
 memalg_cli_ok(megatron_deepseek_v3 "plan --config ${_hf_configs}/deepseek-v3.json --seq 4096 --dp 64 --ep 64 --pp 16 --recompute full --device h100-80gb --stack megatron"
   "stack megatron.*note: outside the megatron stack's measured envelope [(]family: deepseek_v3, .*moe: sigmoid[)]")
+memalg_cli_ok(megatron_gpt_oss "plan --config ${_hf_configs}/gpt-oss-20b.json --seq 4096 --dp 8 --ep 8 --device h100-80gb --stack megatron"
+  "stack megatron.*note: outside the megatron stack's measured envelope [(]family: gpt_oss, .*moe: softmax[)]")
 memalg_cli_ok(megatron_moe "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --attention flash --dropout 0.1 --seq 1024 --micro-batch 4 --dp 8 --optimizer adam --device h100-80gb --stack megatron --json"
   "\"parameters\": 63521792")
 memalg_cli_ok(deprecated_precision "plan --params 7B --precision amp-bf16" "precision mixed-bf16-fp32-grads"

@@ -424,6 +424,16 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     CHECK(sig.per_rank.activations.value - base.per_rank.activations.value ==
           blocks * (T * E * 4 + T * 4 * 2 + T * E * 2 + T * k * 2));
     CHECK(shared.per_rank.activations.value - base.per_rank.activations.value == blocks * (T * 3 * 256 * 2));
+    // gpt-oss's clamped experts as Megatron's gpt-oss recipes run them (TEGroupedMLP's unfused
+    // glu, fp32 router probabilities): both clamps keep FC1's output, quick_gelu its input and
+    // sigmoid, the products `a * (up + 1)` and `g * probs` their operands, 5·R·f more than
+    // ScaledSwiGLU's input and FC2's; the fp32 probabilities as above. Its YaRN rotary keeps
+    // [s, d] cos and sin for the query and the key in every block.
+    const plan_result clamped = with([](layer_shape& s) { s.clamped_swiglu = true; });
+    const std::uint64_t f = 1344, R = T * k;
+    CHECK(clamped.per_rank.activations.value - base.per_rank.activations.value == blocks * (R * 5 * f * 2 + T * E * 2 + R * 2));
+    const plan_result yarn = with([](layer_shape& s) { s.rotary_half_table = true; });
+    CHECK(yarn.per_rank.activations.value - base.per_rank.activations.value == blocks * (4 * 1024 * 64 * 2));
     model_desc m = soft.model;
     for (std::size_t i = 0; i < m.size; ++i)
       if (layer_desc& l = m.entries[i]; (l.shape.flags & layer_flags::moe) != 0) l.shape.router_fp32 = l.shape.router_sinkhorn = true;
@@ -515,10 +525,10 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
   CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor-parallel rank", 0) == 0);
   g = f;
   g.swiglu = false;
-  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases only", 0) == 0);
+  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases", 0) == 0);
   g = f;
   g.no_linear_bias = false;
-  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases only", 0) == 0);
+  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases", 0) == 0);
   // A Sinkhorn router is Megatron's: the pytorch stack refuses it.
   g = f;
   g.stack = "pytorch";

@@ -29,7 +29,8 @@ constexpr raw_activations megatron_activations(const layer_desc& l, const activa
 
 /// Megatron-core's MoELayer (megatron/core/transformer/moe/) on one tensor-parallel rank, dropless,
 /// with the Sinkhorn router, the softmax top-k router and its load-balancing loss or DeepSeek-V3's
-/// sigmoid router with expert bias in fp32, shared experts or none, the allgather
+/// sigmoid router with expert bias in fp32, shared experts or none, gpt-oss's clamped experts with
+/// biases (TEGroupedMLP's unfused forward) or SwiGLU ones, the allgather
 /// token dispatcher (Megatron's default) or the all-to-all one (layer_shape::moe_alltoall) and
 /// grouped-GEMM SwiGLU experts run by Transformer Engine's operation fuser; what
 /// `megatron_unmodelled` lets through. With ep expert-parallel ranks the tokens of the group's
@@ -58,8 +59,13 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   // --moe-router-enable-expert-bias with group-limited top-k and the sequence-level
   // load-balancing loss. Its logits, and so the probabilities the dispatcher and the experts
   // carry, are fp32: p bytes an element where the others have the activations' e.
-  const bool sigmoid = s.router_fp32;
-  const std::uint64_t p = sigmoid ? 4 : em;
+  // gpt-oss (layer_shape::clamped_swiglu) as Megatron's gpt-oss recipes run it
+  // (examples/gptoss/02_train.sh, examples/post_training/modelopt/conf/openai/gpt-oss-20b.sh):
+  // --moe-router-dtype fp32 with the softmax top-k router, --quick-geglu
+  // --activation-func-clamp-value 7.0 --glu-linear-offset 1.0 --no-bias-gelu-fusion, biases on
+  // the experts (add_bias_linear).
+  const bool sigmoid = s.router_fp32, clamped = s.clamped_swiglu;
+  const std::uint64_t p = sigmoid || clamped ? 4 : em;
   const auto b = [](std::uint64_t n) { return bytes{n}; };
   // The router (router.py, TopKRouter) on the rank's T tokens and all E experts:
   // RouterGatingLinearFunction (moe_utils.py) keeps its input, the pre-MLP norm's output (counted
@@ -97,9 +103,14 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
       // The routing's moment (forward): the logits, the [T, E] probabilities scattered from a
       // zero tensor, the int32 map before its cast to bool and the loss's fp32 scores; backward:
       // the probabilities' gradient, the topk backward's zero-filled [T, E] gradient, the loss's
-      // fp32 softmax gradient and its cast back to the logits' dtype.
-      r.forward_temporary = b(checked_mul(TE, 2 * em + 4 + 4));
-      r.backward_temporary = b(checked_mul(TE, 3 * em + 4));
+      // fp32 softmax gradient and its cast back to the logits' dtype (p bytes each: the
+      // logits'). With fp32 logits from bf16 activations, RouterGatingLinearFunction.backward's
+      // fp32 GEMMs as below.
+      r.forward_temporary = b(checked_mul(TE, 2 * p + 4 + 4));
+      r.backward_temporary = b(checked_mul(TE, 3 * p + 4));
+      if (p != em)
+        r.backward_temporary = max_b(r.backward_temporary, b(checked_mul(TE, 4)) + b(checked_mul(checked_mul(T, h), 8 + em)) +
+                                                               b(checked_mul(checked_mul(E, h), 8)));
     } else {
       // Sigmoid with the expert bias: `scores = torch.sigmoid(logits.float())` keeps its fp32
       // result (the logits are fp32, so `.float()` copies nothing); the experts are chosen on
@@ -161,6 +172,14 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   // (the routed probabilities), FC2 its input (the scaled SwiGLU output).
   r.saved.weight_grad = b(checked_mul(R, checked_mul(h, em))) + b(checked_mul(R, checked_mul(f, em)));
   r.saved.input_grad = b(checked_mul(R, checked_mul(2 * f, em))) + b(checked_mul(R, p)) + router;
+  // gpt-oss's experts run TEGroupedMLP's unfused forward (experts.py, the `glu` of bias_act_func
+  // with the bias-activation fusion off; FC1's bias added in its GEMM): both clamps keep FC1's
+  // output (2f, ClampBackward0 keeps `self`), quick_gelu (a compiled `x * sigmoid(1.702 x)`)
+  // keeps the clamped gate and, counted as a bound, its sigmoid; `a * (up + 1)` keeps a and
+  // `up + 1`; the product with the probabilities keeps its other operand, the gated product
+  // (R·f each); FC2 keeps its input and `_apply_bias` scales FC2's bias by the probabilities
+  // (keeping views of them). 7 R·f where ScaledSwiGLU keeps 2.
+  if (clamped) r.saved.input_grad += b(checked_mul(R, checked_mul(5 * f, em)));
   // The combine: moe_utils.unpermute adds rows into a zero tensor with index_add_ (under
   // deterministic algorithms, --deterministic-mode, which the functional tests set; scatter_add_
   // otherwise keeps only the index, so this is a bound), and PyTorch's backward of index_add
@@ -190,6 +209,22 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   const bytes glu = b(checked_mul(R, checked_mul(h + 5 * f, em))) + b(checked_mul(R, p)) + wgrad2;
   const bytes fc1 = b(checked_mul(R, checked_mul(2 * h + 2 * f, em))) + wgrad2 * 3;
   r.backward_temporary = max_b(r.backward_temporary, max_b(glu, fc1));
+  if (clamped) {
+    // gpt-oss's unfused path. Forward: the gated product times the fp32 probabilities (R·f·4)
+    // before its cast, then `_apply_bias`'s fp32 per-expert sums and their fp32 cat beside FC2's
+    // output (R·h·(e + 8)). Backward, with the output's gradient (R·h) held: `_apply_bias`'s
+    // fp32 gradient, the per-expert gradients and the split's cat (R·h·(4 + 2e)); the product
+    // with the probabilities in fp32 (the gradient's cast, `grad * probs`, `grad * g`, then the
+    // cast back: R·f·(12 + e)); the GLU's products' and clamps' gradients, their bool masks
+    // and the cat into FC1's [R, 2f] (R·f·(6e + 2)); FC1's input gradient with the cat (R·(h +
+    // 2f)·e); and the weight gradients (wgrad2 as above).
+    r.forward_temporary = max_b(r.forward_temporary, max_b(b(checked_mul(R, checked_mul(f, 4))), b(checked_mul(R, checked_mul(h, em + 8)))));
+    const bytes held = rows;
+    r.backward_temporary = max_b(r.backward_temporary,
+                                 held + wgrad2 * 3 +
+                                     max_b(max_b(b(checked_mul(R, checked_mul(h, 4 + 2 * em))), b(checked_mul(R, checked_mul(f, 12 + em)))),
+                                           max_b(b(checked_mul(R, checked_mul(f, 6 * em + 2))), b(checked_mul(R, checked_mul(h + 2 * f, em))))));
+  }
   // With ep > 1 the combine's backward all-gathers the output gradient ([G, h]) before
   // unpermute's backward selects its R rows, and permute's backward adds the rows' gradients into
   // a zero [G, h] that the gather's backward reduce-scatters into a new [T, h]
@@ -343,9 +378,6 @@ constexpr std::string_view megatron_unmodelled(const model_desc& model, const me
       return "Transformer Engine trains this latent attention's heads (query and key wider than the values) with "
              "neither cuDNN's fused kernel nor flash-attention on this device, in its unfused attention, which the "
              "megatron stack does not model: plan it on a Hopper or later device or with --stack pytorch";
-    if (s.attention_sinks)
-      return "the megatron stack does not model attention sinks (gpt-oss; Megatron-core's learnable softmax "
-             "offset, softmax_type learnable): plan it with --stack pytorch";
     if ((s.flags & layer_flags::qk_norm_whole) != 0)
       return "Megatron-core's qk_layernorm normalises each head; a norm over the whole query and key projections "
              "(OLMo 2's) is not in it: plan it with --stack pytorch";
@@ -353,15 +385,13 @@ constexpr std::string_view megatron_unmodelled(const model_desc& model, const me
       return "the megatron stack does not model the weightless L2 norm on the query and key (Megatron-core's "
              "qk_l2_norm, Llama 4's): plan it with --stack pytorch";
     if ((s.flags & layer_flags::moe) == 0) continue;
-    if (s.clamped_swiglu)
-      return "the megatron stack does not model clamped SwiGLU experts (gpt-oss): plan it with --stack pytorch";
     if (s.router_fp32 && s.router_sinkhorn)
       return "the megatron stack plans DeepSeek-V3's router as Megatron's sigmoid router with expert bias in fp32 "
              "(--moe-router-score-function sigmoid); it does not model Sinkhorn's with fp32 logits: drop --moe-router "
              "sinkhorn";
-    if ((s.flags & layer_flags::gated) == 0 || (s.flags & layer_flags::bias) != 0)
-      return "the megatron stack models SwiGLU experts without biases only (Transformer Engine's fused grouped "
-             "MLP; --swiglu --no-linear-bias)";
+    if (!s.clamped_swiglu && ((s.flags & layer_flags::gated) == 0 || (s.flags & layer_flags::bias) != 0))
+      return "the megatron stack models SwiGLU experts without biases (Transformer Engine's fused grouped MLP; "
+             "--swiglu --no-linear-bias) and gpt-oss's clamped ones";
     if (s.capacity_factor_percent != 0)
       return "the megatron stack does not model a capacity factor (Megatron-core's token dropping, "
              "apply_router_token_dropping): plan the experts dropless";
@@ -417,6 +447,15 @@ constexpr raw_activations megatron_activations(const layer_desc& l, const activa
         attention_backward = mla.backward_temporary;
       }
       if (drop) r.parts.attention.input_grad += a.rep(bytes{H});  // the attention's bias-dropout-add mask
+      // gpt-oss's rotary embedding (layer_shape::rotary_half_table) as Megatron's gpt-oss recipes
+      // run it: --position-embedding-type yarn, whose concentration factor keeps the rotation off
+      // the fused kernel (rope_utils.py, apply_rotary_pos_emb_bshd: `t * cos_ + rotate_half(t) *
+      // sin_`, each product keeping its [s, 1, 1, d] cos_ or sin_ in the activations' dtype), for
+      // the query and for the key: 4·s·d·e per block, whatever the micro-batch. Its learned sinks
+      // (--softmax-type learnable) keep an [a] fp32 offset in TE's fused attention, which
+      // otherwise keeps what it keeps without them.
+      if (s.rotary_half_table)
+        r.parts.attention.input_grad += bytes{checked_mul(checked_mul(4, ceil_div(a.seq, c.cp)), checked_mul(s.head_dim, em))};
       // Norms on each query and key head (`--qk-layernorm`; attention.py,
       // get_query_key_value_tensors: TENorm of head_dim on the query's reshaped copy and on the
       // key's strided view of the fused QKV output). Transformer Engine's norm op
