@@ -67,6 +67,12 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   const bool sigmoid = s.router_fp32, clamped = s.clamped_swiglu;
   const std::uint64_t p = sigmoid || clamped ? 4 : em;
   const auto b = [](std::uint64_t n) { return bytes{n}; };
+  // RouterGatingLinearFunction.backward with fp32 logits from narrower activations
+  // (te_general_gemm with router_dtype fp32): the logits' gradient, the weight's fp32 copy, the
+  // input gradient's fp32 result and the input's fp32 copy for the weight gradient, the fp32
+  // weight gradient and the input gradient's cast back, counted as a sum.
+  const bytes fp32_gating = p != em ? b(checked_mul(TE, 4)) + b(checked_mul(checked_mul(T, h), 8 + em)) + b(checked_mul(checked_mul(E, h), 8))
+                                    : bytes{};
   // The router (router.py, TopKRouter) on the rank's T tokens and all E experts:
   // RouterGatingLinearFunction (moe_utils.py) keeps its input, the pre-MLP norm's output (counted
   // with the norm), and the weight, and makes logits in the router's dtype (the input's unless
@@ -104,13 +110,9 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
       // zero tensor, the int32 map before its cast to bool and the loss's fp32 scores; backward:
       // the probabilities' gradient, the topk backward's zero-filled [T, E] gradient, the loss's
       // fp32 softmax gradient and its cast back to the logits' dtype (p bytes each: the
-      // logits'). With fp32 logits from bf16 activations, RouterGatingLinearFunction.backward's
-      // fp32 GEMMs as below.
+      // logits'); then the gating's backward.
       r.forward_temporary = b(checked_mul(TE, 2 * p + 4 + 4));
-      r.backward_temporary = b(checked_mul(TE, 3 * p + 4));
-      if (p != em)
-        r.backward_temporary = max_b(r.backward_temporary, b(checked_mul(TE, 4)) + b(checked_mul(checked_mul(T, h), 8 + em)) +
-                                                               b(checked_mul(checked_mul(E, h), 8)));
+      r.backward_temporary = max_b(b(checked_mul(TE, 3 * p + 4)), fp32_gating);
     } else {
       // Sigmoid with the expert bias: `scores = torch.sigmoid(logits.float())` keeps its fp32
       // result (the logits are fp32, so `.float()` copies nothing); the experts are chosen on
@@ -127,14 +129,10 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
       // cast and negation, and the masked scores (T·E·18); later, beside the logits, the
       // probabilities and the map, the loss's normalised scores and its map's zeros, int32 cast
       // and scatter (T·E·21). Backward: the probabilities' gradient, gather's zero-filled
-      // [T, E] gradient, the two sigmoid and the division's gradients (T·E·20); then
-      // RouterGatingLinearFunction.backward in fp32 (te_general_gemm with router_dtype fp32):
-      // the logits' gradient, the weight's fp32 copy, the input gradient's fp32 result and the
-      // input's fp32 copy for the weight gradient, the fp32 weight gradient and the input
-      // gradient's cast back: T·E·4 + T·h·(8 + e) + E·h·8, counted as a sum.
+      // [T, E] gradient, the two sigmoid and the division's gradients (T·E·20); then the
+      // gating's fp32 backward.
       r.forward_temporary = b(checked_mul(TE, 21));
-      r.backward_temporary = max_b(b(checked_mul(TE, 20)), b(checked_mul(TE, 4)) + b(checked_mul(checked_mul(T, h), 8 + em)) +
-                                                           b(checked_mul(checked_mul(E, h), 8)));
+      r.backward_temporary = max_b(b(checked_mul(TE, 20)), fp32_gating);
     }
   }
   const bytes stream = b(checked_mul(T, checked_mul(h, em))), gathered = b(checked_mul(G, checked_mul(h, em)));
