@@ -173,6 +173,9 @@ void plan_flags::add_to(CLI::App& app) {
   app.add_option("--moe-dispatcher", moe_dispatcher,
                  "allgather (Megatron's default) | alltoall: Megatron's --moe-token-dispatcher-type, for any "
                  "mixture of experts under --stack megatron");
+  app.add_option("--moe-router-dtype", moe_router_dtype,
+                 "fp32: Megatron's --moe-router-dtype, the router's logits and probabilities in fp32, for any "
+                 "mixture of experts under --stack megatron (default: the model's own)");
   app.add_option("--norm", norm, "layernorm|rmsnorm");
   app.add_option("--attention", attention, "naive (scores saved; Hugging Face eager) | flash (output and log-sum-exp saved; SDPA, the default with --config)");
   app.add_option("--dropout", dropout, "dropout probability in [0, 1) (default 0, presets their own)");
@@ -629,6 +632,15 @@ plan_inputs make_inputs(const plan_flags& f) {
         experts = true;
       }
     if (!experts) throw usage_error("--moe-dispatcher needs a mixture of experts");
+  }
+  if (!f.moe_router_dtype.empty()) {
+    if (f.moe_router_dtype != "fp32") throw usage_error("unknown --moe-router-dtype '" + f.moe_router_dtype + "' (fp32)");
+    if (t.stack != stack_kind::megatron)
+      throw usage_error("--moe-router-dtype is Megatron's (--stack megatron); other stacks route as the model's code does");
+    bool experts = false;
+    for (std::size_t i = 0; i < in.model.size; ++i)
+      if (layer_desc& l = in.model.entries[i]; (l.shape.flags & layer_flags::moe) != 0) l.shape.router_fp32 = experts = true;
+    if (!experts) throw usage_error("--moe-router-dtype needs a mixture of experts");
   }
   if (t.stack == stack_kind::memalg) t.fused_optimizer = true;  // as train::stacks::memalg
   if (f.optimizer_impl == "foreach") t.optimizer_kind = optimizer_impl::foreach;

@@ -68,6 +68,7 @@ struct plan_flags {
   std::string experts, top_k;   ///< a mixture of experts in every block
   std::string moe_router;       ///< softmax (Hugging Face's top-k) | sinkhorn (Megatron's)
   std::string moe_dispatcher;   ///< allgather | alltoall (Megatron's --moe-token-dispatcher-type)
+  std::string moe_router_dtype;  ///< fp32 (Megatron's --moe-router-dtype); empty: the model's own
   std::string norm;       ///< layernorm|rmsnorm
   std::string attention;  ///< naive|flash
   std::string dropout;    ///< probability in [0, 1)

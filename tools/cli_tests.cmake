@@ -187,6 +187,10 @@ memalg_cli_ok(megatron_qwen3_moe "plan --config ${_hf_configs}/qwen3-30b-a3b.jso
   "stack megatron.*note: outside the megatron stack's measured envelope [(]family: qwen3_moe, .*moe: softmax, qk-norm: per head[)]")
 memalg_cli_ok(megatron_deepseek_v3 "plan --config ${_hf_configs}/deepseek-v3.json --seq 4096 --dp 64 --ep 64 --pp 16 --recompute full --device h100-80gb --stack megatron"
   "stack megatron.*note: outside the megatron stack's measured envelope [(]family: deepseek_v3, .*moe: sigmoid[)]")
+memalg_cli_ok(megatron_router_fp32 "plan --layers 12 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1024 --no-linear-bias --experts 8 --top-k 2 --moe-router-dtype fp32 --attention flash --dropout 0.1 --seq 1024 --micro-batch 4 --dp 8 --ep 8 --zero 1 --optimizer adam --device h100-80gb --stack megatron"
+  "ep=8 .*note: outside the megatron stack's measured envelope [(]ep: 8 [(]measured 1[.][.]1[)], moe: softmax[)]")
+memalg_cli_refused(pytorch_router_fp32 "plan --config ${_hf_configs}/mixtral-8x7b-v0.1.json --seq 4096 --moe-router-dtype fp32"
+  "^memalg: error: --moe-router-dtype is Megatron's")
 memalg_cli_ok(megatron_gpt_oss "plan --config ${_hf_configs}/gpt-oss-20b.json --seq 4096 --dp 8 --ep 8 --device h100-80gb --stack megatron"
   "stack megatron.*note: outside the megatron stack's measured envelope [(]family: gpt_oss, .*moe: softmax[)]")
 memalg_cli_ok(megatron_moe "plan --layers 4 --hidden 512 --heads 8 --vocab 50304 --positions 1024 --ffn 1344 --swiglu --no-linear-bias --experts 4 --top-k 1 --moe-router sinkhorn --attention flash --dropout 0.1 --seq 1024 --micro-batch 4 --dp 8 --optimizer adam --device h100-80gb --stack megatron --json"

@@ -289,6 +289,7 @@ hf_model read_current_family(const json& top, hf_model m, std::string_view sourc
     f.moe.ffn = r.count({"moe_intermediate_size"});
     f.moe.shared_ffn = mul(f.moe.ffn, r.count_or_none({"n_shared_experts"}, 1));
     f.moe.router_fp32 = true;  // DeepseekV3TopkRouter: F.linear(hidden.type(float32), weight.type(float32))
+    f.moe.router_sigmoid = true;  // DeepseekV3TopkRouter: sigmoid, e_score_correction_bias, n_group / topk_group
     const std::uint64_t dense = std::min(r.count_or_none({"first_k_dense_replace"}, 0), c.layers);
     f.moe.sparse_layers = c.layers - dense;
     c.tied = r.flag_or({"tie_word_embeddings"}, false);

@@ -398,7 +398,7 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     a1.experts = a1.top_k = a1.moe_router = "";
     CHECK_THROWS_WITH_AS(make_inputs(a1), "--moe-dispatcher needs a mixture of experts", usage_error);
   }
-  // DeepSeek-V3's router (router_fp32) under megatron is Megatron's sigmoid router with expert
+  // DeepSeek-V3's router (router_sigmoid, router_fp32) under megatron is Megatron's sigmoid router with expert
   // bias in fp32 (--moe-router-dtype fp32 --moe-router-score-function sigmoid). Against the
   // softmax router, per block with one expert-parallel rank: the routing's sigmoid result
   // (T·E·4) beside the loss's score, the two normalisations' row sums (T·4 each) where the
@@ -418,7 +418,7 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
       return evaluate(m, soft.training, soft.mesh, soft.device);
     };
     const plan_result base = evaluate(soft.model, soft.training, soft.mesh, soft.device);
-    const plan_result sig = with([](layer_shape& s) { s.router_fp32 = true; });
+    const plan_result sig = with([](layer_shape& s) { s.router_sigmoid = s.router_fp32 = true; });
     const plan_result shared = with([](layer_shape& s) { s.shared_ffn = 256; });
     const std::uint64_t T = 4 * 1024, E = 4, k = 2, blocks = 4;
     CHECK(sig.per_rank.activations.value - base.per_rank.activations.value ==
@@ -436,7 +436,7 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
     CHECK(yarn.per_rank.activations.value - base.per_rank.activations.value == blocks * (4 * 1024 * 64 * 2));
     model_desc m = soft.model;
     for (std::size_t i = 0; i < m.size; ++i)
-      if (layer_desc& l = m.entries[i]; (l.shape.flags & layer_flags::moe) != 0) l.shape.router_fp32 = l.shape.router_sinkhorn = true;
+      if (layer_desc& l = m.entries[i]; (l.shape.flags & layer_flags::moe) != 0) l.shape.router_sigmoid = l.shape.router_sinkhorn = true;
     CHECK(std::string(detail::megatron_unmodelled(m, soft.mesh, soft.device)).rfind("the megatron stack plans DeepSeek-V3's router", 0) == 0);
   }
   g.ep = "2";
@@ -523,12 +523,38 @@ TEST_CASE("a mixture of experts from the shape flags; what the megatron stack re
   g.tp = "2";
   g.sp = true;
   CHECK(refusal(g).rfind("the megatron stack models mixture-of-experts layers on one tensor-parallel rank", 0) == 0);
-  g = f;
-  g.swiglu = false;
-  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases", 0) == 0);
+  // GeLU experts (TEGroupedMLP's unfused forward, --no-bias-gelu-fusion): the GeLU keeps its
+  // input and output where ScaledSwiGLU keeps its 2f-wide input, so at the same width the same
+  // saved bytes. Megatron's --moe-router-dtype fp32 makes the probabilities fp32: masked_select's
+  // input (T·E) and the experts' scales (T·k), 2 more bytes each, per block.
+  {
+    plan_flags sw = f, ge = f, rd = f;
+    sw.attention = ge.attention = rd.attention = "flash";
+    ge.swiglu = false;
+    CHECK(refusal(ge).empty());
+    rd.moe_router_dtype = "fp32";
+    const plan_inputs is = make_inputs(sw), ig = make_inputs(ge), ir = make_inputs(rd);
+    const plan_result rs = evaluate(is.model, is.training, is.mesh, is.device);
+    const plan_result rg = evaluate(ig.model, ig.training, ig.mesh, ig.device);
+    const plan_result rr = evaluate(ir.model, ir.training, ir.mesh, ir.device);
+    CHECK(rg.per_rank.activations == rs.per_rank.activations);
+    CHECK(rg.per_rank.weights < rs.per_rank.weights);
+    const std::uint64_t T = 4 * 1024, E = 4, k = 1, blocks = 4;
+    CHECK(rr.per_rank.activations.value - rs.per_rank.activations.value == blocks * (T * E * 2 + T * k * 2));
+    rd.moe_router_dtype = "fp64";
+    CHECK_THROWS_WITH_AS(make_inputs(rd), "unknown --moe-router-dtype 'fp64' (fp32)", usage_error);
+    rd.moe_router_dtype = "fp32";
+    rd.stack = "pytorch";
+    rd.moe_router = "softmax";
+    CHECK_THROWS_AS(make_inputs(rd), usage_error);
+    rd = sw;
+    rd.experts = rd.top_k = rd.moe_router = "";
+    rd.moe_router_dtype = "fp32";
+    CHECK_THROWS_WITH_AS(make_inputs(rd), "--moe-router-dtype needs a mixture of experts", usage_error);
+  }
   g = f;
   g.no_linear_bias = false;
-  CHECK(refusal(g).rfind("the megatron stack models SwiGLU experts without biases", 0) == 0);
+  CHECK(refusal(g).rfind("the megatron stack models experts without biases", 0) == 0);
   // A Sinkhorn router is Megatron's: the pytorch stack refuses it.
   g = f;
   g.stack = "pytorch";

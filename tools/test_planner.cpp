@@ -253,6 +253,7 @@ TEST_CASE("import of current families: text_config, aliases, quantization, refus
       const bool sparse = (l.shape.flags & layer_flags::moe) != 0;
       CHECK(l.shape.shared_ffn == (sparse ? 16U : 0U));
       CHECK(l.shape.router_fp32 == sparse);
+      CHECK(l.shape.router_sigmoid == sparse);
     }
   // Llama 4: sparse layers every interleave_moe_layer_step-th, NoPE layers every
   // no_rope_layer_interval-th (full attention, temperature tuning, no QK-norm), the others

@@ -74,6 +74,8 @@ struct moe_spec {
   /// `output_router_logits`: the router logits are kept for the auxiliary load-balancing loss
   /// (Mixtral, Qwen3-MoE and gpt-oss compute it; layer_shape::router_aux_loss).
   bool router_aux_loss = false;
+  /// DeepSeek-V3: sigmoid scores, an expert bias for the choice, group-limited (DeepseekV3TopkRouter).
+  bool router_sigmoid = false;
 };
 
 /// A causal language model of a current family: what `lm_config` says, and what it adds.
@@ -204,6 +206,7 @@ constexpr layer_desc family_block(const family_lm_config& f, const layer_desc& g
     s.ffn = f.moe.ffn;
     s.shared_ffn = f.moe.shared_ffn;
     s.router_fp32 = f.moe.router_fp32;
+    s.router_sigmoid = f.moe.router_sigmoid;
     s.clamped_swiglu = f.moe.clamped_swiglu;
     s.router_topk_softmax = f.moe.router_topk_softmax;
     s.dense_experts = f.moe.dense_experts;

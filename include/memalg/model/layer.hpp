@@ -91,10 +91,14 @@ struct layer_shape {
   std::uint64_t kv_lora_rank = 0;
   std::uint64_t v_head_dim = 0;
   /// MoE blocks: the shared experts' MLP width beside the routed experts (DeepSeek-V3,
-  /// moe_intermediate_size × n_shared_experts; 0: none), and whether the router computes its
-  /// logits in fp32 from fp32 casts of its input and weight (DeepseekV3TopkRouter).
+  /// moe_intermediate_size × n_shared_experts; 0: none), whether the router computes its
+  /// logits in fp32 from fp32 casts of its input and weight (DeepseekV3TopkRouter; Megatron's
+  /// --moe-router-dtype fp32), and whether it scores the experts with a sigmoid, biased by a
+  /// per-expert correction for the choice and limited to groups (DeepseekV3TopkRouter; Megatron's
+  /// --moe-router-score-function sigmoid --moe-router-enable-expert-bias).
   std::uint64_t shared_ffn = 0;
   bool router_fp32 = false;
+  bool router_sigmoid = false;
   /// gpt-oss (modeling_gpt_oss.py): a learned sink logit per head beside eager attention's scores
   /// (GptOssAttention's `sinks`); the experts' clamped SwiGLU with biases (GptOssExperts,
   /// `_apply_gate`); the router's softmax over its top-k logits only (GptOssTopKRouter).

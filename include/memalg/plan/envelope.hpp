@@ -303,7 +303,7 @@ constexpr std::string_view moe_name(const layer_desc& block) {
   const layer_shape& s = block.shape;
   if ((s.flags & layer_flags::moe) == 0) return "";
   if (s.router_sinkhorn) return s.moe_alltoall ? "sinkhorn + alltoall" : "sinkhorn";
-  if (s.router_fp32 || s.dense_experts) return s.moe_alltoall ? "sigmoid + alltoall" : "sigmoid";
+  if (s.router_sigmoid || s.dense_experts) return s.moe_alltoall ? "sigmoid + alltoall" : "sigmoid";
   return s.moe_alltoall ? "softmax + alltoall" : "softmax";
 }
 

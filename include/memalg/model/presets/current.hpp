@@ -157,6 +157,7 @@ constexpr family_lm_config deepseek_v3_family() {
   family_lm_config f = current_config("deepseek-v3", 61, 7168, 128, 128, 192, 18432, 129280, 1e-6);
   f.mla = {1536, 512, 128, 64, 128};
   f.moe = {256, 8, 2048, 2048, 58, false, false, true};
+  f.moe.router_sigmoid = true;
   return f;
 }
 using deepseek_v3 = family_preset<deepseek_v3_family>;

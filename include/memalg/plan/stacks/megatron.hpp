@@ -54,18 +54,19 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   const std::uint64_t R = checked_mul(G, k < El ? k : El), TE = checked_mul(T, E), GE = checked_mul(G, El);
   const std::uint64_t Tk = checked_mul(T, k);  // the rank's own routed pairs
   const bool a2a = s.moe_alltoall;
-  // DeepSeek-V3's router (layer_shape::router_fp32, DeepseekV3TopkRouter) is planned as Megatron's
-  // DeepSeek-V3 recipe runs it: --moe-router-dtype fp32 --moe-router-score-function sigmoid
-  // --moe-router-enable-expert-bias with group-limited top-k and the sequence-level
-  // load-balancing loss. Its logits, and so the probabilities the dispatcher and the experts
-  // carry, are fp32: p bytes an element where the others have the activations' e.
+  // DeepSeek-V3's router (layer_shape::router_sigmoid and router_fp32, DeepseekV3TopkRouter) is
+  // planned as Megatron's DeepSeek-V3 recipe runs it: --moe-router-dtype fp32
+  // --moe-router-score-function sigmoid --moe-router-enable-expert-bias with group-limited top-k
+  // and the sequence-level load-balancing loss. A router in fp32 (--moe-router-dtype fp32,
+  // layer_shape::router_fp32) makes fp32 logits, and so the probabilities the dispatcher and the
+  // experts carry are fp32: p bytes an element where the others have the activations' e.
   // gpt-oss (layer_shape::clamped_swiglu) as Megatron's gpt-oss recipes run it
   // (examples/gptoss/02_train.sh, examples/post_training/modelopt/conf/openai/gpt-oss-20b.sh):
   // --moe-router-dtype fp32 with the softmax top-k router, --quick-geglu
   // --activation-func-clamp-value 7.0 --glu-linear-offset 1.0 --no-bias-gelu-fusion, biases on
   // the experts (add_bias_linear).
-  const bool sigmoid = s.router_fp32, clamped = s.clamped_swiglu;
-  const std::uint64_t p = sigmoid || clamped ? 4 : em;
+  const bool sigmoid = s.router_sigmoid, clamped = s.clamped_swiglu;
+  const std::uint64_t p = s.router_fp32 || clamped ? 4 : em;
   const auto b = [](std::uint64_t n) { return bytes{n}; };
   // RouterGatingLinearFunction.backward with fp32 logits from narrower activations
   // (te_general_gemm with router_dtype fp32): the logits' gradient, the weight's fp32 copy, the
@@ -178,6 +179,11 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   // (R·f each); FC2 keeps its input and `_apply_bias` scales FC2's bias by the probabilities
   // (keeping views of them). 7 R·f where ScaledSwiGLU keeps 2.
   if (clamped) r.saved.input_grad += b(checked_mul(R, checked_mul(5 * f, em)));
+  // GeLU experts (no --swiglu; Megatron needs --no-bias-gelu-fusion for them, bias_act_func
+  // fuses only SwiGLU and quick-GeGLU) run the same unfused forward: F.gelu keeps FC1's output,
+  // the product with the probabilities keeps the GeLU's output and the probabilities, FC2 its
+  // input: R·(h + 3f)·e + R·p, ScaledSwiGLU's count with FC1 f wide.
+  const bool gelu = (s.flags & layer_flags::gated) == 0;
   // The combine: moe_utils.unpermute adds rows into a zero tensor with index_add_ (under
   // deterministic algorithms, --deterministic-mode, which the functional tests set; scatter_add_
   // otherwise keeps only the index, so this is a bound), and PyTorch's backward of index_add
@@ -207,6 +213,17 @@ constexpr megatron_moe_bytes megatron_moe(const layer_shape& s, const activation
   const bytes glu = b(checked_mul(R, checked_mul(h + 5 * f, em))) + b(checked_mul(R, p)) + wgrad2;
   const bytes fc1 = b(checked_mul(R, checked_mul(2 * h + 2 * f, em))) + wgrad2 * 3;
   r.backward_temporary = max_b(r.backward_temporary, max_b(glu, fc1));
+  if (gelu) {
+    // GeLU's unfused path. Forward: the product with the probabilities in their dtype (R·f·p)
+    // and its cast (R·f·e). Backward, with the output's gradient (R·h) held: the product's
+    // gradients in the probabilities' dtype, the gradient's cast, `grad * probs`, `grad * g`,
+    // and the cast back (R·f·(3p + e) with fp32 probabilities, R·f·3e otherwise), or FC1's input
+    // gradient beside the GeLU's (R·(h + f)·e), beside the weight gradients.
+    r.forward_temporary = max_b(r.forward_temporary, b(checked_mul(R, checked_mul(f, p + em))));
+    r.backward_temporary = max_b(r.backward_temporary,
+                                 rows + wgrad2 * 3 +
+                                     max_b(b(checked_mul(R, checked_mul(f, 3 * p + em))), b(checked_mul(R, checked_mul(h + f, em)))));
+  }
   if (clamped) {
     // gpt-oss's unfused path. Forward: the gated product times the fp32 probabilities (R·f·4)
     // before its cast, then `_apply_bias`'s fp32 per-expert sums and their fp32 cat beside FC2's
@@ -383,13 +400,13 @@ constexpr std::string_view megatron_unmodelled(const model_desc& model, const me
       return "the megatron stack does not model the weightless L2 norm on the query and key (Megatron-core's "
              "qk_l2_norm, Llama 4's): plan it with --stack pytorch";
     if ((s.flags & layer_flags::moe) == 0) continue;
-    if (s.router_fp32 && s.router_sinkhorn)
+    if (s.router_sigmoid && s.router_sinkhorn)
       return "the megatron stack plans DeepSeek-V3's router as Megatron's sigmoid router with expert bias in fp32 "
              "(--moe-router-score-function sigmoid); it does not model Sinkhorn's with fp32 logits: drop --moe-router "
              "sinkhorn";
-    if (!s.clamped_swiglu && ((s.flags & layer_flags::gated) == 0 || (s.flags & layer_flags::bias) != 0))
-      return "the megatron stack models SwiGLU experts without biases (Transformer Engine's fused grouped MLP; "
-             "--swiglu --no-linear-bias) and gpt-oss's clamped ones";
+    if (!s.clamped_swiglu && (s.flags & layer_flags::bias) != 0)
+      return "the megatron stack models experts without biases (SwiGLU or GeLU; --no-linear-bias) and gpt-oss's "
+             "clamped ones";
     if (s.capacity_factor_percent != 0)
       return "the megatron stack does not model a capacity factor (Megatron-core's token dropping, "
              "apply_router_token_dropping): plan the experts dropless";
