@@ -622,25 +622,27 @@ plan_inputs make_inputs(const plan_flags& f) {
 
   apply_finetuning(in, f, config_storage);
   t.stack = parse_stack(f.stack);
-  if (!f.moe_dispatcher.empty()) {
-    if (f.moe_dispatcher != "allgather" && f.moe_dispatcher != "alltoall")
-      throw usage_error("unknown --moe-dispatcher '" + f.moe_dispatcher + "' (allgather|alltoall)");
+  // Megatron's switches for the mixture of experts of any model: set on every MoE block, or
+  // refused with the flag's name when there is none.
+  const auto on_experts = [&](const char* flag, auto&& set) {
     bool experts = false;
     for (std::size_t i = 0; i < in.model.size; ++i)
       if (layer_desc& l = in.model.entries[i]; (l.shape.flags & layer_flags::moe) != 0) {
-        l.shape.moe_alltoall = f.moe_dispatcher == "alltoall";
+        set(l.shape);
         experts = true;
       }
-    if (!experts) throw usage_error("--moe-dispatcher needs a mixture of experts");
+    if (!experts) throw usage_error(std::string(flag) + " needs a mixture of experts");
+  };
+  if (!f.moe_dispatcher.empty()) {
+    if (f.moe_dispatcher != "allgather" && f.moe_dispatcher != "alltoall")
+      throw usage_error("unknown --moe-dispatcher '" + f.moe_dispatcher + "' (allgather|alltoall)");
+    on_experts("--moe-dispatcher", [&](layer_shape& s) { s.moe_alltoall = f.moe_dispatcher == "alltoall"; });
   }
   if (!f.moe_router_dtype.empty()) {
     if (f.moe_router_dtype != "fp32") throw usage_error("unknown --moe-router-dtype '" + f.moe_router_dtype + "' (fp32)");
     if (t.stack != stack_kind::megatron)
       throw usage_error("--moe-router-dtype is Megatron's (--stack megatron); other stacks route as the model's code does");
-    bool experts = false;
-    for (std::size_t i = 0; i < in.model.size; ++i)
-      if (layer_desc& l = in.model.entries[i]; (l.shape.flags & layer_flags::moe) != 0) l.shape.router_fp32 = experts = true;
-    if (!experts) throw usage_error("--moe-router-dtype needs a mixture of experts");
+    on_experts("--moe-router-dtype", [](layer_shape& s) { s.router_fp32 = true; });
   }
   if (t.stack == stack_kind::memalg) t.fused_optimizer = true;  // as train::stacks::memalg
   if (f.optimizer_impl == "foreach") t.optimizer_kind = optimizer_impl::foreach;
