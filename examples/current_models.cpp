@@ -48,11 +48,15 @@ static_assert(gemma2_on<m::presets::gemma2_9b>::per_rank.total() >
 // spread over 8 expert-parallel ranks they do, even with the worst routing's tokens.
 using megatron_training = m::train::recipe<m::precision::mixed_bf16_fp32_grads, m::optim::adam<>, m::train::batch<1, 4096>,
                                            m::train::recompute::full, m::train::stacks::megatron>;
+// A model on H100s under Megatron-LM: Dp data-parallel ranks with the distributed optimizer, Pp
+// pipeline stages, Ep expert-parallel ranks.
+template <class Model, int Dp, int Pp, int Ep>
+using megatron_on = m::plan<Model, megatron_training,
+                            m::parallel::mesh<m::parallel::data<Dp, m::parallel::zero<1>>, m::parallel::pipeline<Pp>,
+                                              m::parallel::expert<Ep>>,
+                            m::device::h100_80gb>;
 template <int Ep>
-using mixtral_on = m::plan<m::presets::mixtral_8x7b, megatron_training,
-                           m::parallel::mesh<m::parallel::data<8, m::parallel::zero<1>>, m::parallel::pipeline<4>,
-                                             m::parallel::expert<Ep>>,
-                           m::device::h100_80gb>;
+using mixtral_on = megatron_on<m::presets::mixtral_8x7b, 8, 4, Ep>;
 static_assert(!mixtral_on<1>::fits, "every expert on every rank: Mixtral 8x7B's stage does not fit");
 static_assert(m::require_fits<mixtral_on<8>>(), "one expert per rank and block fits, whatever the routing");
 
@@ -63,10 +67,7 @@ static_assert(m::require_fits<mixtral_on<8>>(), "one expert per rank and block f
 // On 1024 H100s as 16 pipeline stages of 64 data-parallel ranks with the distributed optimizer,
 // all 256 experts per block on every rank do not fit; eight expert-parallel ranks do.
 template <int Ep>
-using deepseek_on = m::plan<m::presets::deepseek_v3, megatron_training,
-                            m::parallel::mesh<m::parallel::data<64, m::parallel::zero<1>>, m::parallel::pipeline<16>,
-                                              m::parallel::expert<Ep>>,
-                            m::device::h100_80gb>;
+using deepseek_on = megatron_on<m::presets::deepseek_v3, 64, 16, Ep>;
 static_assert(!deepseek_on<1>::fits, "every expert on every rank: DeepSeek-V3's stage does not fit");
 static_assert(m::require_fits<deepseek_on<8>>(), "32 experts per rank and block fit, whatever the routing");
 
